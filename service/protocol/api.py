@@ -1,0 +1,132 @@
+"""Request and response framing: the API table, headers and size prefixes.
+
+A request on the wire is ``INT32 size`` + request header + body; a response is
+``INT32 size`` + response header + body. Header versions follow the body:
+flexible bodies use request header v2 and response header v1, except that an
+ApiVersions response always has header v0 so that a client can read it before
+it knows which versions the broker speaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from client_stub.records import Buffer
+
+from . import messages as m
+from . import primitives as prim
+from .schema import Message
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    """One Kafka API: its key, name and the versions this client implements."""
+
+    key: int
+    name: str
+    request: type[Message]
+    response: type[Message]
+
+    @property
+    def min_version(self) -> int:
+        return self.request.min_version()
+
+    @property
+    def max_version(self) -> int:
+        return self.request.max_version()
+
+    def request_header_version(self, version: int) -> int:
+        return 2 if self.request.is_flexible(version) else 1
+
+    def response_header_version(self, version: int) -> int:
+        if self.key == m.API_VERSIONS:
+            return 0
+        return 1 if self.response.is_flexible(version) else 0
+
+
+APIS: dict[int, Api] = {api.key: api for api in (
+    Api(m.PRODUCE, "Produce", m.ProduceRequest, m.ProduceResponse),
+    Api(m.METADATA, "Metadata", m.MetadataRequest, m.MetadataResponse),
+    Api(m.SASL_HANDSHAKE, "SaslHandshake", m.SaslHandshakeRequest, m.SaslHandshakeResponse),
+    Api(m.API_VERSIONS, "ApiVersions", m.ApiVersionsRequest, m.ApiVersionsResponse),
+    Api(m.INIT_PRODUCER_ID, "InitProducerId", m.InitProducerIdRequest, m.InitProducerIdResponse),
+    Api(m.SASL_AUTHENTICATE, "SaslAuthenticate", m.SaslAuthenticateRequest, m.SaslAuthenticateResponse),
+)}
+
+
+def api_for(message: type[Message]) -> Api:
+    """The API a request or response class belongs to."""
+    return APIS[message.API_KEY]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+def encode_request(body: Message, version: int, correlation_id: int,
+                   client_id: str | None) -> list[Buffer]:
+    """A size-prefixed request as buffers ready for ``socket.sendmsg``.
+
+    Record data in the body stays in the caller's buffers (no copy).
+    """
+    api = APIS[body.API_KEY]
+    w = prim.Writer()
+    buf = w.buf
+    buf += prim.INT32.pack(0)  # the size, patched below
+    buf += prim.INT16.pack(api.key)
+    buf += prim.INT16.pack(version)
+    buf += prim.INT32.pack(correlation_id)
+    # ClientId stays a non-compact nullable string even in header v2.
+    prim.write_string(buf, client_id)
+    if api.request_header_version(version) >= 2:
+        buf.append(0)
+    body.encode_into(w, version)
+    parts = w.finish()
+    size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts) - 4
+    parts[0][0:4] = prim.INT32.pack(size)
+    return parts
+
+
+def decode_request(frame: Buffer) -> tuple[RequestHeader, Message]:
+    """Decode a request frame (without its size prefix): for test brokers and proxies."""
+    api_key, version, correlation_id = prim.struct.unpack_from(">hhi", frame, 0)
+    api = APIS.get(api_key)
+    if api is None:
+        raise prim.ProtocolError(f"unknown api key {api_key}")
+    client_id, pos = prim.read_string(frame, 8)
+    if api.request_header_version(version) >= 2:
+        pos = prim.skip_tagged_fields(frame, pos)
+    header = RequestHeader(api_key, version, correlation_id, client_id)
+    return header, api.request.decode(frame, version, pos)
+
+
+def peek_correlation_id(frame: Buffer) -> int:
+    """The correlation id that starts every response frame."""
+    if len(frame) < 4:
+        raise prim.ProtocolError("response shorter than its header")
+    return prim.INT32.unpack_from(frame, 0)[0]
+
+
+def decode_response(frame: Buffer, api_key: int, version: int) -> Message:
+    """Decode a response frame (without its size prefix) to ``api_key`` at ``version``."""
+    api = APIS[api_key]
+    pos = 4
+    if api.response_header_version(version) >= 1:
+        pos = prim.skip_tagged_fields(frame, pos)
+    return api.response.decode(frame, version, pos)
+
+
+def encode_response(body: Message, version: int, correlation_id: int) -> bytes:
+    """A size-prefixed response: for test brokers and proxies."""
+    api = APIS[body.API_KEY]
+    w = prim.Writer()
+    w.buf += prim.INT32.pack(correlation_id)
+    if api.response_header_version(version) >= 1:
+        w.buf.append(0)
+    body.encode_into(w, version)
+    data = w.getvalue()
+    return prim.INT32.pack(len(data)) + data
