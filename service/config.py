@@ -1,0 +1,173 @@
+"""The daemon's configuration: Kafka's producer keys, types and defaults.
+
+Settings are given as Kafka spells them (``-X linger.ms=10`` on the command
+line, or a mapping). Unknown keys and bad values are refused with a message that
+names the key, because a typo in a sidecar's settings should fail loudly at
+start, not be ignored for the lifetime of the daemon.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from client_stub.errors import ConfigError
+
+from .protocol.compression import LEVEL_RANGES, CompressionType
+
+log = logging.getLogger(__name__)
+
+INT_MAX = 2**31 - 1
+LONG_MAX = 2**63 - 1
+
+
+def _to_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _to_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _to_acks(text: str) -> int:
+    text = text.strip().lower()
+    if text == "all":
+        return -1
+    value = int(text)
+    if value not in (-1, 0, 1):
+        raise ValueError("acks must be all, -1, 0 or 1")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigKey:
+    """One setting: its Kafka name, parser, default and allowed range."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    doc: str = ""
+
+
+KEYS: dict[str, ConfigKey] = {k.name: k for k in (
+    ConfigKey("bootstrap.servers", _to_list, [], doc="host:port pairs to discover the cluster from"),
+    ConfigKey("client.id", str, "kafka-sidecar", doc="client id sent in every request"),
+    ConfigKey("acks", _to_acks, -1, doc="all (-1), 1 or 0 acknowledgements"),
+    ConfigKey("linger.ms", int, 5, 0, INT_MAX),
+    ConfigKey("batch.size", int, 16384, 1, INT_MAX),
+    ConfigKey("buffer.memory", int, 33554432, 1, LONG_MAX),
+    ConfigKey("max.block.ms", int, 60000, 0, LONG_MAX),
+    ConfigKey("max.request.size", int, 1048576, 1, INT_MAX),
+    ConfigKey("retries", int, INT_MAX, 0, INT_MAX),
+    ConfigKey("retry.backoff.ms", int, 100, 0, LONG_MAX),
+    ConfigKey("retry.backoff.max.ms", int, 1000, 0, LONG_MAX),
+    ConfigKey("delivery.timeout.ms", int, 120000, 0, INT_MAX),
+    ConfigKey("request.timeout.ms", int, 30000, 0, INT_MAX),
+    ConfigKey("max.in.flight.requests.per.connection", int, 5, 1, INT_MAX),
+    ConfigKey("enable.idempotence", _to_bool, True),
+    ConfigKey("compression.type", str, "none", choices=tuple(c.setting for c in CompressionType)),
+    ConfigKey("compression.gzip.level", int, -1, -1, 9),
+    ConfigKey("compression.lz4.level", int, 9, *LEVEL_RANGES[CompressionType.LZ4]),
+    ConfigKey("compression.zstd.level", int, 3, *LEVEL_RANGES[CompressionType.ZSTD]),
+    ConfigKey("metadata.max.age.ms", int, 300000, 0, LONG_MAX),
+    ConfigKey("metadata.max.idle.ms", int, 300000, 5000, LONG_MAX),
+    ConfigKey("reconnect.backoff.ms", int, 50, 0, LONG_MAX),
+    ConfigKey("reconnect.backoff.max.ms", int, 1000, 0, LONG_MAX),
+    ConfigKey("socket.connection.setup.timeout.ms", int, 10000, 0, LONG_MAX),
+    ConfigKey("connections.max.idle.ms", int, 540000, -1, LONG_MAX),
+    ConfigKey("send.buffer.bytes", int, 131072, -1, INT_MAX),
+    ConfigKey("receive.buffer.bytes", int, 32768, -1, INT_MAX),
+    # librdkafka's name: Kafka's Java client has no cap on a response's size.
+    ConfigKey("receive.message.max.bytes", int, 100000000, 1000, INT_MAX),
+    ConfigKey("security.protocol", str, "PLAINTEXT", choices=("PLAINTEXT",),
+              doc="SSL, SASL_PLAINTEXT and SASL_SSL come with TLS and SASL support"),
+)}
+
+
+class ProducerConfig:
+    """Validated settings; read them as ``config["linger.ms"]``."""
+
+    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+        self._values: dict[str, Any] = {name: key.default for name, key in KEYS.items()}
+        self._given: set[str] = set()
+        for name, raw in (settings or {}).items():
+            self._values[name] = _parse(name, raw)
+            self._given.add(name)
+        self._check()
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def given(self, name: str) -> bool:
+        """Whether ``name`` was set explicitly rather than left at its default."""
+        return name in self._given
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    @property
+    def idempotent(self) -> bool:
+        return self._values["enable.idempotence"]
+
+    def _check(self) -> None:
+        v = self._values
+        if not v["bootstrap.servers"]:
+            raise ConfigError("bootstrap.servers must list at least one host:port")
+        for server in v["bootstrap.servers"]:
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"bootstrap.servers entry {server!r} is not host:port")
+        if v["delivery.timeout.ms"] < v["linger.ms"] + v["request.timeout.ms"]:
+            raise ConfigError(
+                f"delivery.timeout.ms ({v['delivery.timeout.ms']}) should be equal to or larger than "
+                f"linger.ms ({v['linger.ms']}) + request.timeout.ms ({v['request.timeout.ms']})")
+        if v["reconnect.backoff.max.ms"] < v["reconnect.backoff.ms"]:
+            raise ConfigError("reconnect.backoff.max.ms must not be below reconnect.backoff.ms")
+        self._check_idempotence()
+
+    def _check_idempotence(self) -> None:
+        # As the Java producer: an explicit enable.idempotence=true with a contradicting
+        # setting is an error; left at its default, idempotence quietly turns off.
+        v = self._values
+        conflicts = []
+        if v["max.in.flight.requests.per.connection"] > 5:
+            conflicts.append("max.in.flight.requests.per.connection must be at most 5")
+        if v["retries"] == 0:
+            conflicts.append("retries must be greater than 0")
+        if v["acks"] != -1:
+            conflicts.append("acks must be set to all (-1)")
+        if not v["enable.idempotence"] or not conflicts:
+            return
+        if self.given("enable.idempotence"):
+            raise ConfigError("enable.idempotence=true, but " + "; ".join(conflicts)
+                              + ". Change those settings or set enable.idempotence=false.")
+        log.info("idempotence disabled: %s", "; ".join(conflicts))
+        v["enable.idempotence"] = False
+
+
+def _parse(name: str, raw: Any) -> Any:
+    key = KEYS.get(name)
+    if key is None:
+        close = difflib.get_close_matches(name, KEYS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"unknown setting {name!r}{hint}")
+    try:
+        value = key.parse(raw) if isinstance(raw, str) else raw
+    except ValueError as exc:
+        raise ConfigError(f"invalid value {raw!r} for {name}: {exc}") from None
+    if key.choices and value not in key.choices:
+        raise ConfigError(f"invalid value {raw!r} for {name}: expected one of {', '.join(key.choices)}")
+    if key.low is not None and value < key.low or key.high is not None and value > key.high:
+        raise ConfigError(f"invalid value {raw!r} for {name}: must be in [{key.low}, {key.high}]")
+    return value

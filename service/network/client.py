@@ -1,0 +1,414 @@
+"""NetworkClient: requests to Kafka nodes over the Selector, as the Java client's NetworkClient.
+
+It owns the connection life cycle (connect, ApiVersions negotiation, ready,
+reconnect backoff), the in-flight requests of each connection with their
+correlation ids and timeouts, and the metadata refresh. Callers ask
+:meth:`NetworkClient.ready` for a node, :meth:`NetworkClient.send` requests to
+ready nodes and drive everything with :meth:`NetworkClient.poll`, which returns
+the responses that completed (or failed: disconnected, timed out, unsupported).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from client_stub.errors import KafkaError, NetworkError, UnsupportedError, error_code
+
+from ..protocol import messages as m
+from ..protocol.api import APIS, decode_response, encode_request, peek_correlation_id
+from ..protocol.primitives import ProtocolError
+from ..protocol.schema import Message
+from .connection_states import ClusterConnectionStates, ConnectionState
+from .in_flight import InFlightRequests
+from .metadata import Metadata, Node
+from .selector import Selector
+
+log = logging.getLogger(__name__)
+
+SOFTWARE_NAME = "kafka-sidecar"
+SOFTWARE_VERSION = "0.1.0"
+
+
+def monotonic_ms() -> int:
+    """The loop's clock: milliseconds that only move forward."""
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclass(eq=False, slots=True)
+class ClientRequest:
+    """A request for one node. ``version`` and ``correlation_id`` are set when it is sent."""
+
+    destination: int
+    body: Message
+    created_ms: int
+    callback: Callable[[ClientResponse], None] | None = None
+    expect_response: bool = True
+    request_timeout_ms: int = 30000
+    max_version: int | None = None
+    version: int = -1
+    correlation_id: int = -1
+    send_ms: int = -1
+    size: int = 0
+
+    @property
+    def api_key(self) -> int:
+        return self.body.API_KEY
+
+
+@dataclass(eq=False, slots=True)
+class ClientResponse:
+    """The outcome of a request: a body, or why there is none."""
+
+    request: ClientRequest
+    received_ms: int
+    body: Message | None = None
+    disconnected: bool = False
+    timed_out: bool = False
+    error: KafkaError | None = None
+
+    @property
+    def destination(self) -> int:
+        return self.request.destination
+
+    @property
+    def latency_ms(self) -> int:
+        return self.received_ms - self.request.send_ms if self.request.send_ms >= 0 else 0
+
+
+@dataclass(slots=True)
+class NodeApiVersions:
+    """The version range a node supports per API, as its ApiVersions response said."""
+
+    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def latest_usable_version(self, api_key: int, max_version: int | None = None) -> int:
+        """Highest version both sides support; UnsupportedError naming the API if none."""
+        api = APIS[api_key]
+        ours_max = api.max_version if max_version is None else min(api.max_version, max_version)
+        theirs = self.ranges.get(api_key)
+        if theirs is None:
+            raise UnsupportedError(f"the broker does not support the {api.name} API")
+        low, high = max(api.min_version, theirs[0]), min(ours_max, theirs[1])
+        if low > high:
+            raise UnsupportedError(
+                f"the broker supports {api.name} v{theirs[0]}-v{theirs[1]}, "
+                f"kafka-sidecar speaks v{api.min_version}-v{ours_max}: no common version",
+                code=35, name="UNSUPPORTED_VERSION")
+        return high
+
+
+class NetworkClient:
+    """Connections, requests and metadata for every node of one cluster."""
+
+    def __init__(self, selector: Selector, metadata: Metadata, *, client_id: str = "kafka-sidecar",
+                 max_in_flight_requests_per_connection: int = 5, request_timeout_ms: int = 30000,
+                 reconnect_backoff_ms: int = 50, reconnect_backoff_max_ms: int = 1000,
+                 connection_setup_timeout_ms: int = 10000,
+                 clock: Callable[[], int] = monotonic_ms, rng: random.Random | None = None) -> None:
+        self.selector = selector
+        self.metadata = metadata
+        self.client_id = client_id
+        self.request_timeout_ms = request_timeout_ms
+        self.reconnect_backoff_ms = reconnect_backoff_ms
+        self.clock = clock
+        self.in_flight: InFlightRequests[ClientRequest] = InFlightRequests(max_in_flight_requests_per_connection)
+        self.connection_states = ClusterConnectionStates(reconnect_backoff_ms, reconnect_backoff_max_ms,
+                                                         connection_setup_timeout_ms, rng)
+        self._rng = rng or random.Random()
+        self._api_versions: dict[int, NodeApiVersions] = {}
+        self._correlation_id = 0
+        self._metadata_in_flight = False
+        self._pending: list[ClientResponse] = []
+        # Failures seen by the last poll, for callers that want to know why a node went away.
+        self.disconnect_reasons: dict[int, str] = {}
+
+    # -- readiness -------------------------------------------------------------------------------
+
+    def ready(self, node: Node, now: int) -> bool:
+        """True if a request may be sent to ``node`` now; else start connecting if allowed."""
+        if self.is_ready(node.id, now):
+            return True
+        if self.connection_states.can_connect(node.id, now):
+            self._initiate_connect(node, now)
+        return False
+
+    def is_ready(self, node_id: int, now: int) -> bool:
+        # While metadata is due, hold other requests so the refresh goes out first.
+        return not self._metadata_update_due(now) and self.can_send_request(node_id)
+
+    def can_send_request(self, node_id: int) -> bool:
+        return (self.connection_states.is_ready(node_id)
+                and self.selector.is_connected(node_id)
+                and not self.selector.has_pending_send(node_id)
+                and self.in_flight.can_send_more(node_id))
+
+    def connection_delay(self, node_id: int, now: int) -> int:
+        return self.connection_states.connection_delay(node_id, now)
+
+    def connection_failed(self, node_id: int) -> bool:
+        return self.connection_states.state(node_id).is_disconnected and node_id in self.connection_states
+
+    def is_connecting(self, node_id: int) -> bool:
+        return self.connection_states.state(node_id) in (
+            ConnectionState.CONNECTING, ConnectionState.AUTHENTICATING, ConnectionState.CHECKING_API_VERSIONS)
+
+    def node_api_versions(self, node_id: int) -> NodeApiVersions | None:
+        return self._api_versions.get(node_id)
+
+    def in_flight_request_count(self, node_id: int | None = None) -> int:
+        return self.in_flight.count(node_id)
+
+    def least_loaded_node(self, now: int) -> Node | None:
+        """The node with the fewest requests in flight, for requests any node can answer.
+
+        A ready node wins; then one already connecting; then one that may be
+        connected to now. None when every node is backing off.
+        """
+        nodes = list(self.metadata.cluster.nodes.values())
+        if not nodes:
+            return None
+        offset = self._rng.randrange(len(nodes))
+        best, best_in_flight = None, None
+        connecting = can_connect = None
+        for i in range(len(nodes)):
+            node = nodes[(offset + i) % len(nodes)]
+            in_flight = self.in_flight.count(node.id)
+            if self.can_send_request(node.id):
+                if in_flight == 0:
+                    return node
+                if best_in_flight is None or in_flight < best_in_flight:
+                    best, best_in_flight = node, in_flight
+            elif self.is_connecting(node.id):
+                connecting = connecting or node
+            elif self.connection_states.can_connect(node.id, now):
+                can_connect = can_connect or node
+        return best or connecting or can_connect
+
+    # -- connections -----------------------------------------------------------------------------
+
+    def _initiate_connect(self, node: Node, now: int) -> None:
+        self.connection_states.connecting(node.id, now, node.host, node.port)
+        try:
+            self.selector.connect(node.id, node.host, node.port)
+        except OSError as exc:
+            log.warning("connection to node %s (%s:%s) failed: %s", node.id, node.host, node.port, exc)
+            self.connection_states.disconnected(node.id, now)
+            self.disconnect_reasons[node.id] = str(exc)
+            self.metadata.request_update()
+
+    def close(self, node_id: int) -> None:
+        """Close the connection to ``node_id``; what was in flight completes as disconnected."""
+        self.selector.close(node_id)
+        self._handle_disconnect(node_id, self.clock(), "closed by the client")
+
+    def close_all(self) -> None:
+        for node_id in self.selector.channels():
+            self.close(node_id)
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    def send(self, request: ClientRequest, now: int) -> None:
+        """Send ``request`` to its node, which must be ready (see :meth:`ready`)."""
+        if not self.can_send_request(request.destination):
+            raise RuntimeError(f"node {request.destination} is not ready for a request")
+        self._do_send(request, now)
+
+    def _do_send(self, request: ClientRequest, now: int, version: int | None = None) -> None:
+        node_id = request.destination
+        if version is None:
+            try:
+                version = self._api_versions[node_id].latest_usable_version(request.api_key,
+                                                                            request.max_version)
+            except UnsupportedError as exc:
+                log.error("cannot send %s to node %s: %s", APIS[request.api_key].name, node_id, exc)
+                self._pending.append(ClientResponse(request, now, error=exc))
+                return
+        self._correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
+        request.version = version
+        request.correlation_id = self._correlation_id
+        request.send_ms = now
+        buffers = encode_request(request.body, version, request.correlation_id, self.client_id)
+        request.size = sum(len(b) if not isinstance(b, memoryview) else b.nbytes for b in buffers)
+        self.selector.send(node_id, buffers, tag=request)
+        self.in_flight.add(request)
+
+    # -- the poll --------------------------------------------------------------------------------
+
+    def poll(self, timeout_ms: int, now: int | None = None) -> list[ClientResponse]:
+        """Do network I/O for up to ``timeout_ms`` and return the completed responses."""
+        now = self.clock() if now is None else now
+        self.disconnect_reasons = {}
+        if self._pending:
+            timeout_ms = 0
+        metadata_timeout = self._maybe_update_metadata(now)
+        self.selector.poll(min(timeout_ms, metadata_timeout, self.request_timeout_ms))
+        now = self.clock()
+        responses, self._pending = self._pending, []
+        self._handle_completed_sends(responses, now)
+        self._handle_completed_receives(responses, now)
+        self._handle_disconnections(responses, now)
+        self._handle_connections(now)
+        self._handle_timed_out_requests(responses, now)
+        self._handle_connection_setup_timeouts(now)
+        for response in responses:
+            callback = response.request.callback
+            if callback is not None:
+                try:
+                    callback(response)
+                except Exception:
+                    log.exception("error in the callback of a %s response", APIS[response.request.api_key].name)
+        return responses
+
+    def _handle_completed_sends(self, responses: list[ClientResponse], now: int) -> None:
+        for node_id, request in self.selector.completed_sends:
+            if not request.expect_response:
+                self.in_flight.complete_last(node_id)
+                responses.append(ClientResponse(request, now))
+
+    def _handle_completed_receives(self, responses: list[ClientResponse], now: int) -> None:
+        for node_id, frame in self.selector.completed_receives:
+            if not self.selector.has_channel(node_id):
+                continue  # closed earlier in this loop, its requests already failed
+            request = self.in_flight.oldest(node_id)
+            try:
+                if request is None:
+                    raise ProtocolError("a response arrived with no request in flight")
+                correlation_id = peek_correlation_id(frame)
+                if correlation_id != request.correlation_id:
+                    raise ProtocolError(f"correlation id {correlation_id} of the response does not match "
+                                        f"{request.correlation_id} of the request")
+                body = self._decode(frame, request)
+            except ProtocolError as exc:
+                log.error("closing the connection to node %s: %s", node_id, exc)
+                self.selector.close(node_id)
+                self._handle_disconnect(node_id, now, str(exc), responses)
+                continue
+            self.in_flight.complete_next(node_id)
+            if request.api_key == m.API_VERSIONS and self.connection_states.state(node_id) \
+                    is ConnectionState.CHECKING_API_VERSIONS:
+                self._handle_api_versions(node_id, request, body, now)
+                continue
+            if request.api_key == m.METADATA:
+                self._handle_metadata(body, now)
+            responses.append(ClientResponse(request, now, body))
+
+    def _decode(self, frame: bytes, request: ClientRequest) -> Message:
+        try:
+            return decode_response(frame, request.api_key, request.version)
+        except ProtocolError:
+            # A broker that does not know the ApiVersions version asked for answers in v0.
+            if request.api_key == m.API_VERSIONS and request.version > 0:
+                return decode_response(frame, request.api_key, 0)
+            raise
+
+    def _handle_disconnections(self, responses: list[ClientResponse], now: int) -> None:
+        for node_id, reason in self.selector.disconnected.items():
+            self._handle_disconnect(node_id, now, reason, responses)
+
+    def _handle_disconnect(self, node_id: int, now: int, reason: str,
+                           responses: list[ClientResponse] | None = None, timed_out: bool = False) -> None:
+        state = self.connection_states.state(node_id)
+        self.connection_states.disconnected(node_id, now)
+        self._api_versions.pop(node_id, None)
+        self.disconnect_reasons[node_id] = reason
+        if state is not ConnectionState.READY:
+            log.warning("connection to node %s failed (%s): %s", node_id, state.value, reason)
+        out = self._pending if responses is None else responses
+        for request in self.in_flight.clear_all(node_id):
+            if request.api_key == m.METADATA:
+                self._metadata_in_flight = False
+                self.metadata.failed_update(now)
+            error = NetworkError(f"disconnected from node {node_id}: {reason}",
+                                 code=13, name="NETWORK_EXCEPTION")
+            out.append(ClientResponse(request, now, disconnected=True, timed_out=timed_out, error=error))
+        self.metadata.request_update()
+
+    def _handle_connections(self, now: int) -> None:
+        for node_id in self.selector.connected:
+            log.debug("connected to node %s, checking api versions", node_id)
+            self.connection_states.checking_api_versions(node_id)
+            self._send_api_versions(node_id, now, m.ApiVersionsRequest.max_version())
+
+    def _send_api_versions(self, node_id: int, now: int, version: int) -> None:
+        body = m.ApiVersionsRequest(client_software_name=SOFTWARE_NAME,
+                                    client_software_version=SOFTWARE_VERSION)
+        request = ClientRequest(node_id, body, now, request_timeout_ms=self.request_timeout_ms)
+        self._do_send(request, now, version)
+
+    def _handle_api_versions(self, node_id: int, request: ClientRequest, body: m.ApiVersionsResponse,
+                             now: int) -> None:
+        ranges = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+        if body.error_code == 35 and request.version > 0:
+            theirs = ranges.get(m.API_VERSIONS, (0, 0))[1]
+            self._send_api_versions(node_id, now, min(theirs, request.version - 1))
+            return
+        if body.error_code:
+            reason = f"ApiVersions failed: {error_code(body.error_code).name}"
+            self.selector.close(node_id)
+            self._handle_disconnect(node_id, now, reason)
+            return
+        self._api_versions[node_id] = NodeApiVersions(ranges)
+        self.connection_states.ready(node_id)
+        log.debug("node %s ready", node_id)
+
+    def _handle_timed_out_requests(self, responses: list[ClientResponse], now: int) -> None:
+        for node_id in self.in_flight.nodes_with_timed_out_requests(now):
+            log.warning("disconnecting from node %s due to request timeout", node_id)
+            self.selector.close(node_id)
+            self._handle_disconnect(node_id, now, "request timed out", responses, timed_out=True)
+
+    def _handle_connection_setup_timeouts(self, now: int) -> None:
+        for node_id in self.connection_states.connecting_nodes():
+            if self.connection_states.connection_setup_expired(node_id, now):
+                self.selector.close(node_id)
+                self._handle_disconnect(node_id, now, "connection setup timed out")
+
+    # -- metadata --------------------------------------------------------------------------------
+
+    def _metadata_update_due(self, now: int) -> bool:
+        return not self._metadata_in_flight and self.metadata.time_to_next_update(now) == 0
+
+    def _maybe_update_metadata(self, now: int) -> int:
+        """Send a metadata request if one is due; returns how long the poll may sleep for it."""
+        if self._metadata_in_flight:
+            return self.request_timeout_ms
+        delay = self.metadata.time_to_next_update(now)
+        if delay > 0:
+            return delay
+        node = self.least_loaded_node(now)
+        if node is None:
+            return self.reconnect_backoff_ms
+        if self.can_send_request(node.id):
+            request = ClientRequest(node.id, self.metadata.build_request(now), now,
+                                    request_timeout_ms=self.request_timeout_ms)
+            self._metadata_in_flight = True
+            self._do_send(request, now)
+            return self.request_timeout_ms
+        if self.connection_states.can_connect(node.id, now):
+            self._initiate_connect(node, now)
+        return self.reconnect_backoff_ms
+
+    def _handle_metadata(self, body: m.MetadataResponse, now: int) -> None:
+        self._metadata_in_flight = False
+        if not body.brokers:
+            # Kafka answers with no brokers while it starts; keep what we know and retry.
+            log.debug("metadata response without brokers, ignored")
+            self.metadata.failed_update(now)
+            return
+        changes = self.metadata.update(body, now)
+        for node in changes.removed + changes.moved:
+            log.info("node %s %s: closing its connection", node.id,
+                     "moved" if node in changes.moved else "left the cluster")
+            self.selector.close(node.id)
+            self._handle_disconnect(node.id, now, "broker moved or left the cluster")
+            self.connection_states.remove(node.id)
+        for node_id in self.selector.channels():
+            # Bootstrap connections are done once the brokers are known by id.
+            if node_id < 0 and self.in_flight.count(node_id) == 0:
+                self.selector.close(node_id)
+                self.connection_states.remove(node_id)
+                self._api_versions.pop(node_id, None)

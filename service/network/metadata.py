@@ -1,0 +1,197 @@
+"""Cluster metadata: brokers, partition leaders, and when to refresh them.
+
+:class:`Metadata` follows the Java producer's ProducerMetadata: it fetches the
+topics the producer uses (a topic not used for ``metadata.max.idle.ms`` is
+dropped), refreshes every ``metadata.max.age.ms``, sooner when asked (stale
+leader, unknown topic, disconnect), and never more often than the refresh
+backoff allows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from client_stub.errors import error_code
+
+from ..protocol import messages as m
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A broker. Bootstrap servers get negative ids until metadata names the brokers."""
+
+    id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port} (id: {self.id} rack: {self.rack})"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    topic: str
+    partition: int
+    leader: int  # -1 when no leader is known
+    leader_epoch: int
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+    error: int = 0
+
+
+@dataclass(slots=True)
+class Cluster:
+    """An immutable-by-convention snapshot of what the last metadata response said."""
+
+    nodes: dict[int, Node] = field(default_factory=dict)
+    partitions: dict[str, dict[int, PartitionInfo]] = field(default_factory=dict)
+    topic_errors: dict[str, int] = field(default_factory=dict)
+    cluster_id: str | None = None
+    controller_id: int = -1
+    is_bootstrap: bool = False
+
+    @classmethod
+    def bootstrap(cls, servers: list[str]) -> Cluster:
+        nodes = {}
+        for i, server in enumerate(servers):
+            host, _, port = server.rpartition(":")
+            nodes[-(i + 1)] = Node(-(i + 1), host.strip("[]"), int(port))
+        return cls(nodes=nodes, is_bootstrap=True)
+
+    def leader_for(self, topic: str, partition: int) -> Node | None:
+        info = self.partitions.get(topic, {}).get(partition)
+        if info is None or info.leader < 0:
+            return None
+        return self.nodes.get(info.leader)
+
+    def partition_count(self, topic: str) -> int | None:
+        parts = self.partitions.get(topic)
+        return len(parts) if parts else None
+
+    def available_partitions(self, topic: str) -> list[int]:
+        """Partitions of ``topic`` whose leader is known."""
+        return sorted(p for p, info in self.partitions.get(topic, {}).items()
+                      if info.leader >= 0 and info.leader in self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChanges:
+    """How the brokers changed in a metadata update."""
+
+    added: tuple[Node, ...] = ()
+    removed: tuple[Node, ...] = ()
+    moved: tuple[Node, ...] = ()
+
+
+class Metadata:
+    """The producer's view of the cluster and the refresh policy."""
+
+    def __init__(self, bootstrap_servers: list[str], *, refresh_backoff_ms: int = 100,
+                 metadata_max_age_ms: int = 300000, metadata_max_idle_ms: int = 300000) -> None:
+        self.cluster = Cluster.bootstrap(bootstrap_servers)
+        self.refresh_backoff_ms = refresh_backoff_ms
+        self.metadata_max_age_ms = metadata_max_age_ms
+        self.metadata_max_idle_ms = metadata_max_idle_ms
+        self.last_refresh_ms = 0
+        self.last_successful_refresh_ms = 0
+        self.update_version = 0
+        self._need_update = True
+        # topic -> when it is dropped if not used again
+        self._topics: dict[str, int] = {}
+
+    # -- topics of interest ----------------------------------------------------------------------
+
+    def add_topic(self, topic: str, now: int) -> None:
+        """Keep ``topic`` in the refreshes; a topic not seen before triggers one now."""
+        if topic not in self._topics:
+            self._need_update = True
+        self._topics[topic] = now + self.metadata_max_idle_ms
+
+    def topics(self) -> list[str]:
+        return list(self._topics)
+
+    def _expire_topics(self, now: int) -> None:
+        for topic, expiry in list(self._topics.items()):
+            if expiry <= now:
+                del self._topics[topic]
+                log.debug("topic %s not used for metadata.max.idle.ms, no longer fetched", topic)
+
+    # -- refresh policy --------------------------------------------------------------------------
+
+    def request_update(self) -> int:
+        """Ask for a refresh as soon as the backoff allows; returns the current version."""
+        self._need_update = True
+        return self.update_version
+
+    @property
+    def update_requested(self) -> bool:
+        return self._need_update
+
+    def time_to_next_update(self, now: int) -> int:
+        """Milliseconds until a refresh is due (0: now)."""
+        if self._need_update:
+            expire = 0
+        else:
+            expire = max(self.last_successful_refresh_ms + self.metadata_max_age_ms - now, 0)
+        backoff = max(self.last_refresh_ms + self.refresh_backoff_ms - now, 0)
+        return max(expire, backoff)
+
+    def build_request(self, now: int) -> m.MetadataRequest:
+        self._expire_topics(now)
+        topics = [m.MetadataRequest.MetadataRequestTopic(name=t) for t in sorted(self._topics)]
+        return m.MetadataRequest(topics=topics, allow_auto_topic_creation=True)
+
+    def failed_update(self, now: int) -> None:
+        self.last_refresh_ms = now
+
+    def update(self, response: m.MetadataResponse, now: int) -> NodeChanges:
+        """Apply a metadata response; returns how the brokers changed."""
+        self.last_refresh_ms = now
+        self.last_successful_refresh_ms = now
+        self._need_update = False
+        self.update_version += 1
+        old = self.cluster
+        nodes = {b.node_id: Node(b.node_id, b.host, b.port, b.rack) for b in response.brokers}
+        partitions: dict[str, dict[int, PartitionInfo]] = {}
+        topic_errors: dict[str, int] = {}
+        for topic in response.topics:
+            if topic.name is None:
+                continue
+            if topic.error_code:
+                topic_errors[topic.name] = topic.error_code
+                if error_code(topic.error_code).invalid_metadata:
+                    self._need_update = True
+                # Keep what was known: a transient error should not forget the leaders.
+                if topic.name in old.partitions:
+                    partitions[topic.name] = old.partitions[topic.name]
+                continue
+            parts: dict[int, PartitionInfo] = {}
+            known = old.partitions.get(topic.name, {})
+            for p in topic.partitions:
+                info = PartitionInfo(topic.name, p.partition_index, p.leader_id, p.leader_epoch,
+                                     tuple(p.replica_nodes), tuple(p.isr_nodes), p.error_code)
+                previous = known.get(p.partition_index)
+                # A response from a broker that lags behind must not move a leader backwards.
+                if previous is not None and 0 <= info.leader_epoch < previous.leader_epoch:
+                    info = previous
+                parts[p.partition_index] = info
+                if p.leader_id < 0:
+                    self._need_update = True
+            partitions[topic.name] = parts
+        self.cluster = Cluster(nodes, partitions, topic_errors, response.cluster_id,
+                               response.controller_id)
+        if old.is_bootstrap:
+            return NodeChanges(added=tuple(nodes.values()))
+        return NodeChanges(
+            added=tuple(n for i, n in nodes.items() if i not in old.nodes),
+            removed=tuple(n for i, n in old.nodes.items() if i not in nodes),
+            moved=tuple(n for i, n in nodes.items() if i in old.nodes and old.nodes[i].address != n.address),
+        )

@@ -1,0 +1,312 @@
+"""Selector: non-blocking broker connections with Kafka's size-prefixed framing.
+
+One :class:`KafkaChannel` per node id. Sends are lists of buffers written with
+``socket.sendmsg`` (so record bytes in shared memory reach the socket without a
+copy), resumed after partial writes; receives are reassembled from however the
+bytes arrive, one response over many reads or many responses in one read.
+
+The selector polls with a ``zmq.Poller``, which waits on plain sockets and
+ZeroMQ sockets alike: the daemon registers its ZeroMQ socket here and runs one
+loop for both.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import zmq
+
+from client_stub.records import Buffer
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+# sendmsg takes at most IOV_MAX buffers at once.
+_MAX_IOV = 512
+_RECV_CHUNK = 256 * 1024
+_WOULD_BLOCK = (BlockingIOError, InterruptedError)
+
+
+class Transport(Protocol):
+    """What a channel reads and writes through: plain TCP now, TLS behind the same seam later."""
+
+    sock: socket.socket
+
+    def handshake(self) -> bool:
+        """Advance the transport's own handshake; True once data may flow."""
+
+    def send(self, buffers: list[Buffer]) -> int:
+        """Write as much of ``buffers`` as the socket takes; returns the bytes written."""
+
+    def recv(self, size: int) -> bytes:
+        """Read up to ``size`` bytes; b"" when the peer closed."""
+
+
+class PlaintextTransport:
+    """TCP without encryption."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def handshake(self) -> bool:
+        return True
+
+    def send(self, buffers: list[Buffer]) -> int:
+        return self.sock.sendmsg(buffers)
+
+    def recv(self, size: int) -> bytes:
+        return self.sock.recv(size)
+
+
+@dataclass(slots=True)
+class _Send:
+    tag: Any
+    buffers: deque[memoryview]
+    remaining: int
+
+
+@dataclass(slots=True)
+class KafkaChannel:
+    """One connection to one node."""
+
+    node_id: int
+    transport: Transport
+    connected: bool = False
+    send: _Send | None = None
+    inbuf: bytearray = field(default_factory=bytearray)
+
+    @property
+    def fileno(self) -> int:
+        return self.transport.sock.fileno()
+
+    def has_send(self) -> bool:
+        return self.send is not None
+
+
+class Selector:
+    """Connections by node id; :meth:`poll` does the I/O and reports what completed."""
+
+    def __init__(self, *, max_receive_size: int = 100_000_000, send_buffer_bytes: int = -1,
+                 receive_buffer_bytes: int = -1,
+                 transport_factory: Callable[[socket.socket], Transport] = PlaintextTransport) -> None:
+        self.max_receive_size = max_receive_size
+        self.send_buffer_bytes = send_buffer_bytes
+        self.receive_buffer_bytes = receive_buffer_bytes
+        self._transport_factory = transport_factory
+        self._channels: dict[int, KafkaChannel] = {}
+        self._by_fd: dict[int, KafkaChannel] = {}
+        self._poller = zmq.Poller()
+        self._interest: dict[int, int] = {}
+        self._external: dict[Any, int] = {}
+        # Results of the last poll().
+        self.connected: list[int] = []
+        self.completed_sends: list[tuple[int, Any]] = []
+        self.completed_receives: list[tuple[int, bytes]] = []
+        self.disconnected: dict[int, str] = {}
+        self.external_ready: list[Any] = []
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def connect(self, node_id: int, host: str, port: int) -> None:
+        """Start a non-blocking connect. Raises OSError if it fails at once."""
+        if node_id in self._channels:
+            raise ValueError(f"there is already a connection to node {node_id}")
+        family, type_, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if self.send_buffer_bytes > 0:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer_bytes)
+            if self.receive_buffer_bytes > 0:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.receive_buffer_bytes)
+            err = sock.connect_ex(address)
+            if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+                raise OSError(err, f"connect to {host}:{port} failed: {errno.errorcode.get(err, err)}")
+        except BaseException:
+            sock.close()
+            raise
+        channel = KafkaChannel(node_id, self._transport_factory(sock))
+        self._channels[node_id] = channel
+        self._by_fd[sock.fileno()] = channel
+
+    def is_connected(self, node_id: int) -> bool:
+        channel = self._channels.get(node_id)
+        return channel is not None and channel.connected
+
+    def has_pending_send(self, node_id: int) -> bool:
+        channel = self._channels.get(node_id)
+        return channel is not None and channel.has_send()
+
+    def channels(self) -> list[int]:
+        return list(self._channels)
+
+    def has_channel(self, node_id: int) -> bool:
+        return node_id in self._channels
+
+    def close(self, node_id: int) -> None:
+        """Close the connection to ``node_id`` (no report in ``disconnected``)."""
+        channel = self._channels.pop(node_id, None)
+        if channel is None:
+            return
+        fd = channel.fileno
+        self._by_fd.pop(fd, None)
+        if fd in self._interest:
+            self._poller.unregister(fd)
+            del self._interest[fd]
+        channel.transport.sock.close()
+
+    def close_all(self) -> None:
+        for node_id in list(self._channels):
+            self.close(node_id)
+
+    def _fail(self, channel: KafkaChannel, reason: str) -> None:
+        log.debug("connection to node %s closed: %s", channel.node_id, reason)
+        self.disconnected[channel.node_id] = reason
+        self.close(channel.node_id)
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def send(self, node_id: int, buffers: list[Buffer], tag: Any = None) -> None:
+        """Queue ``buffers`` (one size-prefixed request) on the connection to ``node_id``.
+
+        One send at a time per connection: the previous must have completed.
+        """
+        channel = self._channels.get(node_id)
+        if channel is None or not channel.connected:
+            raise ValueError(f"node {node_id} is not connected")
+        if channel.send is not None:
+            raise ValueError(f"node {node_id} still has a send in progress")
+        views = deque(memoryview(b).cast("B") for b in buffers if len(b))
+        channel.send = _Send(tag, views, sum(v.nbytes for v in views))
+
+    def _write(self, channel: KafkaChannel) -> None:
+        send = channel.send
+        assert send is not None
+        while send.remaining:
+            try:
+                written = channel.transport.send(list(send.buffers)[:_MAX_IOV])
+            except _WOULD_BLOCK:
+                return
+            except OSError as exc:
+                self._fail(channel, f"send failed: {exc}")
+                return
+            send.remaining -= written
+            while written:
+                head = send.buffers[0]
+                if written >= head.nbytes:
+                    written -= head.nbytes
+                    send.buffers.popleft()
+                else:
+                    send.buffers[0] = head[written:]
+                    written = 0
+        channel.send = None
+        self.completed_sends.append((channel.node_id, send.tag))
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    def _read(self, channel: KafkaChannel) -> None:
+        while True:
+            try:
+                chunk = channel.transport.recv(_RECV_CHUNK)
+            except _WOULD_BLOCK:
+                break
+            except OSError as exc:
+                self._fail(channel, f"receive failed: {exc}")
+                return
+            if not chunk:
+                self._fail(channel, "connection closed by peer")
+                return
+            channel.inbuf += chunk
+            if len(chunk) < _RECV_CHUNK:
+                break
+        self._extract_frames(channel)
+
+    def _extract_frames(self, channel: KafkaChannel) -> None:
+        buf = channel.inbuf
+        while len(buf) >= 4:
+            (size,) = _SIZE.unpack_from(buf, 0)
+            if size < 0 or size > self.max_receive_size:
+                self._fail(channel, f"invalid receive of {size} bytes from node {channel.node_id} "
+                                    f"(receive.message.max.bytes is {self.max_receive_size})")
+                return
+            if len(buf) < 4 + size:
+                return
+            self.completed_receives.append((channel.node_id, bytes(buf[4:4 + size])))
+            del buf[:4 + size]
+
+    # -- ZeroMQ and other sockets polled with the brokers ---------------------------------------
+
+    def register_external(self, sock: Any, flags: int = zmq.POLLIN) -> None:
+        """Poll ``sock`` (a ZeroMQ socket or anything with fileno()) alongside the brokers."""
+        self._poller.register(sock, flags)
+        self._external[sock] = flags
+
+    def unregister_external(self, sock: Any) -> None:
+        if self._external.pop(sock, None) is not None:
+            self._poller.unregister(sock)
+
+    # -- the poll ------------------------------------------------------------------------------
+
+    def poll(self, timeout_ms: int) -> None:
+        """Do the I/O that is possible within ``timeout_ms`` and record what completed."""
+        self.connected = []
+        self.completed_sends = []
+        self.completed_receives = []
+        self.disconnected = {}
+        self.external_ready = []
+        # Write what can be written now: most sends complete without waiting for POLLOUT.
+        for channel in list(self._channels.values()):
+            if channel.connected and channel.send is not None:
+                self._write(channel)
+        self._update_interest()
+        if self.completed_sends or self.disconnected:
+            timeout_ms = 0
+        events = self._poller.poll(max(int(timeout_ms), 0))
+        for sock, event in events:
+            if sock in self._external:
+                self.external_ready.append(sock)
+                continue
+            channel = self._by_fd.get(sock)
+            if channel is None:
+                continue
+            if not channel.connected:
+                self._finish_connect(channel)
+                continue
+            if event & (zmq.POLLIN | zmq.POLLERR):
+                self._read(channel)
+            if channel.node_id in self._channels and event & zmq.POLLOUT and channel.send is not None:
+                self._write(channel)
+
+    def _finish_connect(self, channel: KafkaChannel) -> None:
+        sock = channel.transport.sock
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            self._fail(channel, f"connect failed: {errno.errorcode.get(err, err)}")
+            return
+        try:
+            done = channel.transport.handshake()
+        except OSError as exc:
+            self._fail(channel, f"handshake failed: {exc}")
+            return
+        if done:
+            channel.connected = True
+            self.connected.append(channel.node_id)
+
+    def _update_interest(self) -> None:
+        for fd, channel in self._by_fd.items():
+            if not channel.connected:
+                flags = zmq.POLLOUT
+            else:
+                flags = zmq.POLLIN | (zmq.POLLOUT if channel.send is not None else 0)
+            if self._interest.get(fd) != flags:
+                self._poller.register(fd, flags)
+                self._interest[fd] = flags
