@@ -48,6 +48,25 @@ def _nbytes(buf: Buffer) -> int:
     return buf.nbytes if isinstance(buf, memoryview) else len(buf)
 
 
+def encode_batch_header(payload: Buffer, *, compression: CompressionType, record_count: int,
+                        last_offset_delta: int, base_timestamp: int, max_timestamp: int,
+                        producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
+                        base_sequence: int = NO_SEQUENCE, transactional: bool = False, base_offset: int = 0,
+                        partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH) -> bytearray:
+    """The 61-byte header of a batch whose payload (compressed as said, or not) is ``payload``.
+
+    The CRC is computed over the header's tail and then ``payload`` in place.
+    """
+    attributes = int(compression) | (TRANSACTIONAL_FLAG if transactional else 0)
+    header = bytearray(HEADER_SIZE)
+    _BODY.pack_into(header, ATTRIBUTES_OFFSET, attributes, last_offset_delta, base_timestamp,
+                    max_timestamp, producer_id, producer_epoch, base_sequence, record_count)
+    crc = crc32c.crc32c(payload, crc32c.crc32c(memoryview(header)[ATTRIBUTES_OFFSET:]))
+    batch_length = HEADER_SIZE - LOG_OVERHEAD + _nbytes(payload)
+    _PREFIX.pack_into(header, 0, base_offset, batch_length, partition_leader_epoch, MAGIC, crc)
+    return header
+
+
 def build_batch(records: Buffer, *, record_count: int, last_offset_delta: int,
                 base_timestamp: int, max_timestamp: int, producer_id: int = NO_PRODUCER_ID,
                 producer_epoch: int = NO_PRODUCER_EPOCH, base_sequence: int = NO_SEQUENCE,
@@ -60,19 +79,13 @@ def build_batch(records: Buffer, *, record_count: int, last_offset_delta: int,
     0..``last_offset_delta`` and timestamps relative to ``base_timestamp``.
     Uncompressed, the payload is ``records`` itself (not copied).
     """
-    payload: Buffer = records
-    attributes = 0
-    if compression is not CompressionType.NONE:
-        payload = compress(compression, records, compression_level)
-        attributes |= int(compression)
-    if transactional:
-        attributes |= TRANSACTIONAL_FLAG
-    header = bytearray(HEADER_SIZE)
-    _BODY.pack_into(header, ATTRIBUTES_OFFSET, attributes, last_offset_delta, base_timestamp,
-                    max_timestamp, producer_id, producer_epoch, base_sequence, record_count)
-    crc = crc32c.crc32c(payload, crc32c.crc32c(memoryview(header)[ATTRIBUTES_OFFSET:]))
-    batch_length = HEADER_SIZE - LOG_OVERHEAD + _nbytes(payload)
-    _PREFIX.pack_into(header, 0, base_offset, batch_length, partition_leader_epoch, MAGIC, crc)
+    payload = records if compression is CompressionType.NONE else compress(compression, records,
+                                                                              compression_level)
+    header = encode_batch_header(
+        payload, compression=compression, record_count=record_count, last_offset_delta=last_offset_delta,
+        base_timestamp=base_timestamp, max_timestamp=max_timestamp, producer_id=producer_id,
+        producer_epoch=producer_epoch, base_sequence=base_sequence, transactional=transactional,
+        base_offset=base_offset, partition_leader_epoch=partition_leader_epoch)
     return [header, payload]
 
 

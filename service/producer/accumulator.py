@@ -1,0 +1,244 @@
+"""RecordAccumulator: per-partition FIFO queues of sealed batches, ready() and drain().
+
+As in the Java producer, ready() tells the sender which nodes have something to
+send and how long to sleep otherwise; drain() takes at most one batch per
+partition per node (brokers reject a request with two batches for a partition)
+up to max.request.size, starting each time at a different partition so that
+none starves. Batches arrive sealed (the application filled and sealed them),
+so a queued batch is sendable at once unless its partition backs off after a
+failure, is muted, or has no known leader.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from client_stub.errors import KafkaError
+
+from ..network.metadata import Cluster, Node
+from .batch import ProducerBatch, TopicPartition
+from .transaction_manager import TransactionManager
+
+log = logging.getLogger(__name__)
+
+FOREVER = 2**62
+
+
+@dataclass(slots=True)
+class ReadyCheckResult:
+    ready_nodes: set[Node] = field(default_factory=set)
+    next_ready_check_delay_ms: int = FOREVER
+    unknown_leader_topics: set[str] = field(default_factory=set)
+
+
+class RecordAccumulator:
+    """The daemon's queues of batches waiting to be sent, and every batch not yet finished."""
+
+    def __init__(self, *, retry_backoff_ms: int, retry_backoff_max_ms: int, delivery_timeout_ms: int,
+                 transaction_manager: TransactionManager | None = None) -> None:
+        self.retry_backoff_ms = retry_backoff_ms
+        self.retry_backoff_max_ms = max(retry_backoff_max_ms, retry_backoff_ms)
+        self.delivery_timeout_ms = delivery_timeout_ms
+        self.transaction_manager = transaction_manager
+        self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self._muted: set[TopicPartition] = set()
+        self._drain_index: dict[int, int] = {}
+        # Every batch appended and not final yet, queued or in flight: what flush waits for.
+        self.incomplete: set[ProducerBatch] = set()
+        self._flushes_in_progress = 0
+        self.closed = False
+        # Set by the BufferPool while someone waits for memory.
+        self.exhausted = False
+        self.next_batch_expiry_ms = FOREVER
+
+    # -- queues ----------------------------------------------------------------------------------
+
+    def append(self, batch: ProducerBatch) -> None:
+        """Queue a sealed batch at the tail of its partition's queue."""
+        if self.closed:
+            raise RuntimeError("the accumulator is closed")
+        self._batches.setdefault(batch.tp, deque()).append(batch)
+        self.incomplete.add(batch)
+        self.next_batch_expiry_ms = min(self.next_batch_expiry_ms, batch.created_ms + self.delivery_timeout_ms)
+
+    def reenqueue(self, batch: ProducerBatch, now: int) -> None:
+        """Put a batch to retry back at the head of its queue (in sequence order with idempotence)."""
+        batch.reenqueued(now)
+        queue = self._batches.setdefault(batch.tp, deque())
+        if self.transaction_manager is not None and batch.has_sequence:
+            self._insert_in_sequence_order(queue, batch)
+        else:
+            queue.appendleft(batch)
+
+    @staticmethod
+    def _insert_in_sequence_order(queue: deque[ProducerBatch], batch: ProducerBatch) -> None:
+        # Retried batches sit at the head, ordered by sequence, before any batch without one.
+        index = 0
+        for queued in queue:
+            if not queued.has_sequence or queued.base_sequence > batch.base_sequence:
+                break
+            index += 1
+        queue.insert(index, batch)
+
+    def split_and_reenqueue(self, batch: ProducerBatch, max_records_bytes: int, now: int) -> int:
+        """Split a batch the broker found too large and queue the parts in its place."""
+        parts = batch.split(max_records_bytes)
+        queue = self._batches.setdefault(batch.tp, deque())
+        for part in reversed(parts):
+            self.incomplete.add(part)
+            part.last_attempt_ms = now
+            if self.transaction_manager is not None and part.has_sequence:
+                self.transaction_manager.add_in_flight_batch(part)
+                self._insert_in_sequence_order(queue, part)
+            else:
+                queue.appendleft(part)
+        self.incomplete.discard(batch)
+        batch.release_after_split()
+        return len(parts)
+
+    def mute(self, tp: TopicPartition) -> None:
+        self._muted.add(tp)
+
+    def unmute(self, tp: TopicPartition) -> None:
+        self._muted.discard(tp)
+
+    def queued_batches(self) -> int:
+        return sum(len(q) for q in self._batches.values())
+
+    def queued_for(self, tp: TopicPartition) -> list[ProducerBatch]:
+        return list(self._batches.get(tp, ()))
+
+    def has_undrained(self) -> bool:
+        return any(self._batches.values())
+
+    def has_incomplete(self) -> bool:
+        return bool(self.incomplete)
+
+    # -- flush and close -------------------------------------------------------------------------
+
+    def begin_flush(self) -> None:
+        self._flushes_in_progress += 1
+
+    def end_flush(self) -> None:
+        self._flushes_in_progress = max(self._flushes_in_progress - 1, 0)
+
+    @property
+    def flush_in_progress(self) -> bool:
+        return self._flushes_in_progress > 0
+
+    def close(self) -> None:
+        """Take no more batches; what is queued is still sent."""
+        self.closed = True
+
+    # -- ready and drain -------------------------------------------------------------------------
+
+    def _backoff_ms(self, batch: ProducerBatch) -> int:
+        if batch.attempts == 0:
+            return 0
+        return min(self.retry_backoff_ms * 2 ** (batch.attempts - 1), self.retry_backoff_max_ms)
+
+    def ready(self, cluster: Cluster, now: int) -> ReadyCheckResult:
+        """Nodes with a sendable batch, the delay until the next check, topics with no leader."""
+        result = ReadyCheckResult()
+        for tp, queue in self._batches.items():
+            if not queue:
+                continue
+            leader = cluster.leader_for(tp.topic, tp.partition)
+            if leader is None:
+                result.unknown_leader_topics.add(tp.topic)
+                continue
+            if leader in result.ready_nodes or tp in self._muted:
+                continue
+            batch = queue[0]
+            wait = batch.last_attempt_ms + self._backoff_ms(batch) - now
+            if wait > 0:
+                result.next_ready_check_delay_ms = min(result.next_ready_check_delay_ms, wait)
+            else:
+                # Sealed batches are full by construction; flush, close and an exhausted pool
+                # would also make an unsealed batch sendable, and none is held here.
+                result.ready_nodes.add(leader)
+        return result
+
+    def drain(self, cluster: Cluster, nodes: Iterable[Node], max_size: int,
+              now: int) -> dict[int, list[ProducerBatch]]:
+        """Per node id, the batches to send now: one per partition, within ``max_size`` bytes."""
+        by_leader: dict[int, list[TopicPartition]] = {}
+        for tp, queue in self._batches.items():
+            if queue:
+                leader = cluster.leader_for(tp.topic, tp.partition)
+                if leader is not None:
+                    by_leader.setdefault(leader.id, []).append(tp)
+        drained: dict[int, list[ProducerBatch]] = {}
+        for node in nodes:
+            batches = self._drain_node(by_leader.get(node.id, []), node.id, max_size, now)
+            if batches:
+                drained[node.id] = batches
+        return drained
+
+    def _drain_node(self, partitions: list[TopicPartition], node_id: int, max_size: int,
+                    now: int) -> list[ProducerBatch]:
+        if not partitions:
+            return []
+        partitions.sort()
+        start = self._drain_index.get(node_id, 0) % len(partitions)
+        self._drain_index[node_id] = start + 1
+        size = 0
+        ready: list[ProducerBatch] = []
+        tm = self.transaction_manager
+        for i in range(len(partitions)):
+            tp = partitions[(start + i) % len(partitions)]
+            if tp in self._muted:
+                continue
+            queue = self._batches[tp]
+            batch = queue[0]
+            if batch.last_attempt_ms + self._backoff_ms(batch) > now:
+                continue
+            if ready and size + batch.size_in_bytes > max_size:
+                # Later partitions get their turn first next time (the index moved on).
+                break
+            if tm is not None and tm.should_stop_drain(batch):
+                continue
+            queue.popleft()
+            if tm is not None and not batch.has_sequence:
+                tm.assign_sequence(batch)
+            batch.drained_ms = now
+            size += batch.size_in_bytes
+            ready.append(batch)
+        return ready
+
+    # -- expiry and abort ------------------------------------------------------------------------
+
+    def expired_batches(self, now: int) -> list[ProducerBatch]:
+        """Queued batches whose delivery timeout has passed, removed from their queues."""
+        expired: list[ProducerBatch] = []
+        self.next_batch_expiry_ms = FOREVER
+        for queue in self._batches.values():
+            while queue:
+                batch = queue[0]
+                if not batch.has_reached_delivery_timeout(self.delivery_timeout_ms, now):
+                    self.next_batch_expiry_ms = min(self.next_batch_expiry_ms,
+                                                    batch.created_ms + self.delivery_timeout_ms)
+                    break
+                expired.append(queue.popleft())
+        return expired
+
+    def drain_all(self) -> list[ProducerBatch]:
+        """Remove and return every queued batch (closing: they will be failed)."""
+        batches = [b for queue in self._batches.values() for b in queue]
+        self._batches.clear()
+        return batches
+
+    def abort_undrained(self, error: KafkaError) -> int:
+        """Abort every batch still queued; returns how many."""
+        batches = self.drain_all()
+        for batch in batches:
+            self.incomplete.discard(batch)
+            batch.abort(error)
+        return len(batches)
+
+    def completed(self, batch: ProducerBatch) -> None:
+        """Forget a batch that reached its final state."""
+        self.incomplete.discard(batch)

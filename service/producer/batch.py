@@ -1,0 +1,248 @@
+"""ProducerBatch: one sealed batch of one partition, from hand-off to its final state.
+
+The records are already in Kafka's v2 record format, written by the
+application into a buffer the daemon does not copy (shared memory). The batch
+adds what only the sender knows: producer id, epoch and sequence, attempts,
+compression, and the final outcome, which is set exactly once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from client_stub.errors import KafkaError
+from client_stub.records import Buffer, decode_records, encode_record
+
+from ..protocol.compression import CompressionType, compress
+from ..protocol.record_batch import (HEADER_SIZE, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE,
+                                     encode_batch_header)
+
+log = logging.getLogger(__name__)
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+class FinalState(enum.Enum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    ABORTED = "ABORTED"
+
+
+class ProducerBatch:
+    """A batch of ``record_count`` records for ``tp``.
+
+    ``on_complete(batch)`` runs once, when the final state is set.
+    ``release()`` gives the record buffer back; it runs once, when the batch is
+    final and no request can still be writing its bytes. ``origin`` and
+    ``origin_index`` tie the batch to what its producer handed off (after a
+    split, each half knows where its records started).
+    """
+
+    __slots__ = ("tp", "records", "record_count", "base_timestamp", "max_timestamp", "created_ms",
+                 "on_complete", "release", "origin", "origin_index", "attempts", "last_attempt_ms",
+                 "drained_ms", "producer_id", "producer_epoch", "base_sequence", "sequence_reset",
+                 "final_state", "base_offset", "log_append_time_ms", "error", "in_flight",
+                 "_released", "_payload", "_header", "_header_key", "in_retry")
+
+    def __init__(self, tp: TopicPartition, records: Buffer, record_count: int, *, base_timestamp: int,
+                 max_timestamp: int, created_ms: int,
+                 on_complete: Callable[[ProducerBatch], None] | None = None,
+                 release: Callable[[], None] | None = None, origin: Any = None, origin_index: int = 0) -> None:
+        if record_count <= 0:
+            raise ValueError("a batch holds at least one record")
+        self.tp = tp
+        self.records = records
+        self.record_count = record_count
+        self.base_timestamp = base_timestamp
+        self.max_timestamp = max_timestamp
+        self.created_ms = created_ms
+        self.on_complete = on_complete
+        self.release = release
+        self.origin = origin
+        self.origin_index = origin_index
+        self.attempts = 0
+        self.last_attempt_ms = created_ms
+        self.drained_ms = created_ms
+        self.in_retry = False
+        self.producer_id = NO_PRODUCER_ID
+        self.producer_epoch = NO_PRODUCER_EPOCH
+        self.base_sequence = NO_SEQUENCE
+        self.sequence_reset = False
+        self.final_state: FinalState | None = None
+        self.base_offset = -1
+        self.log_append_time_ms = -1
+        self.error: KafkaError | None = None
+        self.in_flight = False
+        self._released = False
+        self._payload: tuple[CompressionType, Buffer] | None = None
+        self._header: bytearray | None = None
+        self._header_key: tuple | None = None
+
+    def __repr__(self) -> str:
+        return (f"ProducerBatch({self.tp}, records={self.record_count}, bytes={self.size_in_bytes}, "
+                f"seq={self.base_sequence}, attempts={self.attempts}, state={self.final_state})")
+
+    @property
+    def records_size(self) -> int:
+        records = self.records
+        return records.nbytes if isinstance(records, memoryview) else len(records)
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Bytes of the uncompressed batch on the wire, header included."""
+        return HEADER_SIZE + self.records_size
+
+    # -- idempotence -----------------------------------------------------------------------------
+
+    @property
+    def has_sequence(self) -> bool:
+        return self.base_sequence != NO_SEQUENCE
+
+    @property
+    def last_sequence(self) -> int:
+        return (self.base_sequence + self.record_count - 1) & 0x7FFFFFFF
+
+    def set_producer_state(self, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.base_sequence = base_sequence
+
+    def reset_producer_state(self, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
+        """New id/epoch/sequence after an epoch bump: the broker must see these records as new."""
+        self.sequence_reset = True
+        self.set_producer_state(producer_id, producer_epoch, base_sequence)
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    def wire_pieces(self, compression: CompressionType, level: int | None) -> list[Buffer]:
+        """The batch as ``[header, payload]`` for a ProduceRequest.
+
+        The payload is the record buffer itself when uncompressed; compressed, it
+        is computed once and kept for retries. The header is rebuilt only when the
+        producer state changes.
+        """
+        if self._payload is None or self._payload[0] is not compression:
+            payload = self.records if compression is CompressionType.NONE else \
+                compress(compression, self.records, level)
+            self._payload = (compression, payload)
+            self._header = None
+        payload = self._payload[1]
+        key = (self.producer_id, self.producer_epoch, self.base_sequence)
+        if self._header is None or self._header_key != key:
+            self._header = encode_batch_header(
+                payload, compression=compression, record_count=self.record_count,
+                last_offset_delta=self.record_count - 1, base_timestamp=self.base_timestamp,
+                max_timestamp=self.max_timestamp, producer_id=self.producer_id,
+                producer_epoch=self.producer_epoch, base_sequence=self.base_sequence)
+            self._header_key = key
+        return [self._header, payload]
+
+    def reenqueued(self, now: int) -> None:
+        self.attempts += 1
+        self.last_attempt_ms = now
+        self.in_retry = True
+
+    def has_reached_delivery_timeout(self, delivery_timeout_ms: int, now: int) -> bool:
+        return delivery_timeout_ms <= now - self.created_ms
+
+    def split(self, max_records_bytes: int) -> list[ProducerBatch]:
+        """Split into batches of at most ``max_records_bytes`` of records each (at least one record).
+
+        Offset deltas restart at 0 in every new batch, so the records are
+        re-encoded; the new batches own copies, so this batch's buffer can go.
+        """
+        records = decode_records(self.records, self.record_count)
+        pieces: list[list[bytes]] = [[]]
+        size = 0
+        for record in records:
+            encoded = encode_record(len(pieces[-1]), record.timestamp_delta, record.key, record.value,
+                                    [(k.encode(), v) for k, v in record.headers])
+            if pieces[-1] and size + len(encoded) > max_records_bytes:
+                pieces.append([])
+                size = 0
+                encoded = encode_record(0, record.timestamp_delta, record.key, record.value,
+                                        [(k.encode(), v) for k, v in record.headers])
+            pieces[-1].append(encoded)
+            size += len(encoded)
+        batches = []
+        index = self.origin_index
+        sequence = self.base_sequence
+        for chunk in pieces:
+            batch = ProducerBatch(self.tp, b"".join(chunk), len(chunk), base_timestamp=self.base_timestamp,
+                                  max_timestamp=self.max_timestamp, created_ms=self.created_ms,
+                                  on_complete=self.on_complete, origin=self.origin, origin_index=index)
+            if self.has_sequence:
+                batch.set_producer_state(self.producer_id, self.producer_epoch, sequence)
+                sequence = (sequence + len(chunk)) & 0x7FFFFFFF
+            batch.attempts = self.attempts
+            batch.last_attempt_ms = self.last_attempt_ms
+            batches.append(batch)
+            index += len(chunk)
+        return batches
+
+    # -- completion ------------------------------------------------------------------------------
+
+    @property
+    def is_done(self) -> bool:
+        return self.final_state is not None
+
+    def done(self, base_offset: int, log_append_time_ms: int, error: KafkaError | None) -> bool:
+        """Set the final state; False (and nothing reported) if it was already set."""
+        state = FinalState.SUCCEEDED if error is None else FinalState.FAILED
+        if self.final_state is not None:
+            if state is FinalState.SUCCEEDED and self.final_state is FinalState.FAILED:
+                log.info("%s succeeded at offset %s after it had failed with %s: not reported again",
+                         self, base_offset, self.error)
+            elif self.final_state is not state or error is not self.error:
+                log.debug("%s already %s, ignoring %s", self, self.final_state.value, state.value)
+            return False
+        self.final_state = state
+        self.base_offset = base_offset
+        self.log_append_time_ms = log_append_time_ms
+        self.error = error
+        self._report()
+        return True
+
+    def abort(self, error: KafkaError) -> bool:
+        """Final state ABORTED: the producer is closing or gave up on the batch without sending it."""
+        if self.final_state is not None:
+            return False
+        self.final_state = FinalState.ABORTED
+        self.error = error
+        self._report()
+        return True
+
+    def _report(self) -> None:
+        if self.on_complete is not None:
+            try:
+                self.on_complete(self)
+            except Exception:
+                log.exception("error reporting the outcome of %s", self)
+        self.maybe_release()
+
+    def maybe_release(self) -> None:
+        """Give the buffer back if the batch is final and no request holds it; once only."""
+        if self._released or self.final_state is None or self.in_flight:
+            return
+        self._released = True
+        self._payload = None
+        self.records = b""
+        if self.release is not None:
+            self.release()
+
+    def release_after_split(self) -> None:
+        """The halves own copies of the records: the original buffer can go back now."""
+        if not self._released:
+            self._released = True
+            self.records = b""
+            if self.release is not None:
+                self.release()

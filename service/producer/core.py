@@ -1,0 +1,107 @@
+"""ProducerCore: the daemon's Kafka side wired together, as KafkaProducer wires the Java client.
+
+Configuration in; Metadata, Selector, NetworkClient, RecordAccumulator,
+TransactionManager (idempotence) and Sender built from it. The daemon hands
+sealed batches to :meth:`ProducerCore.append` and turns the crank with
+:meth:`ProducerCore.run_once` in its one event loop; :meth:`flush` and
+:meth:`close` run that loop themselves until their work is done.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from client_stub.errors import KafkaError, KafkaTimeoutError
+
+from ..config import ProducerConfig
+from ..network.client import NetworkClient, monotonic_ms
+from ..network.metadata import Metadata
+from ..network.selector import Selector
+from .accumulator import FOREVER, RecordAccumulator
+from .batch import ProducerBatch
+from .metrics import SenderMetrics
+from .sender import Sender
+from .transaction_manager import TransactionManager
+
+log = logging.getLogger(__name__)
+
+
+class ProducerClosedError(KafkaError):
+    """The producer was closed before the batch could be delivered."""
+
+
+class ProducerCore:
+    """Everything between sealed batches and the brokers, driven by one thread."""
+
+    def __init__(self, config: ProducerConfig, *, clock: Callable[[], int] = monotonic_ms) -> None:
+        self.config = config
+        self.clock = clock
+        self.metadata = Metadata(config["bootstrap.servers"], refresh_backoff_ms=config["retry.backoff.ms"],
+                                 metadata_max_age_ms=config["metadata.max.age.ms"],
+                                 metadata_max_idle_ms=config["metadata.max.idle.ms"])
+        self.selector = Selector(max_receive_size=config["receive.message.max.bytes"],
+                                 send_buffer_bytes=config["send.buffer.bytes"],
+                                 receive_buffer_bytes=config["receive.buffer.bytes"])
+        self.client = NetworkClient(
+            self.selector, self.metadata, client_id=config["client.id"],
+            max_in_flight_requests_per_connection=config["max.in.flight.requests.per.connection"],
+            request_timeout_ms=config["request.timeout.ms"], reconnect_backoff_ms=config["reconnect.backoff.ms"],
+            reconnect_backoff_max_ms=config["reconnect.backoff.max.ms"],
+            connection_setup_timeout_ms=config["socket.connection.setup.timeout.ms"], clock=clock)
+        self.transaction_manager = TransactionManager() if config.idempotent else None
+        self.accumulator = RecordAccumulator(retry_backoff_ms=config["retry.backoff.ms"],
+                                             retry_backoff_max_ms=config["retry.backoff.max.ms"],
+                                             delivery_timeout_ms=config["delivery.timeout.ms"],
+                                             transaction_manager=self.transaction_manager)
+        self.metrics = SenderMetrics()
+        self.sender = Sender(self.client, self.metadata, self.accumulator, config, self.transaction_manager,
+                             self.metrics, clock)
+        self.closed = False
+
+    def append(self, batch: ProducerBatch) -> None:
+        """Hand a sealed batch over; its outcome arrives through ``batch.on_complete``."""
+        if self.closed:
+            batch.abort(ProducerClosedError("the producer is closed"))
+            return
+        tm = self.transaction_manager
+        if tm is not None and tm.has_fatal_error:
+            batch.abort(tm.fatal_error or KafkaError("the idempotent producer failed"))
+            return
+        self.metadata.add_topic(batch.tp.topic, self.clock())
+        self.accumulator.append(batch)
+
+    def run_once(self, max_wait_ms: int = FOREVER) -> None:
+        """One iteration of the sender loop; waits at most ``max_wait_ms`` for I/O."""
+        self.sender.run_once(max_wait_ms)
+
+    def flush(self, timeout_ms: int | None = None) -> bool:
+        """Run the loop until every batch handed over is final; False if ``timeout_ms`` passed first."""
+        self.accumulator.begin_flush()
+        try:
+            return self._run_until_complete(timeout_ms)
+        finally:
+            self.accumulator.end_flush()
+
+    def _run_until_complete(self, timeout_ms: int | None) -> bool:
+        deadline = None if timeout_ms is None else self.clock() + timeout_ms
+        while self.accumulator.has_incomplete():
+            now = self.clock()
+            if deadline is not None and now >= deadline:
+                return False
+            self.run_once(100 if deadline is None else max(min(deadline - now, 100), 0))
+        return True
+
+    def close(self, timeout_ms: int | None = None) -> None:
+        """Take no more batches, send what is queued within ``timeout_ms``, fail the rest."""
+        if self.closed:
+            return
+        self.closed = True
+        self.accumulator.close()
+        if timeout_ms is None or timeout_ms > 0:
+            self._run_until_complete(timeout_ms)
+        if self.accumulator.has_incomplete():
+            error = KafkaTimeoutError(f"the producer closed after {timeout_ms} ms with batches not yet delivered")
+            aborted = self.sender.abort_incomplete(error)
+            log.warning("closing: %d batch(es) failed undelivered", aborted)
+        self.client.close_all()

@@ -1,0 +1,323 @@
+"""Sender: one loop iteration at a time, turns queued batches into ProduceRequests and outcomes.
+
+This is the Java producer's Sender: :meth:`Sender.run_once` gets a producer id
+when idempotence needs one, asks for metadata of topics without a leader,
+connects to the leaders that are not ready, drains what is sendable, expires
+batches past delivery.timeout.ms (queued or in flight), sends one
+ProduceRequest per broker and polls the network. Each response completes its
+batches: success, retry (back to the head of the queue), split, or final error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from client_stub.errors import (KafkaError, KafkaTimeoutError, NetworkError, UnsupportedError, error_code,
+                                for_code)
+
+from ..config import ProducerConfig
+from ..network.client import ClientRequest, ClientResponse, NetworkClient
+from ..network.metadata import Metadata
+from ..protocol import messages as m
+from ..protocol.compression import CompressionType
+from .accumulator import FOREVER, RecordAccumulator
+from .batch import ProducerBatch, TopicPartition
+from .metrics import SenderMetrics
+from .transaction_manager import State, TransactionManager
+
+log = logging.getLogger(__name__)
+
+NONE = 0
+CORRUPT_MESSAGE = 2
+MESSAGE_TOO_LARGE = 10
+NETWORK_EXCEPTION = 13
+REQUEST_TIMED_OUT = 7
+DUPLICATE_SEQUENCE_NUMBER = 46
+UNKNOWN_SERVER_ERROR = -1
+
+PartitionData = m.ProduceRequest.TopicProduceData.PartitionProduceData
+TopicData = m.ProduceRequest.TopicProduceData
+
+
+class Sender:
+    """Sends the accumulator's batches to the brokers and settles every batch once."""
+
+    def __init__(self, client: NetworkClient, metadata: Metadata, accumulator: RecordAccumulator,
+                 config: ProducerConfig, transaction_manager: TransactionManager | None,
+                 metrics: SenderMetrics, clock: Callable[[], int]) -> None:
+        self.client = client
+        self.metadata = metadata
+        self.accumulator = accumulator
+        self.transaction_manager = transaction_manager
+        self.metrics = metrics
+        self.clock = clock
+        self.acks: int = config["acks"]
+        self.retries: int = config["retries"]
+        self.retry_backoff_ms: int = config["retry.backoff.ms"]
+        self.request_timeout_ms: int = config["request.timeout.ms"]
+        self.max_request_size: int = config["max.request.size"]
+        self.compression = CompressionType.from_name(config["compression.type"])
+        self.compression_level: int | None = {
+            CompressionType.GZIP: config["compression.gzip.level"],
+            CompressionType.LZ4: config["compression.lz4.level"],
+            CompressionType.ZSTD: config["compression.zstd.level"],
+        }.get(self.compression)
+        # Without idempotence only one request per connection keeps a partition in order.
+        self.guarantee_message_order = config["max.in.flight.requests.per.connection"] == 1
+        self._in_flight_batches: dict[TopicPartition, list[ProducerBatch]] = {}
+        self._init_producer_id_in_flight = False
+        self._init_producer_id_retry_ms = 0
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def run_once(self, max_wait_ms: int = FOREVER) -> None:
+        """One iteration: settle producer id state, send what is ready, poll the network."""
+        now = self.clock()
+        wait = self._maybe_init_producer_id(now)
+        poll_timeout = min(self.send_producer_data(now), wait, max_wait_ms)
+        self.client.poll(max(poll_timeout, 0), now)
+
+    def _maybe_init_producer_id(self, now: int) -> int:
+        tm = self.transaction_manager
+        if tm is None:
+            return FOREVER
+        tm.maybe_resolve_sequences()
+        if tm.has_fatal_error:
+            error = tm.fatal_error or KafkaError("the idempotent producer failed")
+            aborted = self.accumulator.abort_undrained(error)
+            self.metrics.batches_aborted += aborted
+            return FOREVER
+        if self._init_producer_id_in_flight:
+            return FOREVER
+        if tm.state is not State.INITIALIZING and not tm.needs_producer_id():
+            return FOREVER
+        if now < self._init_producer_id_retry_ms:
+            return self._init_producer_id_retry_ms - now
+        node = self.client.least_loaded_node(now)
+        if node is None or not self.client.ready(node, now):
+            return self.retry_backoff_ms if node is None else min(
+                self.client.connection_delay(node.id, now), self.retry_backoff_ms)
+        request = ClientRequest(node.id, tm.init_producer_id_request(), now,
+                                callback=self._handle_init_producer_id, request_timeout_ms=self.request_timeout_ms)
+        self._init_producer_id_in_flight = True
+        self.client.send(request, now)
+        return FOREVER
+
+    def _handle_init_producer_id(self, response: ClientResponse) -> None:
+        tm = self.transaction_manager
+        assert tm is not None
+        self._init_producer_id_in_flight = False
+        if response.error is not None and not response.disconnected:
+            tm.init_producer_id_failed(UnsupportedError(
+                f"idempotence needs the InitProducerId API: {response.error}"), retriable=False)
+        elif response.body is None:
+            tm.init_producer_id_failed(response.error, retriable=True)
+        else:
+            tm.handle_init_producer_id(response.body)
+        if tm.state is not State.READY:
+            self._init_producer_id_retry_ms = response.received_ms + self.retry_backoff_ms
+
+    def send_producer_data(self, now: int) -> int:
+        """Drain, expire and send; returns how long the poll may wait."""
+        cluster = self.metadata.cluster
+        result = self.accumulator.ready(cluster, now)
+        if result.unknown_leader_topics:
+            for topic in result.unknown_leader_topics:
+                self.metadata.add_topic(topic, now)
+            log.debug("requesting metadata for topics without a known leader: %s", result.unknown_leader_topics)
+            self.metadata.request_update()
+        not_ready_timeout = FOREVER
+        ready_nodes = set()
+        for node in result.ready_nodes:
+            if self.client.ready(node, now):
+                ready_nodes.add(node)
+            else:
+                not_ready_timeout = min(not_ready_timeout, self.client.connection_delay(node.id, now))
+        drained = self.accumulator.drain(cluster, ready_nodes, self.max_request_size, now)
+        for batches in drained.values():
+            for batch in batches:
+                self._in_flight_batches.setdefault(batch.tp, []).append(batch)
+                if self.guarantee_message_order:
+                    self.accumulator.mute(batch.tp)
+        self._expire(now)
+        poll_timeout = min(result.next_ready_check_delay_ms, not_ready_timeout,
+                           self.accumulator.next_batch_expiry_ms - now)
+        if drained:
+            # More may be drainable at once: one batch per partition goes per request.
+            poll_timeout = 0
+        for node_id, batches in drained.items():
+            self._send_produce_request(node_id, batches, now)
+        return max(poll_timeout, 0)
+
+    # -- expiry ----------------------------------------------------------------------------------
+
+    def _expire(self, now: int) -> None:
+        expired = self.accumulator.expired_batches(now)
+        timeout = self.accumulator.delivery_timeout_ms
+        for tp, batches in list(self._in_flight_batches.items()):
+            while batches and batches[0].has_reached_delivery_timeout(timeout, now):
+                batch = batches.pop(0)
+                if not batch.is_done:
+                    expired.append(batch)
+            if batches:
+                self.accumulator.next_batch_expiry_ms = min(self.accumulator.next_batch_expiry_ms,
+                                                            batches[0].created_ms + timeout)
+            else:
+                del self._in_flight_batches[tp]
+        for batch in expired:
+            message = (f"Expiring {batch.record_count} record(s) for {batch.tp}: "
+                       f"{now - batch.created_ms} ms has passed since batch creation")
+            self.metrics.batches_expired += 1
+            self.metrics.records_expired += batch.record_count
+            self._fail_batch(batch, KafkaTimeoutError(message), adjust_sequences=False)
+            if self.transaction_manager is not None and batch.has_sequence:
+                # It was sent at least once: the broker may have it. Hold the partition until known.
+                self.transaction_manager.mark_sequence_unresolved(batch)
+
+    # -- produce requests ------------------------------------------------------------------------
+
+    def _send_produce_request(self, node_id: int, batches: list[ProducerBatch], now: int) -> None:
+        topics: dict[str, list[PartitionData]] = {}
+        by_tp: dict[TopicPartition, ProducerBatch] = {}
+        records = 0
+        for batch in batches:
+            pieces = batch.wire_pieces(self.compression, self.compression_level)
+            topics.setdefault(batch.tp.topic, []).append(PartitionData(index=batch.tp.partition, records=pieces))
+            by_tp[batch.tp] = batch
+            batch.in_flight = True
+            records += batch.record_count
+            self.metrics.queue_time_ms.record(now - batch.created_ms)
+        body = m.ProduceRequest(transactional_id=None, acks=self.acks, timeout_ms=self.request_timeout_ms,
+                                topic_data=[TopicData(name=t, partition_data=p) for t, p in topics.items()])
+        request = ClientRequest(node_id, body, now, callback=lambda r: self._handle_produce_response(r, by_tp),
+                                expect_response=self.acks != 0, request_timeout_ms=self.request_timeout_ms)
+        self.client.send(request, now)
+        self.metrics.record_request(node_id, len(batches), records, request.size)
+
+    def _handle_produce_response(self, response: ClientResponse,
+                                 batches: dict[TopicPartition, ProducerBatch]) -> None:
+        now = response.received_ms
+        for batch in batches.values():
+            batch.in_flight = False
+        if response.disconnected:
+            code = REQUEST_TIMED_OUT if response.timed_out else NETWORK_EXCEPTION
+            message = str(response.error) if response.error else "disconnected"
+            for batch in batches.values():
+                self._complete_batch(batch, code, message, now)
+            return
+        if response.error is not None:
+            for batch in batches.values():
+                self._fail_batch(batch, response.error, adjust_sequences=False)
+            return
+        self.metrics.record_response(response.destination, response.latency_ms)
+        if response.body is None:
+            # acks=0: done once written, offsets unknown.
+            for batch in batches.values():
+                self._complete_batch(batch, NONE, None, now)
+            return
+        body: m.ProduceResponse = response.body
+        answered = set()
+        for topic in body.responses:
+            for pr in topic.partition_responses:
+                tp = TopicPartition(topic.name, pr.index)
+                batch = batches.get(tp)
+                if batch is None:
+                    log.warning("produce response for %s, which the request did not contain", tp)
+                    continue
+                answered.add(tp)
+                self._complete_batch(batch, pr.error_code, pr.error_message, now, base_offset=pr.base_offset,
+                                     log_append_time_ms=pr.log_append_time_ms,
+                                     log_start_offset=pr.log_start_offset)
+        for tp, batch in batches.items():
+            if tp not in answered:
+                self._complete_batch(batch, UNKNOWN_SERVER_ERROR,
+                                     "the produce response did not mention this partition", now)
+
+    def _complete_batch(self, batch: ProducerBatch, error: int, message: str | None, now: int, *,
+                        base_offset: int = -1, log_append_time_ms: int = -1, log_start_offset: int = -1) -> None:
+        tm = self.transaction_manager
+        if error == MESSAGE_TOO_LARGE and batch.record_count > 1 and not batch.is_done:
+            log.warning("%s is too large for the broker: splitting it", batch)
+            if tm is not None:
+                tm.handle_failed_batch(batch, for_code(error), adjust_sequences=False)
+            self._remove_in_flight(batch)
+            # Halves: a batch keeps splitting until its parts fit or are single records.
+            self.accumulator.split_and_reenqueue(batch, batch.records_size // 2, now)
+            self.metrics.batch_splits += 1
+        elif error not in (NONE, DUPLICATE_SEQUENCE_NUMBER):
+            row = error_code(error)
+            if self._can_retry(batch, error, log_start_offset, now):
+                log.warning("retrying %s (attempt %d) after %s: %s", batch, batch.attempts + 1, row.name,
+                            message or "")
+                self._remove_in_flight(batch)
+                self.accumulator.reenqueue(batch, now)
+                self.metrics.batches_retried += 1
+                self.metrics.records_retried += batch.record_count
+            else:
+                exc = for_code(error, message)
+                if error == NETWORK_EXCEPTION:
+                    exc = NetworkError(message or "", code=error, name=row.name)
+                self._fail_batch(batch, exc, adjust_sequences=batch.attempts < self.retries)
+            if row.invalid_metadata:
+                self.metadata.request_update()
+        else:
+            # DUPLICATE_SEQUENCE_NUMBER: the broker has these records already, from an earlier attempt.
+            if tm is not None:
+                tm.handle_completed_batch(batch, base_offset)
+            self._remove_in_flight(batch)
+            self.accumulator.completed(batch)
+            if batch.done(base_offset, log_append_time_ms, None):
+                self.metrics.batches_succeeded += 1
+                self.metrics.records_succeeded += batch.record_count
+            batch.maybe_release()
+        if self.guarantee_message_order:
+            self.accumulator.unmute(batch.tp)
+
+    def _can_retry(self, batch: ProducerBatch, error: int, log_start_offset: int, now: int) -> bool:
+        if batch.is_done or batch.attempts >= self.retries:
+            return False
+        if batch.has_reached_delivery_timeout(self.accumulator.delivery_timeout_ms, now):
+            return False
+        retriable = error_code(error).retriable
+        if error == CORRUPT_MESSAGE:
+            # Worth one more try (the bytes may have been damaged on the way); not more.
+            retriable = batch.attempts == 0
+        if self.transaction_manager is None:
+            return retriable
+        return self.transaction_manager.can_retry(error, log_start_offset, batch, retriable)
+
+    def _fail_batch(self, batch: ProducerBatch, error: KafkaError, adjust_sequences: bool) -> None:
+        if self.transaction_manager is not None:
+            self.transaction_manager.handle_failed_batch(batch, error, adjust_sequences)
+        self._remove_in_flight(batch)
+        self.accumulator.completed(batch)
+        if batch.done(-1, -1, error):
+            self.metrics.batches_failed += 1
+            self.metrics.records_failed += batch.record_count
+        batch.maybe_release()
+
+    def _remove_in_flight(self, batch: ProducerBatch) -> None:
+        batches = self._in_flight_batches.get(batch.tp)
+        if batches is None:
+            return
+        for i, candidate in enumerate(batches):
+            if candidate is batch:
+                del batches[i]
+                break
+        if not batches:
+            del self._in_flight_batches[batch.tp]
+
+    # -- close -----------------------------------------------------------------------------------
+
+    def in_flight_batches(self) -> list[ProducerBatch]:
+        return [b for batches in self._in_flight_batches.values() for b in batches]
+
+    def abort_incomplete(self, error: KafkaError) -> int:
+        """Fail every batch queued or in flight with ``error`` (a forced close); returns how many."""
+        aborted = self.accumulator.abort_undrained(error)
+        for batch in self.in_flight_batches():
+            self._fail_batch(batch, error, adjust_sequences=False)
+            aborted += 1
+        self.metrics.batches_aborted += aborted
+        return aborted

