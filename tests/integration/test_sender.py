@@ -1,0 +1,290 @@
+"""The daemon core against real brokers: delivery, ordering, retries, expiry, idempotence.
+
+Batches are built as applications build them (tests/support/batches.py) and handed
+to ProducerCore; what arrived is read back by the confluent-kafka verifier.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from client_stub.errors import KafkaTimeoutError
+from service.config import ProducerConfig
+from service.network.client import monotonic_ms
+from service.producer.batch import FinalState
+from service.producer.core import ProducerCore
+from tests.support.batches import Deliveries
+from tests.support.verifier import ConsumedRecord, read_topic
+
+EXPIRY_MESSAGE = re.compile(r"Expiring (\d+) record\(s\) for (.+)-(\d+): (\d+) ms has passed since batch creation")
+
+
+class JumpingClock:
+    """The loop's clock: real time, plus the jumps the test makes, so timeouts need no waiting."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def __call__(self) -> int:
+        return monotonic_ms() + self.offset
+
+    @property
+    def now(self) -> int:
+        return self()
+
+    def advance(self, ms: int) -> None:
+        self.offset += ms
+
+
+def make_core(bootstrap: str, clock=None, **settings: object) -> ProducerCore:
+    config = ProducerConfig({"bootstrap.servers": bootstrap, **{k.replace("_", "."): v for k, v in settings.items()}})
+    return ProducerCore(config) if clock is None else ProducerCore(config, clock=clock)
+
+
+def run_until(core: ProducerCore, condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the sender loop did not get there in time"
+        core.run_once(20)
+
+
+def assert_delivered_once_in_order(deliveries: Deliveries, consumed: list[ConsumedRecord],
+                                   check_offsets: bool = True) -> None:
+    by_partition: dict[int, list[ConsumedRecord]] = {}
+    for record in consumed:
+        by_partition.setdefault(record.partition, []).append(record)
+    for partition in deliveries.sent:
+        expected = deliveries.records_of(partition)
+        got = by_partition.pop(partition, [])
+        assert [r.value for r in got] == [r.value for r in expected], f"partition {partition}"
+        assert [r.key for r in got] == [r.key for r in expected]
+        assert [r.timestamp_ms for r in got] == [r.timestamp_ms for r in expected]
+        assert [tuple(r.headers) for r in got] == [r.headers for r in expected]
+        if check_offsets:
+            offsets = {r.value: r.offset for r in got}
+            for batch, records in deliveries.sent[partition]:
+                assert [offsets[r.value] for r in records] == \
+                    list(range(batch.base_offset, batch.base_offset + len(records)))
+    assert not by_partition, f"records in partitions nothing was sent to: {list(by_partition)}"
+
+
+def assert_each_reported_and_released_once(deliveries: Deliveries, batches: list) -> None:
+    assert sorted(deliveries.origins_reported().values()) == [1] * len(batches)
+    assert sorted(deliveries.releases.values()) == [1] * len(batches)
+
+
+@pytest.mark.parametrize("acks", ["all", "1", "0"])
+def test_100k_records_arrive_once_in_order(broker, topic_factory, acks: str) -> None:
+    topic = topic_factory(6)
+    deliveries = Deliveries(topic)
+    # 6 partitions x 70 batches x 240 records (of ~60 bytes: about 16 KiB a batch) = 100 800 records.
+    batches = deliveries.numbered(partitions=6, batches_per_partition=70, records_per_batch=240)
+    core = make_core(broker.bootstrap, acks=acks)
+    assert core.config.idempotent is (acks == "all")
+    for batch in batches:
+        core.append(batch)
+    assert core.flush(60_000)
+    core.close()
+
+    assert len(deliveries.succeeded()) == len(batches)
+    assert_each_reported_and_released_once(deliveries, batches)
+    consumed = read_topic(broker.bootstrap, topic, expected=100_800)
+    assert len(consumed) == 100_800
+    if acks == "0":
+        assert {b.base_offset for b in deliveries.succeeded()} == {-1}
+    assert_delivered_once_in_order(deliveries, consumed, check_offsets=acks != "0")
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_100k_records_with_each_compression_codec(broker, topic_factory, codec: str) -> None:
+    topic = topic_factory(6)
+    deliveries = Deliveries(topic)
+    batches = deliveries.numbered(partitions=6, batches_per_partition=70, records_per_batch=240)
+    uncompressed = sum(b.size_in_bytes for b in batches)
+    core = make_core(broker.bootstrap, compression_type=codec)
+    for batch in batches:
+        core.append(batch)
+    assert core.flush(60_000)
+    core.close()
+
+    assert len(deliveries.succeeded()) == len(batches)
+    assert core.metrics.bytes_sent < uncompressed / 2, "batches went uncompressed"
+    consumed = read_topic(broker.bootstrap, topic, expected=100_800)
+    assert_delivered_once_in_order(deliveries, consumed)
+
+
+def test_three_brokers_get_their_own_requests_in_one_loop_iteration(mock_cluster) -> None:
+    topic = "three-brokers"
+    leaders = mock_cluster.ensure_topic(topic)
+    assert len(set(leaders.values())) >= 2
+    deliveries = Deliveries(topic)
+    core = make_core(mock_cluster.bootstrap)
+    # Warm up: metadata, a connection to every leader, a producer id.
+    for batch in deliveries.numbered(partitions=len(leaders), batches_per_partition=1, records_per_batch=5):
+        core.append(batch)
+    assert core.flush(30_000)
+    run_until(core, lambda: all(core.client.can_send_request(n) for n in set(leaders.values())))
+
+    for batch in deliveries.numbered(partitions=len(leaders), batches_per_partition=1, records_per_batch=5):
+        core.append(batch)
+    sent_before = {n: core.metrics.nodes[n].requests_sent for n in set(leaders.values())}
+    core.sender.send_producer_data(core.clock())
+    for node in set(leaders.values()):
+        assert core.metrics.nodes[node].requests_sent == sent_before[node] + 1, f"broker {node}"
+        assert core.client.in_flight_request_count(node) == 1
+    assert sorted(core.selector.channels()) == sorted(set(leaders.values()))
+    assert core.flush(30_000)
+    core.close()
+    assert len(deliveries.succeeded()) == 2 * len(leaders)
+    consumed = read_topic(mock_cluster.bootstrap, topic, expected=10 * len(leaders))
+    assert_delivered_once_in_order(deliveries, consumed)
+
+
+def test_connection_cut_every_few_requests_loses_and_duplicates_nothing(proxied_broker) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("cut", 6)
+    proxy.cut_every(3, api_key=0)
+    deliveries = Deliveries("cut")
+    batches = deliveries.numbered(partitions=6, batches_per_partition=40, records_per_batch=50)
+    core = make_core(proxy.address, retry_backoff_ms=10)
+    for batch in batches:
+        core.append(batch)
+    assert core.flush(90_000)
+    core.close()
+
+    assert proxy.connections_accepted > 5, "the proxy did not cut connections"
+    assert core.metrics.batches_retried > 0
+    assert len(deliveries.succeeded()) == len(batches)
+    assert_each_reported_and_released_once(deliveries, batches)
+    proxy.heal()
+    consumed = read_topic(proxy.address, "cut", expected=6 * 40 * 50)
+    assert len(consumed) == 6 * 40 * 50
+    assert_delivered_once_in_order(deliveries, consumed, check_offsets=False)
+
+
+def test_lost_responses_are_retried_and_recognised_as_duplicates(proxied_broker) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("lost", 3)
+    deliveries = Deliveries("lost")
+    core = make_core(proxy.address, retry_backoff_ms=10)
+    warmup = deliveries.numbered(partitions=3, batches_per_partition=1, records_per_batch=10)
+    for batch in warmup:
+        core.append(batch)
+    assert core.flush(30_000)
+    written_before = proxy.requests_forwarded.get(0, 0)
+
+    proxy.drop_responses(3, api_key=0)
+    batches = deliveries.numbered(partitions=3, batches_per_partition=10, records_per_batch=20)
+    for batch in batches:
+        core.append(batch)
+    assert core.flush(60_000)
+    core.close()
+
+    assert proxy.responses_dropped == 3
+    assert core.metrics.batches_retried > 0
+    assert proxy.requests_forwarded[0] > written_before + 10, "no produce request was sent twice"
+    assert len(deliveries.succeeded()) == len(warmup) + len(batches)
+    consumed = read_topic(proxy.address, "lost", expected=3 * 10 + 3 * 10 * 20)
+    assert len(consumed) == 3 * 10 + 3 * 10 * 20
+    assert_delivered_once_in_order(deliveries, consumed, check_offsets=False)
+
+
+def test_silent_broker_expires_queued_and_in_flight_batches_once(proxied_broker) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("silent", 2)
+    clock = JumpingClock()
+    deliveries = Deliveries("silent")
+    core = make_core(proxy.address, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000)
+    for batch in deliveries.numbered(partitions=2, batches_per_partition=1, records_per_batch=3):
+        batch.created_ms = clock.now
+        core.append(batch)
+    assert core.flush(30_000)
+    warmup = len(deliveries.reports)
+
+    proxy.blackhole()
+    # More batches than five requests carry (one per partition each): some stay queued. They
+    # were made 35 s ago, so that they expire in flight before their requests time out.
+    stuck = deliveries.numbered(partitions=2, batches_per_partition=7, records_per_batch=4)
+    for batch in stuck:
+        batch.created_ms = clock.now - 35_000
+        core.append(batch)
+    # Five requests go out and are never answered.
+    run_until(core, lambda: core.client.in_flight_request_count() == 5)
+    in_flight = core.sender.in_flight_batches()
+    queued = [b for b in stuck if b not in in_flight]
+    assert in_flight and queued
+
+    clock.advance(20_000)
+    core.run_once(0)
+    assert len(deliveries.reports) == warmup, "nothing may expire before delivery.timeout.ms"
+    clock.advance(5_000)
+    core.run_once(0)
+    expired = deliveries.reports[warmup:]
+    assert sorted(b.origin for b in expired) == sorted(b.origin for b in stuck)
+    for batch in expired:
+        assert batch.final_state is FinalState.FAILED
+        assert isinstance(batch.error, KafkaTimeoutError)
+        match = EXPIRY_MESSAGE.fullmatch(str(batch.error))
+        assert match, str(batch.error)
+        assert (int(match[1]), match[2], int(match[3])) == (batch.record_count, "silent", batch.tp.partition)
+        assert 60_000 <= int(match[4]) < 90_000
+    # Batches still held by unanswered requests keep their buffers until the requests end.
+    assert all(deliveries.releases[b.origin] == 0 for b in in_flight)
+    assert all(deliveries.releases[b.origin] == 1 for b in queued)
+
+    clock.advance(10_000)
+    run_until(core, lambda: core.client.in_flight_request_count() == 0)
+    assert all(deliveries.releases[b.origin] == 1 for b in stuck)
+    assert len(deliveries.reports) == warmup + len(stuck), "a batch was reported twice"
+    core.close(0)
+
+
+def test_after_unresolved_expiry_a_new_producer_id_is_taken_and_new_records_accepted(proxied_broker) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("bump", 1)
+    clock = JumpingClock()
+    deliveries = Deliveries("bump")
+    core = make_core(proxy.address, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000)
+    first = deliveries.numbered(partitions=1, batches_per_partition=2, records_per_batch=5)
+    for batch in first:
+        batch.created_ms = clock.now
+        core.append(batch)
+    assert core.flush(30_000)
+    tm = core.transaction_manager
+    producer_id = tm.producer_id_and_epoch.producer_id
+
+    proxy.blackhole()
+    lost = deliveries.numbered(partitions=1, batches_per_partition=2, records_per_batch=5)
+    for batch in lost:
+        batch.created_ms = clock.now
+        core.append(batch)
+    run_until(core, lambda: core.client.in_flight_request_count() > 0)
+    clock.advance(60_000)
+    core.run_once(0)
+    assert all(b.final_state is FinalState.FAILED for b in lost)
+    clock.advance(30_000)
+    run_until(core, lambda: core.client.in_flight_request_count() == 0)
+
+    proxy.heal()
+    after = deliveries.numbered(partitions=1, batches_per_partition=3, records_per_batch=5)
+    for batch in after:
+        batch.created_ms = clock.now
+        core.append(batch)
+    assert core.flush(60_000)
+    core.close()
+    assert tm.producer_id_resets == 1
+    assert tm.producer_id_and_epoch.producer_id != producer_id
+    assert all(b.final_state is FinalState.SUCCEEDED for b in after)
+    assert [b.base_sequence for b in after] == [0, 5, 10]
+    consumed = read_topic(proxy.address, "bump", expected=25)
+    records_of = {id(batch): records for batch, records in deliveries.sent[0]}
+    values = [r.value for r in consumed]
+    lost_values = [r.value for b in lost for r in records_of[id(b)]]
+    # The expired batches may or may not have reached the broker (the proxy still delivers
+    # what it held when the connection closes): whatever did arrived once, in order.
+    assert [v for v in values if v not in lost_values] == [r.value for b in first + after for r in records_of[id(b)]]
+    arrived = [v for v in values if v in lost_values]
+    assert arrived == lost_values[:len(arrived)]
