@@ -90,6 +90,11 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("receive.buffer.bytes", int, 32768, -1, INT_MAX),
     # librdkafka's name: Kafka's Java client has no cap on a response's size.
     ConfigKey("receive.message.max.bytes", int, 100000000, 1000, INT_MAX),
+    # The sidecar's own settings.
+    ConfigKey("sidecar.client.timeout.ms", int, 30000, 1000, INT_MAX,
+              doc="a client silent this long is gone: its unsealed blocks return to the pool"),
+    ConfigKey("sidecar.close.timeout.ms", int, 30000, 0, INT_MAX,
+              doc="on shutdown, how long to go on sending what is queued"),
     ConfigKey("security.protocol", str, "PLAINTEXT", choices=("PLAINTEXT",),
               doc="SSL, SASL_PLAINTEXT and SASL_SSL come with TLS and SASL support"),
 )}

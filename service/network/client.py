@@ -46,14 +46,17 @@ def monotonic_ms() -> int:
 
 @dataclass(eq=False, slots=True)
 class ClientRequest:
-    """A request for one node. ``version`` and ``correlation_id`` are set when it is sent."""
+    """A request for one node. ``version`` and ``correlation_id`` are set when it is sent.
+
+    ``request_timeout_ms`` below 0 means the client's ``request.timeout.ms``.
+    """
 
     destination: int
     body: Message
     created_ms: int
     callback: Callable[[ClientResponse], None] | None = None
     expect_response: bool = True
-    request_timeout_ms: int = 30000
+    request_timeout_ms: int = -1
     max_version: int | None = None
     version: int = -1
     correlation_id: int = -1
@@ -240,6 +243,8 @@ class NetworkClient:
                 self._pending.append(ClientResponse(request, now, error=exc))
                 return
         self._correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
+        if request.request_timeout_ms < 0:
+            request.request_timeout_ms = self.request_timeout_ms
         request.version = version
         request.correlation_id = self._correlation_id
         request.send_ms = now
@@ -287,8 +292,9 @@ class NetworkClient:
 
     def _handle_completed_receives(self, responses: list[ClientResponse], now: int) -> None:
         for node_id, frame in self.selector.completed_receives:
-            if not self.selector.has_channel(node_id):
-                continue  # closed earlier in this loop, its requests already failed
+            # A connection the broker closed right after answering still delivers its answers.
+            if node_id in self.disconnect_reasons:
+                continue  # disconnected earlier in this poll: its requests have already failed
             if self._is_unexpected_answer(node_id, frame):
                 continue
             request = self.in_flight.oldest(node_id)
@@ -346,7 +352,8 @@ class NetworkClient:
 
     def _handle_disconnections(self, responses: list[ClientResponse], now: int) -> None:
         for node_id, reason in self.selector.disconnected.items():
-            self._handle_disconnect(node_id, now, reason, responses)
+            if node_id not in self.disconnect_reasons:  # else failed already, on one of its answers
+                self._handle_disconnect(node_id, now, reason, responses)
 
     def _handle_disconnect(self, node_id: int, now: int, reason: str,
                            responses: list[ClientResponse] | None = None, timed_out: bool = False) -> None:
@@ -375,13 +382,14 @@ class NetworkClient:
     def _send_api_versions(self, node_id: int, now: int, version: int) -> None:
         body = m.ApiVersionsRequest(client_software_name=SOFTWARE_NAME,
                                     client_software_version=SOFTWARE_VERSION)
-        request = ClientRequest(node_id, body, now, request_timeout_ms=self.request_timeout_ms)
-        self._do_send(request, now, version)
+        self._do_send(ClientRequest(node_id, body, now), now, version)
 
     def _handle_api_versions(self, node_id: int, request: ClientRequest, body: m.ApiVersionsResponse,
                              now: int) -> None:
         ranges = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
         if body.error_code == UNSUPPORTED_VERSION and request.version > 0:
+            if not self.selector.is_connected(node_id):
+                return  # the broker closed the connection after answering: handled as a disconnect
             theirs = ranges.get(m.API_VERSIONS)
             version = request.version - 1 if theirs is None else min(theirs[1], request.version - 1)
             self._send_api_versions(node_id, now, version)
@@ -423,8 +431,7 @@ class NetworkClient:
         if node is None:
             return self.reconnect_backoff_ms
         if self.can_send_request(node.id):
-            request = ClientRequest(node.id, self.metadata.build_request(now), now,
-                                    request_timeout_ms=self.request_timeout_ms)
+            request = ClientRequest(node.id, self.metadata.build_request(now), now)
             self._metadata_in_flight = True
             self._do_send(request, now)
             return self.request_timeout_ms

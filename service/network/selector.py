@@ -106,7 +106,8 @@ class Selector:
         self._by_fd: dict[int, KafkaChannel] = {}
         self._poller = zmq.Poller()
         self._interest: dict[int, int] = {}
-        self._external: dict[Any, int] = {}
+        # External sockets by what the poller reports them as (see _poll_key).
+        self._external: dict[Any, Any] = {}
         # Results of the last poll().
         self.connected: list[int] = []
         self.completed_sends: list[tuple[int, Any]] = []
@@ -249,21 +250,25 @@ class Selector:
     # -- receiving -----------------------------------------------------------------------------
 
     def _read(self, channel: KafkaChannel) -> None:
+        failure = None
         while True:
             try:
                 chunk = channel.transport.recv(_RECV_CHUNK)
             except _WOULD_BLOCK:
                 break
             except OSError as exc:
-                self._fail(channel, f"receive failed: {exc}")
-                return
+                failure = f"receive failed: {exc}"
+                break
             if not chunk:
-                self._fail(channel, "connection closed by peer")
-                return
+                failure = "connection closed by peer"
+                break
             channel.inbuf += chunk
             if len(chunk) < _RECV_CHUNK:
                 break
+        # Responses read before the connection ended are delivered, as after Java's graceful close.
         self._extract_frames(channel)
+        if failure is not None and self._channels.get(channel.node_id) is channel:
+            self._fail(channel, failure)
 
     def _extract_frames(self, channel: KafkaChannel) -> None:
         buf = channel.inbuf
@@ -281,12 +286,15 @@ class Selector:
     # -- ZeroMQ and other sockets polled with the brokers ---------------------------------------
 
     def register_external(self, sock: Any, flags: int = zmq.POLLIN) -> None:
-        """Poll ``sock`` (a ZeroMQ socket or anything with fileno()) alongside the brokers."""
+        """Poll ``sock`` (a ZeroMQ socket or anything with fileno()) alongside the brokers.
+
+        When it is ready, the last poll's ``external_ready`` holds ``sock`` itself.
+        """
         self._poller.register(sock, flags)
-        self._external[sock] = flags
+        self._external[_poll_key(sock)] = sock
 
     def unregister_external(self, sock: Any) -> None:
-        if self._external.pop(sock, None) is not None:
+        if self._external.pop(_poll_key(sock), None) is not None:
             self._poller.unregister(sock)
 
     # -- the poll ------------------------------------------------------------------------------
@@ -307,8 +315,9 @@ class Selector:
             timeout_ms = 0
         events = self._poller.poll(max(int(timeout_ms), 0))
         for sock, event in events:
-            if sock in self._external:
-                self.external_ready.append(sock)
+            external = self._external.get(sock)
+            if external is not None:
+                self.external_ready.append(external)
                 continue
             channel = self._by_fd.get(sock)
             if channel is None:
@@ -345,3 +354,10 @@ class Selector:
             if self._interest.get(fd) != flags:
                 self._poller.register(fd, flags)
                 self._interest[fd] = flags
+
+
+def _poll_key(sock: Any) -> Any:
+    """What ``zmq.Poller.poll`` reports ``sock`` as: ZeroMQ sockets as themselves, others by fd."""
+    if isinstance(sock, (zmq.Socket, int)):
+        return sock
+    return sock.fileno()

@@ -1,0 +1,130 @@
+"""The messages between application processes and the daemon over ZeroMQ.
+
+Each ZeroMQ message is one msgpack array whose first element is the message
+type. Clients talk through a DEALER socket to the daemon's ROUTER. The handshake
+carries :data:`PROTOCOL_VERSION`; either side refuses a version it does not
+speak, with a message that says which versions are involved.
+
+Client -> daemon::
+
+    [HELLO, version, pid, client_name, options]          options: linger_ms, partitioner, process
+    [BLOCKS, request_id, count, contiguous, timeout_ms]   count blocks (a run of count if contiguous)
+    [SEAL, [[batch_id, first_block, block_count, topic, partition, record_count, length,
+             base_timestamp, max_timestamp, created_ms_ago], ...]]
+    [RELEASE, [block, ...]]                               unused granted blocks given back
+    [METADATA, topic]                                     subscribe to a topic's metadata
+    [HEARTBEAT]
+    [GOODBYE]
+
+Daemon -> client::
+
+    [WELCOME, version, client_id, segment, block_size, block_count, settings, daemon_id]
+    [GRANT, request_id, [block, ...]]                     for contiguous requests: the run, in order
+    [GRANT_FAILED, request_id, message]                   the request waited longer than its timeout
+    [DELIVERY, [[batch_id, first_record, record_count, base_offset, log_append_time_ms, error], ...]]
+    [TOPIC, topic, partition_count, available_partitions, error]
+    [SEAL_NOW]                                            the pool is exhausted: seal what you hold
+    [ERROR, message]                                      the last message was refused
+
+``error`` is None or an :func:`error_to_wire` list.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import msgpack
+
+from . import errors
+
+PROTOCOL_VERSION = 1
+DEFAULT_ENDPOINT = "ipc:///run/kafka-sidecar/sidecar.sock"
+ENDPOINT_ENV = "KAFKA_SIDECAR_ENDPOINT"
+
+HELLO = 1
+BLOCKS = 2
+SEAL = 3
+RELEASE = 4
+METADATA = 5
+HEARTBEAT = 6
+GOODBYE = 7
+
+WELCOME = 101
+GRANT = 102
+GRANT_FAILED = 103
+DELIVERY = 104
+TOPIC = 105
+SEAL_NOW = 106
+ERROR = 107
+
+# A seal notice's fields, in order.
+SEAL_FIELDS = ("batch_id", "first_block", "block_count", "topic", "partition", "record_count", "length",
+               "base_timestamp", "max_timestamp", "created_ms_ago")
+
+# Kafka's topic name rule (Topic.java): legal characters, at most 249 of them.
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+def default_endpoint() -> str:
+    """``$KAFKA_SIDECAR_ENDPOINT``, else the default ipc socket."""
+    return os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT
+
+
+def pack(*message: Any) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def unpack(data: bytes) -> list[Any]:
+    """Decode one message; ValueError if it is not a non-empty msgpack array starting with a type."""
+    try:
+        message = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ValueError(f"not a msgpack message: {exc}") from None
+    if not isinstance(message, list) or not message or not isinstance(message[0], int):
+        raise ValueError("a message is an array that starts with its type")
+    return message
+
+
+def check_topic(topic: Any) -> str:
+    """The topic name, or ValueError saying why Kafka would refuse it."""
+    if not isinstance(topic, str) or not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        raise ValueError(f"invalid topic name {topic!r}: Kafka topic names are 1 to 249 characters "
+                         "of ASCII letters, digits, '.', '_' and '-'")
+    return topic
+
+
+def process_identity(pid: int) -> list[str] | None:
+    """[pid namespace, start time] of a live process, None if it is gone or /proc cannot tell.
+
+    The daemon compares what a client sent in its HELLO with what it reads now: a
+    client process that died (or whose pid was reused) is noticed at once, without
+    waiting for its heartbeats to stop. Only meaningful within one pid namespace.
+    """
+    try:
+        namespace = os.readlink(f"/proc/{pid}/ns/pid")
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # The command name (field 2) may hold spaces; the start time is field 22.
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return [namespace, fields[19].decode()]
+    except (OSError, IndexError):
+        return None
+
+
+def error_to_wire(error: errors.KafkaError | None) -> list[Any] | None:
+    """An exception as [class name, code, Kafka name, message, retriable]."""
+    if error is None:
+        return None
+    return [type(error).__name__, error.code, error.name, error.message, error.retriable]
+
+
+def error_from_wire(wire: list[Any] | None) -> errors.KafkaError | None:
+    """The exception :func:`error_to_wire` described (a KafkaError if the class is unknown)."""
+    if wire is None:
+        return None
+    class_name, code, name, message, retriable = wire
+    cls = getattr(errors, str(class_name), None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.KafkaError)):
+        cls = errors.KafkaError
+    return cls(str(message), code=code, name=name, retriable=bool(retriable))

@@ -1,0 +1,72 @@
+"""The ``kafka-sidecar`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from client_stub import ipc
+from client_stub.errors import ConfigError
+
+from .config import KEYS, ProducerConfig
+
+
+def _settings(pairs: list[str]) -> dict[str, str]:
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"-X takes key=value, got {pair!r}")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .daemon import SidecarDaemon
+
+    settings = _settings(args.settings)
+    settings["bootstrap.servers"] = args.bootstrap_servers
+    daemon = SidecarDaemon(ProducerConfig(settings), args.endpoint)
+    daemon.install_signal_handlers()
+    daemon.run()
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kafka-sidecar", description="A node-local Kafka producer sidecar.")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run the sender daemon in the foreground")
+    run.add_argument("--bootstrap-servers", required=True, help="host:port[,host:port...] of the Kafka cluster")
+    run.add_argument("--endpoint", default=ipc.default_endpoint(),
+                     help=f"ZeroMQ endpoint to serve (default: ${ipc.ENDPOINT_ENV} or {ipc.DEFAULT_ENDPOINT})")
+    run.add_argument("-X", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                     help="a Kafka producer setting, e.g. -X linger.ms=10 (see `kafka-sidecar settings`)")
+    run.set_defaults(handler=_run)
+
+    settings = commands.add_parser("settings", help="list the settings -X takes, with their defaults")
+    settings.set_defaults(handler=_list_settings)
+    return parser
+
+
+def _list_settings(args: argparse.Namespace) -> int:
+    for key in KEYS.values():
+        default = ",".join(key.default) if isinstance(key.default, list) else key.default
+        print(f"{key.name:40} {default!s:>12}  {key.doc}".rstrip())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        print(f"kafka-sidecar: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

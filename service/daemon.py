@@ -1,0 +1,78 @@
+"""SidecarDaemon: the sender daemon's one event loop.
+
+One thread polls the brokers' sockets and the ZeroMQ socket together
+(ProducerCore's selector waits on both), hands sealed batches from the front to
+the accumulator, lets the sender drain and send, and sends the outcomes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+from .buffer_pool import BufferPool
+from .config import ProducerConfig
+from .front import SidecarFront
+from .producer.core import ProducerCore
+
+log = logging.getLogger(__name__)
+
+# The loop wakes at least this often even when nothing happens (timers are checked then).
+_MAX_SLEEP_MS = 1000
+
+
+class SidecarDaemon:
+    """Owns the BufferPool, the ProducerCore and the front; :meth:`run` until stopped."""
+
+    def __init__(self, config: ProducerConfig, endpoint: str) -> None:
+        self.config = config
+        self.endpoint = endpoint
+        self.core = ProducerCore(config)
+        self.pool = BufferPool(config["buffer.memory"], config["batch.size"])
+        try:
+            self.front = SidecarFront(self.core, self.pool, endpoint,
+                                      client_timeout_ms=config["sidecar.client.timeout.ms"])
+        except BaseException:
+            self.pool.close()
+            raise
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the loop to finish (safe from signal handlers and other threads)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            log.info("signal %s: shutting down", signal.Signals(signum).name)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def run(self) -> None:
+        """Serve until :meth:`stop`, then deliver what is queued within close.timeout.ms and exit."""
+        log.info("kafka-sidecar serving %s for %s (BufferPool %s: %d blocks of %d bytes)", self.endpoint,
+                 ",".join(self.config["bootstrap.servers"]), self.pool.name, self.pool.block_count,
+                 self.pool.block_size)
+        try:
+            while not self._stop.is_set():
+                self.run_once()
+        finally:
+            self.shutdown()
+
+    def run_once(self) -> None:
+        """One iteration: network I/O and sending, client messages, then timers and reports."""
+        self.core.run_once(min(self.front.next_timer_ms(), _MAX_SLEEP_MS))
+        if self.front.socket in self.core.selector.external_ready:
+            self.front.handle_readable()
+        self.front.after_iteration()
+
+    def shutdown(self) -> None:
+        """Send what is queued (up to sidecar.close.timeout.ms), report outcomes, release everything."""
+        self.core.close(self.config["sidecar.close.timeout.ms"])
+        self.front.after_iteration()
+        self.front.close()
+        self.pool.close()
+        log.info("kafka-sidecar stopped")

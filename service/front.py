@@ -1,0 +1,380 @@
+"""SidecarFront: the daemon's ZeroMQ side, where application processes hand batches over.
+
+A ROUTER socket, polled in the daemon's one loop with the broker sockets. Each
+client is a session: the blocks granted to it, the batches it sealed that are
+not finished, the delivery reports waiting to go back, the topics it follows.
+Everything a client sends is checked before it touches the pool or the
+accumulator; a malformed or hostile message is logged (rate-limited) and
+answered with an error, and never affects another client.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from client_stub import ipc
+from client_stub.errors import InvalidRequestError, error_code
+
+from .buffer_pool import BlockError, BufferPool
+from .producer.batch import ProducerBatch, TopicPartition
+from .producer.core import ProducerCore
+
+log = logging.getLogger(__name__)
+
+# A client asks for at most this long for blocks (its max_block_ms is capped by it).
+MAX_BLOCK_WAIT_MS = 3_600_000
+# Errors caused by clients are logged at most this often (a flood must not flood the log).
+_LOG_INTERVAL_S = 5.0
+# How often to look for client processes that died (they cannot say goodbye).
+_PROCESS_CHECK_INTERVAL_MS = 500
+# How often to repeat SEAL_NOW while the pool stays exhausted.
+_SEAL_NOW_INTERVAL_MS = 50
+
+
+@dataclass(eq=False, slots=True)
+class ClientSession:
+    """One application process (or forked child) connected to the daemon."""
+
+    identity: bytes
+    client_id: int
+    pid: int
+    name: str
+    last_seen_ms: int
+    # [pid namespace, start time] of the client process, if it shares our pid namespace.
+    process: list[str] | None = None
+    reports: list[list[Any]] = field(default_factory=list)
+    topics: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    gone: bool = False
+
+
+class EndpointInUseError(RuntimeError):
+    """Another daemon already serves the endpoint."""
+
+
+class SidecarFront:
+    """Sessions, block grants, seal notices and delivery reports over one ROUTER socket."""
+
+    def __init__(self, core: ProducerCore, pool: BufferPool, endpoint: str, *, client_timeout_ms: int = 30000,
+                 context: zmq.Context | None = None) -> None:
+        self.core = core
+        self.pool = pool
+        self.endpoint = endpoint
+        self.client_timeout_ms = client_timeout_ms
+        self.clock: Callable[[], int] = core.clock
+        self.daemon_id = secrets.token_hex(8)
+        self._context = context or zmq.Context()
+        self._own_context = context is None
+        self.socket = self._bind(endpoint)
+        core.selector.register_external(self.socket)
+        self.sessions: dict[bytes, ClientSession] = {}
+        self._by_id: dict[int, ClientSession] = {}
+        self._next_client_id = 1
+        self._metadata_version = -1
+        self._seal_now_sent_ms = 0
+        self._processes_checked_ms = 0
+        self._last_complaint = 0.0
+        self.messages_refused = 0
+
+    # -- socket ----------------------------------------------------------------------------------
+
+    def _bind(self, endpoint: str) -> zmq.Socket:
+        if endpoint.startswith("ipc://"):
+            path = endpoint[len("ipc://"):]
+            _refuse_live_ipc_endpoint(path)
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        sock = self._context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError:
+            sock.close()
+            raise
+        return sock
+
+    def close(self) -> None:
+        self.core.selector.unregister_external(self.socket)
+        self.socket.close(linger=0)
+        if self._own_context:
+            self._context.term()
+        if self.endpoint.startswith("ipc://"):
+            try:
+                os.unlink(self.endpoint[len("ipc://"):])
+            except FileNotFoundError:
+                pass
+
+    def _send(self, session: ClientSession | bytes, *message: Any) -> None:
+        identity = session if isinstance(session, bytes) else session.identity
+        try:
+            self.socket.send_multipart([identity, ipc.pack(*message)], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.debug("client queue full, dropped a %s message", message[0])
+
+    def _complain(self, identity: bytes, message: str) -> None:
+        self.messages_refused += 1
+        now = time.monotonic()
+        if now - self._last_complaint >= _LOG_INTERVAL_S:
+            self._last_complaint = now
+            log.warning("refused a client message (%d so far): %s", self.messages_refused, message)
+        self._send(identity, ipc.ERROR, message)
+
+    # -- incoming --------------------------------------------------------------------------------
+
+    def handle_readable(self) -> None:
+        """Handle every message waiting on the socket."""
+        while True:
+            try:
+                frames = self.socket.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            try:
+                self._dispatch(frames)
+            except Exception:
+                # A bug met by one client's message must not take the daemon down for all.
+                log.exception("error handling a client message")
+
+    def _dispatch(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        session = self.sessions.get(identity)
+        if len(frames) != 2:
+            self._complain(identity, f"a message has exactly one frame, got {len(frames) - 1}")
+            return
+        try:
+            message = ipc.unpack(frames[1])
+            kind = message[0]
+            if kind == ipc.HELLO:
+                self._hello(identity, session, message)
+                return
+            if session is None:
+                raise ValueError("unknown client: send HELLO first")
+            session.last_seen_ms = self.clock()
+            handler = self._HANDLERS.get(kind)
+            if handler is None:
+                raise ValueError(f"unknown message type {kind!r}")
+            handler(self, session, message)
+        except (ValueError, TypeError, BlockError) as exc:
+            self._complain(identity, str(exc))
+
+    def _hello(self, identity: bytes, session: ClientSession | None, message: list[Any]) -> None:
+        _, version, pid, name, options = _fields(message, 5, "HELLO")
+        if version != ipc.PROTOCOL_VERSION:
+            raise ValueError(f"protocol version mismatch: the client speaks {version!r}, this daemon speaks "
+                             f"{ipc.PROTOCOL_VERSION}; upgrade kafka-sidecar on one side")
+        if session is not None:
+            self._end_session(session)
+        _check_int(pid, "pid", 1, 2**32)
+        process = options.get("process") if isinstance(options, dict) else None
+        mine = ipc.process_identity(os.getpid())
+        same_namespace = isinstance(process, list) and mine is not None and process[:1] == mine[:1]
+        session = ClientSession(identity, self._next_client_id, pid, str(name)[:200], self.clock(),
+                                process if same_namespace else None)
+        self._next_client_id += 1
+        self.sessions[identity] = session
+        self._by_id[session.client_id] = session
+        log.info("client %s connected: pid %s %s", session.client_id, session.pid, session.name)
+        settings = {"max_request_size": self.core.config["max.request.size"],
+                    "buffer_memory": self.pool.block_count * self.pool.block_size,
+                    "heartbeat_interval_ms": max(self.client_timeout_ms // 10, 100)}
+        self._send(session, ipc.WELCOME, ipc.PROTOCOL_VERSION, session.client_id, self.pool.name,
+                   self.pool.block_size, self.pool.block_count, settings, self.daemon_id)
+
+    def _blocks(self, session: ClientSession, message: list[Any]) -> None:
+        _, request_id, count, contiguous, timeout_ms = _fields(message, 5, "BLOCKS")
+        _check_int(request_id, "request_id")
+        _check_int(count, "count", 1, self.pool.block_count)
+        _check_int(timeout_ms, "timeout_ms", 0, 2**62)
+        deadline = self.clock() + min(timeout_ms, MAX_BLOCK_WAIT_MS)
+        blocks = self.pool.request(session.client_id, request_id, count, bool(contiguous), deadline)
+        if blocks is not None:
+            self._send(session, ipc.GRANT, request_id, blocks)
+
+    def _seal(self, session: ClientSession, message: list[Any]) -> None:
+        _, notices = _fields(message, 2, "SEAL")
+        if not isinstance(notices, list):
+            raise ValueError("SEAL carries a list of notices")
+        now = self.clock()
+        for notice in notices:
+            try:
+                batch = self._batch_from_notice(session, notice, now)
+            except (ValueError, TypeError, BlockError) as exc:
+                batch_id = notice[0] if isinstance(notice, list) and notice and isinstance(notice[0], int) else None
+                self._complain(session.identity, f"seal refused: {exc}")
+                if batch_id is not None:
+                    error = InvalidRequestError(f"the daemon refused the batch: {exc}")
+                    session.reports.append([batch_id, 0, 2**31 - 1, -1, -1, ipc.error_to_wire(error)])
+                continue
+            self.core.append(batch)
+
+    def _batch_from_notice(self, session: ClientSession, notice: Any, now: int) -> ProducerBatch:
+        if not isinstance(notice, list) or len(notice) != len(ipc.SEAL_FIELDS):
+            raise ValueError(f"a seal notice has the fields {', '.join(ipc.SEAL_FIELDS)}")
+        (batch_id, first, count, topic, partition, records, length, base_ts, max_ts, ago) = notice
+        _check_int(batch_id, "batch_id")
+        _check_int(first, "first_block", 0, self.pool.block_count - 1)
+        _check_int(count, "block_count", 1, self.pool.block_count)
+        _check_int(partition, "partition", 0, 2**31 - 1)
+        _check_int(length, "length", 1, count * self.pool.block_size)
+        _check_int(records, "record_count", 1, length)
+        _check_int(base_ts, "base_timestamp", -1, 2**63 - 1)
+        _check_int(max_ts, "max_timestamp", -1, 2**63 - 1)
+        _check_int(ago, "created_ms_ago", 0, 2**40)
+        ipc.check_topic(topic)
+        if length > self.core.config["max.request.size"]:
+            raise ValueError(f"a batch of {length} bytes is larger than max.request.size")
+        view = self.pool.seal(session.client_id, first, count, length, records)
+        blocks = range(first, first + count)
+        return ProducerBatch(TopicPartition(topic, partition), view, records, base_timestamp=base_ts,
+                             max_timestamp=max_ts, created_ms=now - ago, on_complete=self._batch_done,
+                             release=lambda: self.pool.free(blocks), origin=(session.client_id, batch_id))
+
+    def _release(self, session: ClientSession, message: list[Any]) -> None:
+        _, blocks = _fields(message, 2, "RELEASE")
+        if not isinstance(blocks, list) or not all(isinstance(b, int) for b in blocks):
+            raise ValueError("RELEASE carries a list of block numbers")
+        self.pool.give_back(session.client_id, blocks)
+
+    def _metadata(self, session: ClientSession, message: list[Any]) -> None:
+        _, topic = _fields(message, 2, "METADATA")
+        ipc.check_topic(topic)
+        session.topics[topic] = ()
+        self.core.metadata.add_topic(topic, self.clock())
+        if self.core.metadata.cluster.partition_count(topic) is None:
+            self.core.metadata.request_update()
+        self._push_topic(session, topic)
+
+    def _heartbeat(self, session: ClientSession, message: list[Any]) -> None:
+        pass  # last_seen_ms is updated for every message
+
+    def _goodbye(self, session: ClientSession, message: list[Any]) -> None:
+        log.info("client %s (pid %s) said goodbye", session.client_id, session.pid)
+        self._end_session(session)
+
+    _HANDLERS: dict[int, Callable[[SidecarFront, ClientSession, list[Any]], None]] = {
+        ipc.BLOCKS: _blocks, ipc.SEAL: _seal, ipc.RELEASE: _release, ipc.METADATA: _metadata,
+        ipc.HEARTBEAT: _heartbeat, ipc.GOODBYE: _goodbye,
+    }
+
+    def _end_session(self, session: ClientSession) -> None:
+        """Forget a client: its unsealed blocks return to the pool; its sealed batches still go."""
+        session.gone = True
+        self.sessions.pop(session.identity, None)
+        self._by_id.pop(session.client_id, None)
+        reclaimed = self.pool.reclaim(session.client_id)
+        if reclaimed:
+            log.info("reclaimed %d unsealed block(s) of client %s", reclaimed, session.client_id)
+
+    # -- outgoing --------------------------------------------------------------------------------
+
+    def _batch_done(self, batch: ProducerBatch) -> None:
+        client_id, batch_id = batch.origin
+        session = self._by_id.get(client_id)
+        if session is None:
+            return  # the client is gone; its records were still delivered (or failed) for it
+        session.reports.append([batch_id, batch.origin_index, batch.record_count, batch.base_offset,
+                                batch.log_append_time_ms, ipc.error_to_wire(batch.error)])
+
+    def after_iteration(self) -> None:
+        """Work due after each loop iteration: grants, expiries, reports, metadata, pressure."""
+        now = self.clock()
+        for waiter, blocks in self.pool.serve_waiters():
+            session = self._by_id.get(waiter.client_id)
+            if session is None:
+                self.pool.free(blocks)
+            else:
+                self._send(session, ipc.GRANT, waiter.request_id, blocks)
+        for waiter in self.pool.expire_waiters(now):
+            session = self._by_id.get(waiter.client_id)
+            if session is not None:
+                self._send(session, ipc.GRANT_FAILED, waiter.request_id,
+                           f"no {waiter.count} free block(s) of the BufferPool in time")
+        self.core.accumulator.exhausted = self.pool.exhausted
+        if self.pool.exhausted and now - self._seal_now_sent_ms >= _SEAL_NOW_INTERVAL_MS:
+            self._seal_now_sent_ms = now
+            for session in self.sessions.values():
+                self._send(session, ipc.SEAL_NOW)
+        for session in list(self.sessions.values()):
+            if session.reports:
+                reports, session.reports = session.reports, []
+                self._send(session, ipc.DELIVERY, reports)
+            if now - session.last_seen_ms > self.client_timeout_ms:
+                log.warning("client %s (pid %s) silent for %d ms: ending its session", session.client_id,
+                            session.pid, now - session.last_seen_ms)
+                self._end_session(session)
+        if now - self._processes_checked_ms >= _PROCESS_CHECK_INTERVAL_MS:
+            self._processes_checked_ms = now
+            self._end_sessions_of_dead_processes()
+        if self.core.metadata.update_version != self._metadata_version:
+            self._metadata_version = self.core.metadata.update_version
+            for session in self.sessions.values():
+                for topic in session.topics:
+                    self._push_topic(session, topic)
+
+    def _end_sessions_of_dead_processes(self) -> None:
+        for session in list(self.sessions.values()):
+            if session.process is not None and ipc.process_identity(session.pid) != session.process:
+                log.warning("client %s: process %s is gone: ending its session", session.client_id, session.pid)
+                self._end_session(session)
+
+    def next_timer_ms(self) -> int:
+        """How long the loop may sleep before :meth:`after_iteration` has work (waiters, timeouts)."""
+        now = self.clock()
+        due = [w.deadline_ms - now for w in self.pool.waiters]
+        if self.pool.exhausted:
+            due.append(_SEAL_NOW_INTERVAL_MS)
+        due.append(self._processes_checked_ms + _PROCESS_CHECK_INTERVAL_MS - now)
+        due.append(min((s.last_seen_ms + self.client_timeout_ms - now for s in self.sessions.values()),
+                       default=self.client_timeout_ms))
+        return max(min(due), 0)
+
+    def _push_topic(self, session: ClientSession, topic: str) -> None:
+        cluster = self.core.metadata.cluster
+        count = cluster.partition_count(topic)
+        error = None
+        code = cluster.topic_errors.get(topic)
+        if code is not None and not error_code(code).retriable:
+            row = error_code(code)
+            error = ipc.error_to_wire(row.exception(f"topic {topic}: {row.name}", code=code, name=row.name))
+        state = (count, tuple(cluster.available_partitions(topic)), error)
+        if state == session.topics.get(topic) or (count is None and error is None):
+            return
+        session.topics[topic] = state
+        self._send(session, ipc.TOPIC, topic, count, list(state[1]), error)
+
+
+def _fields(message: list[Any], count: int, name: str) -> list[Any]:
+    if len(message) != count:
+        raise ValueError(f"{name} has {count - 1} fields, got {len(message) - 1}")
+    return message
+
+
+def _check_int(value: Any, name: str, low: int = 0, high: int = 2**63 - 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+
+
+def _refuse_live_ipc_endpoint(path: str) -> None:
+    """ZeroMQ's ipc bind replaces an existing socket file: make sure no daemon still answers there."""
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            return  # a stale file from a daemon that is gone
+        raise
+    else:
+        raise EndpointInUseError(f"another kafka-sidecar daemon is serving {path}")
+    finally:
+        probe.close()
