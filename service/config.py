@@ -81,6 +81,8 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("compression.lz4.level", int, 9, *LEVEL_RANGES[CompressionType.LZ4]),
     ConfigKey("compression.zstd.level", int, 3, *LEVEL_RANGES[CompressionType.ZSTD]),
     ConfigKey("metadata.max.age.ms", int, 300000, 0, LONG_MAX),
+    ConfigKey("allow.auto.create.topics", _to_bool, True,
+              doc="let the broker create a topic the producer asks about (if the broker allows it)"),
     ConfigKey("metadata.max.idle.ms", int, 300000, 5000, LONG_MAX),
     ConfigKey("reconnect.backoff.ms", int, 50, 0, LONG_MAX),
     ConfigKey("reconnect.backoff.max.ms", int, 1000, 0, LONG_MAX),

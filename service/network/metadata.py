@@ -95,11 +95,13 @@ class Metadata:
     """The producer's view of the cluster and the refresh policy."""
 
     def __init__(self, bootstrap_servers: list[str], *, refresh_backoff_ms: int = 100,
-                 metadata_max_age_ms: int = 300000, metadata_max_idle_ms: int = 300000) -> None:
+                 metadata_max_age_ms: int = 300000, metadata_max_idle_ms: int = 300000,
+                 allow_auto_topic_creation: bool = True) -> None:
         self.cluster = Cluster.bootstrap(bootstrap_servers)
         self.refresh_backoff_ms = refresh_backoff_ms
         self.metadata_max_age_ms = metadata_max_age_ms
         self.metadata_max_idle_ms = metadata_max_idle_ms
+        self.allow_auto_topic_creation = allow_auto_topic_creation
         self.last_refresh_ms = 0
         self.last_successful_refresh_ms = 0
         self.update_version = 0
@@ -147,7 +149,7 @@ class Metadata:
     def build_request(self, now: int) -> m.MetadataRequest:
         self._expire_topics(now)
         topics = [m.MetadataRequest.MetadataRequestTopic(name=t) for t in sorted(self._topics)]
-        return m.MetadataRequest(topics=topics, allow_auto_topic_creation=True)
+        return m.MetadataRequest(topics=topics, allow_auto_topic_creation=self.allow_auto_topic_creation)
 
     def failed_update(self, now: int) -> None:
         self.last_refresh_ms = now

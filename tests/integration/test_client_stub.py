@@ -1,0 +1,362 @@
+"""Applications produce through a real daemon process: the client stub, the BufferPool, the front.
+
+Everything here runs the real parts: a daemon started with the CLI, client
+processes (spawned, forked, killed), the Tansu broker or librdkafka's mock
+cluster, and the confluent-kafka verifier reading back what arrived.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+
+import confluent_kafka
+import msgpack
+import pytest
+import zmq
+
+from client_stub import Producer, RecordMetadata, ipc
+from client_stub.errors import (BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError,
+                                SidecarUnavailableError)
+from client_stub.shm import OWNED, TABLE_ENTRY, Layout, Segment
+from tests.support import workers
+from tests.support.ports import free_port
+from tests.support.verifier import ConsumedRecord, read_topic
+
+SPAWN = multiprocessing.get_context("spawn")
+FORK = multiprocessing.get_context("fork")
+
+
+def by_id(consumed: list[ConsumedRecord]) -> dict[str, ConsumedRecord]:
+    records: dict[str, ConsumedRecord] = {}
+    for record in consumed:
+        ident = dict(record.headers)["id"].decode()
+        assert ident not in records, f"record {ident} read twice"
+        records[ident] = record
+    return records
+
+
+def check_client_records(client: int, count: int, results: list[dict], read: dict[str, ConsumedRecord],
+                         big_at: int | None = None) -> None:
+    """Every record of a client arrived once, intact, where its RecordMetadata says, in order."""
+    assert [r["n"] for r in results] == list(range(count))
+    last_offset: dict[int, int] = {}
+    for result in results:
+        n = result["n"]
+        assert "error" not in result, result
+        sent = workers.record(client, n, big_at)
+        got = read.pop(f"{client}:{n}")
+        assert got.key == sent["key"] and got.value == sent["value"], f"record {client}:{n}"
+        assert got.headers == sent["headers"]
+        if sent["timestamp_ms"] is not None:
+            assert got.timestamp_ms == sent["timestamp_ms"]
+        assert (got.partition, got.offset, got.timestamp_ms) == \
+            (result["partition"], result["offset"], result["timestamp_ms"])
+        assert got.offset > last_offset.get(got.partition, -1), "order per client and partition"
+        last_offset[got.partition] = got.offset
+
+
+def test_four_processes_send_50k_records_each(broker, topic_factory, sidecar, tmp_path) -> None:
+    topic = topic_factory(6)
+    daemon = sidecar(broker.bootstrap)
+    count = 50_000
+    processes = []
+    for client in range(4):
+        big_at = count // 2 if client == 0 else None
+        p = SPAWN.Process(target=workers.produce_numbered,
+                          args=(daemon.endpoint, topic, client, count, str(tmp_path / f"{client}.jsonl"), big_at))
+        p.start()
+        processes.append(p)
+    for p in processes:
+        p.join(300)
+        assert p.exitcode == 0
+    read = by_id(read_topic(broker.bootstrap, topic, expected=4 * count, timeout=120))
+    for client in range(4):
+        results = workers.read_results(tmp_path / f"{client}.jsonl")
+        check_client_records(client, count, results, read, count // 2 if client == 0 else None)
+    assert not read, f"{len(read)} records nobody sent"
+    assert daemon.is_running()
+
+
+def test_keys_land_where_confluent_kafka_murmur2_random_puts_them(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(6)
+    daemon = sidecar(broker.bootstrap)
+    keys = [f"key-{i}".encode() for i in range(300)] + [os.urandom(n) for n in range(1, 40)]
+    with Producer(daemon.endpoint) as producer:
+        ours = [producer.send(topic, b"x", key=k).result(30).partition for k in keys]
+    theirs: dict[bytes, int] = {}
+    reference = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap, "partitioner": "murmur2_random"})
+    for key in keys:
+        reference.produce(topic, b"y", key=key,
+                          on_delivery=lambda err, msg: theirs.__setitem__(msg.key(), msg.partition()))
+    assert reference.flush(30) == 0
+    assert ours == [theirs[k] for k in keys]
+    assert len(set(ours)) == 6
+
+
+def _send_in_child(producer: Producer, topic: str, child: int, queue) -> None:
+    futures = [producer.send(topic, f"child{child}-{n}".encode(), key=f"c{child}".encode()) for n in range(500)]
+    producer.flush(60)
+    queue.put((child, os.getpid(), [f.result().offset for f in futures]))
+
+
+def test_producer_made_before_fork_works_in_four_children(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(4)
+    daemon = sidecar(broker.bootstrap)
+    producer = Producer(daemon.endpoint)
+    producer.send(topic, b"parent-before").result(30)
+    queue = FORK.Queue()
+    children = [FORK.Process(target=_send_in_child, args=(producer, topic, c, queue)) for c in range(4)]
+    for child in children:
+        child.start()
+    results = [queue.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(30)
+        assert child.exitcode == 0
+    assert sorted(c for c, _, _ in results) == [0, 1, 2, 3]
+    assert all(offsets == sorted(offsets) and min(offsets) >= 0 for _, _, offsets in results)
+    producer.send(topic, b"parent-after").result(30)
+    producer.close()
+    values = [r.value for r in read_topic(broker.bootstrap, topic, expected=2 + 4 * 500)]
+    assert values.count(b"parent-before") == 1 and values.count(b"parent-after") == 1
+    for child in range(4):
+        assert [v for v in values if v.startswith(f"child{child}-".encode())] == \
+            [f"child{child}-{n}".encode() for n in range(500)]
+
+
+def owned_blocks(daemon, client_id: int) -> int:
+    segment = Segment(daemon.segment_name)
+    try:
+        layout: Layout = segment.layout
+        owned = 0
+        for block in range(layout.block_count):
+            state, owner, _, _ = TABLE_ENTRY.unpack_from(segment.buf, layout.entry_offset(block))
+            owned += state == OWNED and owner == client_id
+        return owned
+    finally:
+        segment.close()
+
+
+def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(3)
+    daemon = sidecar(broker.bootstrap)
+    victim = subprocess.Popen([sys.executable, "-m", "tests.support.workers", daemon.endpoint, topic, "7", "3000"],
+                              stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        with Producer(daemon.endpoint) as survivor:
+            first = [survivor.send(topic, f"survivor-{n}".encode(), headers={"id": f"9:{n}"}) for n in range(2000)]
+            assert victim.stdout.readline().startswith("PID")
+            assert victim.stdout.readline().strip() == "SEALED 3000"
+            time.sleep(0.2)  # it is writing unsealed records now
+            victim_client = max(s for s in range(1, 10) if owned_blocks(daemon, s))
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(10)
+            second = [survivor.send(topic, f"survivor-{n}".encode(), headers={"id": f"9:{n}"})
+                      for n in range(2000, 4000)]
+            assert survivor.flush(60) == 0
+            assert all(f.result().offset >= 0 for f in first + second)
+        deadline = time.monotonic() + 10
+        while owned_blocks(daemon, victim_client) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert owned_blocks(daemon, victim_client) == 0, "the victim's unsealed blocks were not reclaimed"
+    finally:
+        victim.kill()
+        victim.wait()
+    read = by_id(read_topic(broker.bootstrap, topic, expected=3000 + 4000))
+    victims = {int(i.split(":")[1]) for i in read if i.startswith("7:")}
+    # What it sealed before it said so arrived; later full blocks were sealed too and may have.
+    assert set(range(3000)) <= victims
+    assert sorted(int(i.split(":")[1]) for i in read if i.startswith("9:")) == list(range(4000))
+    assert daemon.is_running()
+
+
+def test_exhausted_pool_raises_after_max_block_ms_and_recovers(proxied_broker, sidecar) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("tiny", 1)
+    daemon = sidecar(proxy.address, settings={"buffer.memory": 4 * 16384, "request.timeout.ms": 2000,
+                                              "delivery.timeout.ms": 120000, "retry.backoff.ms": 50})
+    with Producer(daemon.endpoint, max_block_ms=1000, linger_ms=0) as producer:
+        producer.send("tiny", b"warm").result(30)
+        proxy.blackhole()
+        futures = []
+        started = time.monotonic()
+        with pytest.raises(BufferExhaustedError):
+            while time.monotonic() - started < 30:
+                futures.append(producer.send("tiny", b"v" * 8000))
+        assert time.monotonic() - started < 30
+        proxy.heal()
+        assert all(f.result(60).offset >= 0 for f in futures)
+        later = producer.send("tiny", b"after").result(30)
+        assert later.offset >= len(futures)
+    values = [r.value for r in read_topic(proxy.address, "tiny", expected=len(futures) + 2)]
+    assert values.count(b"v" * 8000) == len(futures)
+
+
+def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(3)
+    daemon = sidecar(broker.bootstrap, transport="tcp")
+    results: list[RecordMetadata] = []
+
+    def well_behaved() -> None:
+        with Producer(daemon.endpoint) as producer:
+            futures = [producer.send(topic, f"good-{n}".encode()) for n in range(10_000)]
+            producer.flush(120)
+            results.extend(f.result() for f in futures)
+
+    worker = threading.Thread(target=well_behaved)
+    worker.start()
+    rng = random.Random(1)
+    context = zmq.Context()
+    hostile = [context.socket(zmq.DEALER) for _ in range(4)]
+    for sock in hostile:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(daemon.endpoint)
+    # One hostile client says hello properly and then abuses its session.
+    hostile[0].send(ipc.pack(ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), "hostile", {}))
+    for i in range(10_000):
+        sock = hostile[i % 4]
+        choice = i % 8
+        if choice == 0:
+            payload = os.urandom(rng.randrange(0, 200))
+        elif choice == 1:
+            payload = msgpack.packb([rng.randrange(-5, 300)] + [rng.random() for _ in range(rng.randrange(5))])
+        elif choice == 2:
+            payload = ipc.pack(ipc.SEAL, [[i, rng.randrange(0, 5000), rng.randrange(-3, 9), topic,
+                                           rng.randrange(-1, 4), rng.randrange(-1, 9), rng.randrange(-1, 99999),
+                                           0, 0, 0]])
+        elif choice == 3:
+            payload = ipc.pack(ipc.BLOCKS, i, rng.choice([-1, 0, 10**9, "x"]), True, 10)
+        elif choice == 4:
+            payload = ipc.pack(ipc.RELEASE, [rng.randrange(0, 2048) for _ in range(3)])
+        elif choice == 5:
+            payload = ipc.pack(ipc.HELLO, rng.randrange(2, 99), -5, None, [])
+        elif choice == 6:
+            payload = ipc.pack(ipc.METADATA, "../" * rng.randrange(1, 90))
+        else:
+            sock.send_multipart([b"extra", os.urandom(10)])
+            continue
+        sock.send(payload)
+    worker.join(180)
+    for sock in hostile:
+        sock.close()
+    context.term()
+    assert not worker.is_alive()
+    assert len(results) == 10_000 and all(r.offset >= 0 for r in results)
+    assert daemon.is_running()
+    assert "refused a client message" in daemon.log_tail(400)
+    values = [r.value for r in read_topic(broker.bootstrap, topic, expected=10_000)]
+    assert sorted(values) == sorted(f"good-{n}".encode() for n in range(10_000))
+
+
+def _eight_clients(endpoint: str, topic: str, client: int) -> None:
+    with Producer(endpoint) as producer:
+        for n in range(3000):
+            producer.send(topic, f"{client}-{n}".encode(), key=str(n).encode())
+        assert producer.flush(60) == 0
+
+
+def broker_connections(pid: int, ports: set[int]) -> int:
+    """ESTABLISHED TCP connections of process ``pid`` to the given remote ports on loopback."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    with open(f"/proc/{pid}/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].split(":")[1], 16)
+            if fields[3] == "01" and remote_port in ports and fields[9] in inodes:
+                count += 1
+    return count
+
+
+def test_one_connection_per_broker_with_eight_clients(mock_cluster, sidecar) -> None:
+    topic = "eight-clients"
+    leaders = mock_cluster.ensure_topic(topic)
+    daemon = sidecar(mock_cluster.bootstrap)
+    ports = {port for _, port in mock_cluster.brokers.values()}
+    clients = [SPAWN.Process(target=_eight_clients, args=(daemon.endpoint, topic, c)) for c in range(8)]
+    for client in clients:
+        client.start()
+    peak = 0
+    while any(c.is_alive() for c in clients):
+        peak = max(peak, broker_connections(daemon.pid, ports))
+        time.sleep(0.05)
+    assert all(c.exitcode == 0 for c in clients)
+    # One connection per broker at most (the one leading no partition may serve metadata).
+    assert len(set(leaders.values())) <= peak <= len(mock_cluster.brokers)
+
+
+def test_no_daemon_raises_sidecar_unavailable_naming_the_endpoint(tmp_path) -> None:
+    endpoint = f"ipc://{tmp_path}/nobody.sock"
+    producer = Producer(endpoint, max_block_ms=500)
+    with pytest.raises(SidecarUnavailableError, match="nobody.sock"):
+        producer.send("t", b"v")
+    producer.close(0)
+
+
+def test_protocol_version_mismatch_is_refused_on_both_sides(broker, sidecar, monkeypatch) -> None:
+    daemon = sidecar(broker.bootstrap)
+    monkeypatch.setattr(ipc, "PROTOCOL_VERSION", 99)
+    producer = Producer(daemon.endpoint, max_block_ms=5000)
+    with pytest.raises(SidecarUnavailableError, match="version"):
+        producer.send("t", b"v")
+    producer.close(0)
+    assert "protocol version mismatch" in daemon.log_tail()
+
+
+def test_send_from_many_threads(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(3)
+    daemon = sidecar(broker.bootstrap)
+    sent: dict[int, list] = defaultdict(list)
+    with Producer(daemon.endpoint) as producer:
+        def run(thread: int) -> None:
+            for n in range(3000):
+                sent[thread].append(producer.send(topic, f"t{thread}-{n}".encode(), key=f"t{thread}".encode()))
+
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert producer.flush(60) == 0
+    for thread, futures in sent.items():
+        offsets = [f.result().offset for f in futures]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    values = [r.value for r in read_topic(broker.bootstrap, topic, expected=8 * 3000)]
+    for thread in range(8):
+        assert [v for v in values if v.startswith(f"t{thread}-".encode())] == \
+            [f"t{thread}-{n}".encode() for n in range(3000)]
+
+
+def test_bad_input_gets_clear_errors(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(2)
+    daemon = sidecar(broker.bootstrap, settings={"allow.auto.create.topics": "false"})
+    with Producer(daemon.endpoint, max_block_ms=1500) as producer:
+        producer.send(topic, b"ok").result(30)
+        with pytest.raises(ValueError, match="partition 5 of topic .* has 2 partitions"):
+            producer.send(topic, b"v", partition=5)
+        with pytest.raises(RecordTooLargeError, match="max.request.size"):
+            producer.send(topic, b"v" * (1024 * 1024 + 1))
+        with pytest.raises(ValueError, match="invalid topic name"):
+            producer.send("no spaces allowed", b"v")
+        with pytest.raises(TypeError, match="value must be bytes, str or None"):
+            producer.send(topic, 12345)
+        with pytest.raises(KafkaTimeoutError, match="Topic no-such-topic not present in metadata after 1500 ms"):
+            producer.send("no-such-topic", b"v")
+        result = producer.send(topic, "text", key="k", headers={"a": "b"}).result(30)
+        assert result.serialized_key_size == 1 and result.serialized_value_size == 4
+    with pytest.raises(Exception, match="closed"):
+        producer.send(topic, b"after close")

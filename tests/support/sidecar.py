@@ -1,0 +1,120 @@
+"""A real kafka-sidecar daemon process for the tests, on a private ipc or tcp endpoint."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+import zmq
+
+from client_stub import ipc
+
+from .ports import free_port
+
+
+class SidecarProcess:
+    """``python -m service.cli run`` with the given settings; stopped with SIGTERM."""
+
+    def __init__(self, bootstrap: str, *, transport: str = "ipc", settings: dict[str, object] | None = None,
+                 start_timeout: float = 20.0) -> None:
+        self.bootstrap = bootstrap
+        self.settings = {k: str(v) for k, v in (settings or {}).items()}
+        self.start_timeout = start_timeout
+        self._dir = tempfile.mkdtemp(prefix="kafka-sidecar-")
+        if transport == "ipc":
+            self.endpoint = f"ipc://{self._dir}/sidecar.sock"
+        else:
+            self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.log_path = Path(self._dir) / "daemon.log"
+        self._log: IO[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.welcome: list[object] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self) -> Self:
+        command = [sys.executable, "-m", "service.cli", "run", "--bootstrap-servers", self.bootstrap,
+                   "--endpoint", self.endpoint]
+        for key, value in self.settings.items():
+            command += ["-X", f"{key}={value}"]
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, cwd=Path(__file__).parents[2])
+        try:
+            self.welcome = self.handshake(self.start_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def handshake(self, timeout: float) -> list[object]:
+        """Say HELLO as a client would and return the WELCOME (then GOODBYE)."""
+        context = zmq.Context.instance()
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(self.endpoint)
+            sock.send(ipc.pack(ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), "test-probe", {}))
+            deadline = time.monotonic() + timeout
+            while not sock.poll(100):
+                if self.process is not None and self.process.poll() is not None:
+                    raise RuntimeError(f"the daemon exited with {self.process.returncode}:\n{self.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no WELCOME from the daemon in {timeout}s:\n{self.log_tail()}")
+            welcome = ipc.unpack(sock.recv())
+            sock.send(ipc.pack(ipc.GOODBYE))
+            return welcome
+        finally:
+            sock.close()
+
+    @property
+    def segment_name(self) -> str:
+        assert self.welcome is not None
+        return str(self.welcome[3])
+
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM, wait (kill after ``timeout``); returns the exit code."""
+        process, self.process = self.process, None
+        code = None
+        if process is not None:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            try:
+                code = process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.cleanup()

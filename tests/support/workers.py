@@ -1,0 +1,88 @@
+"""What the client processes of the integration tests run (importable, for spawned processes).
+
+Every record carries an ``id`` header naming its client and number, so that the
+verifier can match what it reads to what was sent even when key and value are
+null; results (RecordMetadata per record) go to a JSON-lines file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from client_stub import Producer
+
+BIG_VALUE_SIZE = 900 * 1024
+BASE_TIMESTAMP = 1_700_000_000_000
+
+
+def record(client: int, n: int, big_at: int | None = None) -> dict:
+    """The n-th record of a client: a mix of keys, null keys, null and empty values, headers, timestamps."""
+    key = None if n % 7 == 0 else f"c{client}-k{n % 500}".encode()
+    if n == big_at:
+        value: bytes | None = bytes([n % 251]) * BIG_VALUE_SIZE
+    elif n % 11 == 0:
+        value = None
+    elif n % 13 == 0:
+        value = b""
+    else:
+        value = f"c{client}-v{n}".encode().ljust(40, b".")
+    headers: list[tuple[str, bytes | None]] = [("id", f"{client}:{n}".encode())]
+    if n % 5 == 0:
+        headers += [("idx", str(n).encode()), ("nil", None)]
+    timestamp = BASE_TIMESTAMP + n if n % 3 == 0 else None
+    return {"key": key, "value": value, "headers": headers, "timestamp_ms": timestamp}
+
+
+def produce_numbered(endpoint: str, topic: str, client: int, count: int, results: str,
+                     big_at: int | None = None) -> None:
+    """Send ``count`` records and write each one's RecordMetadata (or error) to ``results``."""
+    with Producer(endpoint, max_block_ms=60_000) as producer:
+        futures = [producer.send(topic, **record(client, n, big_at)) for n in range(count)]
+        assert producer.flush(120) == 0
+        write_results(results, futures)
+
+
+def write_results(path: str, futures: list) -> None:
+    with open(path, "w") as out:
+        for n, future in enumerate(futures):
+            error = future.exception()
+            if error is not None:
+                out.write(json.dumps({"n": n, "error": str(error)}) + "\n")
+                continue
+            md = future.result()
+            out.write(json.dumps({"n": n, "partition": md.partition, "offset": md.offset,
+                                  "timestamp_ms": md.timestamp_ms}) + "\n")
+
+
+def read_results(path: str | Path) -> list[dict]:
+    with open(path) as lines:
+        return [json.loads(line) for line in lines]
+
+
+def seal_then_keep_writing(endpoint: str, topic: str, client: int, sealed: int) -> None:
+    """Send ``sealed`` records and seal them, say so on stdout, then write unsealed records forever.
+
+    The test kills this process with SIGKILL once it has said SEALED.
+    """
+    producer = Producer(endpoint, linger_ms=3_600_000)
+    for n in range(sealed):
+        producer.send(topic, **record(client, n))
+    producer.flush(timeout=0)  # seals every open batch without waiting for the outcomes
+    time.sleep(1)  # the I/O thread sends the seal notices at once; give it ample time
+    print(f"SEALED {sealed}", flush=True)
+    n = sealed
+    while True:
+        producer.send(topic, **record(client, n))
+        n += 1
+        if n % 1000 == 0:
+            time.sleep(0.001)
+
+
+if __name__ == "__main__":
+    endpoint, topic, client, sealed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    sys.stdout.write(f"PID {os.getpid()}\n")
+    seal_then_keep_writing(endpoint, topic, client, sealed)
