@@ -33,6 +33,12 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quickstart(args: argparse.Namespace) -> int:
+    from .quickstart import run
+
+    return run(processes=args.processes, records=args.records)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kafka-sidecar", description="A node-local Kafka producer sidecar.")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -45,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-X", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                      help="a Kafka producer setting, e.g. -X linger.ms=10 (see `kafka-sidecar settings`)")
     run.set_defaults(handler=_run)
+
+    quickstart = commands.add_parser("quickstart", help="run broker, daemon and producers on this machine")
+    quickstart.add_argument("--processes", type=int, default=4, help="application processes (default 4)")
+    quickstart.add_argument("--records", type=int, default=25_000, help="records per process (default 25000)")
+    quickstart.set_defaults(handler=_quickstart)
 
     settings = commands.add_parser("settings", help="list the settings -X takes, with their defaults")
     settings.set_defaults(handler=_list_settings)

@@ -27,7 +27,6 @@ from client_stub.errors import (BufferExhaustedError, KafkaTimeoutError, RecordT
                                 SidecarUnavailableError)
 from client_stub.shm import OWNED, TABLE_ENTRY, Layout, Segment
 from tests.support import workers
-from tests.support.ports import free_port
 from tests.support.verifier import ConsumedRecord, read_topic
 
 SPAWN = multiprocessing.get_context("spawn")

@@ -17,7 +17,7 @@ import zmq
 
 from client_stub import ipc
 
-from .ports import free_port
+from service.embedded import free_port
 
 
 class SidecarProcess:
