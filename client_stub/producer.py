@@ -125,16 +125,19 @@ class Producer:
     """Sends records to Kafka through the kafka-sidecar daemon at ``endpoint``.
 
     ``endpoint`` defaults to ``$KAFKA_SIDECAR_ENDPOINT``, else
-    ``ipc:///run/kafka-sidecar/sidecar.sock``. Options: ``linger_ms`` (5),
-    ``max_block_ms`` (60000), ``key_serializer``, ``value_serializer`` and
-    ``partitioner`` ("murmur2_random", "consistent_random" or "random"). Kafka
-    settings (acks, retries, compression...) are the daemon's.
+    ``ipc:///run/kafka-sidecar/sidecar.sock``. Options: ``linger_ms`` (the
+    daemon's linger.ms when not given, 5 by default), ``max_block_ms`` (60000),
+    ``key_serializer``, ``value_serializer`` and ``partitioner``
+    ("murmur2_random", "consistent_random" or "random"). Kafka settings (acks,
+    retries, compression...) are the daemon's.
     """
 
-    def __init__(self, endpoint: str | None = None, *, linger_ms: int = 5, max_block_ms: int = 60000,
+    def __init__(self, endpoint: str | None = None, *, linger_ms: int | None = None, max_block_ms: int = 60000,
                  key_serializer: Serializer | None = None, value_serializer: Serializer | None = None,
                  partitioner: str = "murmur2_random", client_name: str | None = None) -> None:
         for name, value in (("linger_ms", linger_ms), ("max_block_ms", max_block_ms)):
+            if value is None and name == "linger_ms":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         self.endpoint = endpoint or ipc.default_endpoint()
@@ -501,14 +504,19 @@ class Producer:
             self._context.term()
             self._release_segment()
 
+    def _linger_s(self) -> float:
+        if self.linger_ms is not None:
+            return self.linger_ms / 1000
+        return (self._welcome or {}).get("settings", {}).get("linger_ms", 5) / 1000
+
     def _next_linger_deadline(self) -> float:
         with self._lock:
             oldest = min((b.created for b in self._open.values()), default=None)
-        return time.monotonic() + 1.0 if oldest is None else oldest + self.linger_ms / 1000
+        return time.monotonic() + 1.0 if oldest is None else oldest + self._linger_s()
 
     def _seal_lingered(self) -> None:
         now = time.monotonic()
-        limit = self.linger_ms / 1000
+        limit = self._linger_s()
         with self._lock:
             for batch in list(self._open.values()):
                 if now - batch.created >= limit:
