@@ -135,10 +135,15 @@ class ProducerConfig:
             host, sep, port = server.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError(f"bootstrap.servers entry {server!r} is not host:port")
-        if v["delivery.timeout.ms"] < v["linger.ms"] + v["request.timeout.ms"]:
-            raise ConfigError(
-                f"delivery.timeout.ms ({v['delivery.timeout.ms']}) should be equal to or larger than "
-                f"linger.ms ({v['linger.ms']}) + request.timeout.ms ({v['request.timeout.ms']})")
+        linger_and_request_timeout = min(v["linger.ms"] + v["request.timeout.ms"], INT_MAX)
+        if v["delivery.timeout.ms"] < linger_and_request_timeout:
+            message = (f"delivery.timeout.ms ({v['delivery.timeout.ms']}) should be equal to or larger than "
+                       f"linger.ms ({v['linger.ms']}) + request.timeout.ms ({v['request.timeout.ms']})")
+            if self.given("delivery.timeout.ms"):
+                raise ConfigError(message)
+            # As the Java producer: only an explicit value is an error; the default grows to fit.
+            log.warning("%s: setting it to %d", message, linger_and_request_timeout)
+            v["delivery.timeout.ms"] = linger_and_request_timeout
         if v["reconnect.backoff.max.ms"] < v["reconnect.backoff.ms"]:
             raise ConfigError("reconnect.backoff.max.ms must not be below reconnect.backoff.ms")
         self._check_idempotence()
@@ -163,6 +168,15 @@ class ProducerConfig:
         v["enable.idempotence"] = False
 
 
+def _as_text(raw: Any) -> str:
+    """A value given typed (from code) as the text it stands for: it is parsed and checked as text is."""
+    if raw is None:
+        raise ValueError("a value is required")
+    if isinstance(raw, (list, tuple)):
+        return ",".join(map(str, raw))
+    return str(raw)
+
+
 def _parse(name: str, raw: Any) -> Any:
     key = KEYS.get(name)
     if key is None:
@@ -170,7 +184,7 @@ def _parse(name: str, raw: Any) -> Any:
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ConfigError(f"unknown setting {name!r}{hint}")
     try:
-        value = key.parse(raw) if isinstance(raw, str) else raw
+        value = key.parse(raw if isinstance(raw, str) else _as_text(raw))
     except ValueError as exc:
         raise ConfigError(f"invalid value {raw!r} for {name}: {exc}") from None
     if key.choices and value not in key.choices:

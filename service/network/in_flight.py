@@ -64,9 +64,12 @@ class InFlightRequests(Generic[R]):
         return list(queue)
 
     def nodes_with_timed_out_requests(self, now: int) -> list[int]:
-        """Nodes whose oldest request has waited longer than its request timeout."""
+        """Nodes with a request that has waited longer than its request timeout.
+
+        Every request is checked, not just the oldest: a later one may have a shorter timeout.
+        """
         return [node for node, queue in self._requests.items()
-                if queue and now - queue[0].send_ms > queue[0].request_timeout_ms]
+                if any(now - r.send_ms > r.request_timeout_ms for r in queue)]
 
     def __iter__(self) -> Iterator[R]:
         for queue in self._requests.values():

@@ -11,6 +11,7 @@ failure, is muted, or has no known leader.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import deque
 from collections.abc import Iterable
@@ -45,7 +46,8 @@ class RecordAccumulator:
         self.transaction_manager = transaction_manager
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
         self._muted: set[TopicPartition] = set()
-        self._drain_index: dict[int, int] = {}
+        # Per node, the partition the next drain starts at: where the last one stopped.
+        self._drain_start: dict[int, TopicPartition] = {}
         # Every batch appended and not final yet, queued or in flight: what flush waits for.
         self.incomplete: set[ProducerBatch] = set()
         self._flushes_in_progress = 0
@@ -183,8 +185,9 @@ class RecordAccumulator:
         if not partitions:
             return []
         partitions.sort()
-        start = self._drain_index.get(node_id, 0) % len(partitions)
-        self._drain_index[node_id] = start + 1
+        # A partition, not an index: the partitions with batches change from one drain to the next.
+        start = bisect.bisect_left(partitions, self._drain_start.get(node_id, partitions[0])) % len(partitions)
+        self._drain_start[node_id] = partitions[(start + 1) % len(partitions)]
         size = 0
         ready: list[ProducerBatch] = []
         tm = self.transaction_manager
@@ -197,7 +200,8 @@ class RecordAccumulator:
             if batch.last_attempt_ms + self._backoff_ms(batch) > now:
                 continue
             if ready and size + batch.size_in_bytes > max_size:
-                # Later partitions get their turn first next time (the index moved on).
+                # The first partition that did not fit goes first next time.
+                self._drain_start[node_id] = tp
                 break
             if tm is not None and tm.should_stop_drain(batch):
                 continue

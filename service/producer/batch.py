@@ -162,6 +162,8 @@ class ProducerBatch:
         """
         records = decode_records(self.records, self.record_count)
         pieces: list[list[bytes]] = [[]]
+        # Each part's maxTimestamp is that of its own records, as the header says.
+        max_deltas: list[int] = []
         size = 0
         for record in records:
             encoded = encode_record(len(pieces[-1]), record.timestamp_delta, record.key, record.value,
@@ -171,14 +173,17 @@ class ProducerBatch:
                 size = 0
                 encoded = encode_record(0, record.timestamp_delta, record.key, record.value,
                                         [(k.encode(), v) for k, v in record.headers])
+            if not pieces[-1]:
+                max_deltas.append(record.timestamp_delta)
+            max_deltas[-1] = max(max_deltas[-1], record.timestamp_delta)
             pieces[-1].append(encoded)
             size += len(encoded)
         batches = []
         index = self.origin_index
         sequence = self.base_sequence
-        for chunk in pieces:
+        for chunk, max_delta in zip(pieces, max_deltas, strict=True):
             batch = ProducerBatch(self.tp, b"".join(chunk), len(chunk), base_timestamp=self.base_timestamp,
-                                  max_timestamp=self.max_timestamp, created_ms=self.created_ms,
+                                  max_timestamp=self.base_timestamp + max_delta, created_ms=self.created_ms,
                                   on_complete=self.on_complete, origin=self.origin, origin_index=index)
             if self.has_sequence:
                 batch.set_producer_state(self.producer_id, self.producer_epoch, sequence)

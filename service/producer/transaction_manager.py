@@ -31,9 +31,10 @@ NO_SEQUENCE = -1
 INT_MAX = 2**31 - 1
 
 UNKNOWN_PRODUCER_ID = 59
+# Errors after which the producer cannot go on (as Java's TransactionManager): CLUSTER_ and
+# TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNSUPPORTED_VERSION, PRODUCER_FENCED.
+_FATAL = {31, 53, 35, 90}
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-# InitProducerId errors that go away by themselves.
-_INIT_RETRIABLE = {7, 14, 15, 16, 51}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,11 @@ NONE = ProducerIdAndEpoch()
 def increment_sequence(sequence: int, increment: int) -> int:
     """Sequences wrap from 2**31-1 to 0, as Kafka's."""
     return (sequence + increment) % (INT_MAX + 1)
+
+
+def sequence_after(sequence: int, other: int) -> bool:
+    """Whether ``sequence`` comes after ``other`` (negative: none yet), across the wrap to 0."""
+    return other < 0 or 0 < increment_sequence(sequence, -other) < 2**30
 
 
 @dataclass(slots=True)
@@ -105,6 +111,7 @@ class TransactionManager:
         self.state = State.UNINITIALIZED
         self.fatal_error: KafkaError | None = None
         self._partitions: dict[TopicPartition, TxnPartitionEntry] = {}
+        # Partition -> the sequence right after its latest expired batch.
         self._unresolved: dict[TopicPartition, int] = {}
         self._to_rewrite: set[TopicPartition] = set()
         self._new_producer_id_required = False
@@ -163,7 +170,7 @@ class TransactionManager:
             self._to_rewrite.clear()
             return
         error = for_code(response.error_code, "InitProducerId failed")
-        self.init_producer_id_failed(error, response.error_code in _INIT_RETRIABLE)
+        self.init_producer_id_failed(error, error.retriable)
 
     def _reset_producer_id(self) -> None:
         # Java bumps the epoch locally here; brokers before Kafka 2.5 and some compatible
@@ -244,7 +251,7 @@ class TransactionManager:
         # A batch sent under an id or epoch since replaced says nothing about the new sequences.
         same_producer = (batch.producer_id, batch.producer_epoch) == (
             entry.producer_id_and_epoch.producer_id, entry.producer_id_and_epoch.epoch)
-        if same_producer and batch.last_sequence > entry.last_acked_sequence:
+        if same_producer and sequence_after(batch.last_sequence, entry.last_acked_sequence):
             entry.last_acked_sequence = batch.last_sequence
         if base_offset >= 0:
             entry.last_acked_offset = max(entry.last_acked_offset, base_offset + batch.record_count - 1)
@@ -254,18 +261,23 @@ class TransactionManager:
         entry = self._partitions.get(batch.tp)
         if entry is not None:
             entry.remove(batch)
-        if error.code in (31, 53):  # CLUSTER_/TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        if error.code in _FATAL:
             self.state = State.FATAL_ERROR
             self.fatal_error = error
             return
-        if adjust_sequences and batch.has_sequence:
-            # A batch the broker refused for good leaves a gap: start the partition over.
+        if batch.has_sequence and (adjust_sequences or error.code in (OUT_OF_ORDER_SEQUENCE_NUMBER,
+                                                                      UNKNOWN_PRODUCER_ID)):
+            # A batch the broker refused for good leaves a gap, and a sequence error left for good
+            # means the broker's sequences are not ours: start the partition over.
             self._request_new_producer_id(batch.tp)
 
     def mark_sequence_unresolved(self, batch: ProducerBatch) -> None:
         """An expired batch may or may not have been written: hold the partition until we know."""
-        log.debug("marking %s unresolved (last sequence %s)", batch.tp, batch.last_sequence)
-        self._unresolved[batch.tp] = batch.last_sequence
+        next_sequence = increment_sequence(batch.last_sequence, 1)
+        # The sequence after the latest expired batch, whatever order they expired in.
+        if sequence_after(next_sequence, self._unresolved.get(batch.tp, -1)):
+            self._unresolved[batch.tp] = next_sequence
+        log.debug("marking %s unresolved (next sequence %s)", batch.tp, self._unresolved[batch.tp])
 
     def maybe_resolve_sequences(self) -> None:
         for tp in list(self._unresolved):
@@ -280,7 +292,7 @@ class TransactionManager:
                 del self._unresolved[tp]
 
     def _is_next_sequence(self, tp: TopicPartition, sequence: int) -> bool:
-        return sequence - self._entry(tp).last_acked_sequence == 1
+        return increment_sequence(self._entry(tp).last_acked_sequence, 1) == sequence
 
     def can_retry(self, error: int, log_start_offset: int, batch: ProducerBatch, retriable: bool) -> bool:
         """Whether a batch that failed with ``error`` may be sent again (Java's TransactionManager.canRetry)."""
@@ -305,4 +317,4 @@ class TransactionManager:
         return retriable
 
     def _is_next_sequence_for_unresolved(self, tp: TopicPartition, sequence: int) -> bool:
-        return tp in self._unresolved and increment_sequence(self._unresolved[tp], 1) == sequence
+        return self._unresolved.get(tp) == sequence

@@ -1,0 +1,496 @@
+"""RecordAccumulator: ready(), drain(), reenqueue, expiry, with and without idempotence."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from client_stub.errors import KafkaError, KafkaTimeoutError, for_code
+from service.producer.accumulator import FOREVER, RecordAccumulator
+from service.producer.batch import ProducerBatch, TopicPartition
+from service.producer.transaction_manager import TransactionManager
+from service.protocol import messages as m
+
+from .producer_batches import make_batch, make_cluster
+
+T0 = TopicPartition("t", 0)
+T1 = TopicPartition("t", 1)
+T2 = TopicPartition("t", 2)
+U0 = TopicPartition("u", 0)
+
+
+def accumulator(tm: TransactionManager | None = None, *, backoff: int = 100, backoff_max: int = 1000,
+                delivery_timeout: int = 120_000) -> RecordAccumulator:
+    return RecordAccumulator(retry_backoff_ms=backoff, retry_backoff_max_ms=backoff_max,
+                             delivery_timeout_ms=delivery_timeout, transaction_manager=tm)
+
+
+def ready_tm(producer_id: int = 1000, epoch: int = 0) -> TransactionManager:
+    tm = TransactionManager()
+    assert tm.needs_producer_id()
+    tm.handle_init_producer_id(m.InitProducerIdResponse(error_code=0, producer_id=producer_id,
+                                                        producer_epoch=epoch))
+    return tm
+
+
+def append(acc: RecordAccumulator, tp: TopicPartition, n: int = 1, *, count: int = 3,
+           created_ms: int = 0) -> list[ProducerBatch]:
+    batches = [make_batch(tp, count, created_ms=created_ms) for _ in range(n)]
+    for b in batches:
+        acc.append(b)
+    return batches
+
+
+def drain_one(acc: RecordAccumulator, cluster, now: int, max_size: int = 1 << 20) -> list[ProducerBatch]:
+    """Everything drained for every node, flattened."""
+    drained = acc.drain(cluster, cluster.nodes.values(), max_size, now)
+    return [b for batches in drained.values() for b in batches]
+
+
+# -- ready ---------------------------------------------------------------------------------------
+
+
+def test_ready_unknown_leader_lists_topic() -> None:
+    acc = accumulator()
+    append(acc, T0)
+    append(acc, U0)
+    cluster = make_cluster({T0: None, T1: 1})  # u is not in the metadata at all
+    result = acc.ready(cluster, 0)
+    assert result.ready_nodes == set()
+    assert result.unknown_leader_topics == {"t", "u"}
+    assert result.next_ready_check_delay_ms == FOREVER
+    assert drain_one(acc, cluster, 0) == []
+
+
+def test_ready_empty_queue_not_listed() -> None:
+    acc = accumulator()
+    result = acc.ready(make_cluster({T0: None}), 0)
+    assert result.unknown_leader_topics == set() and result.ready_nodes == set()
+
+
+def test_ready_node_counted_once() -> None:
+    acc = accumulator()
+    for tp in (T0, T1, T2):
+        append(acc, tp)
+    cluster = make_cluster({T0: 1, T1: 1, T2: 2})
+    result = acc.ready(cluster, 0)
+    assert result.ready_nodes == {cluster.nodes[1], cluster.nodes[2]}
+    assert result.unknown_leader_topics == set()
+
+
+def test_ready_backoff_is_exponential_and_capped() -> None:
+    acc = accumulator(backoff=100, backoff_max=1000)
+    cluster = make_cluster({T0: 1})
+    [batch] = append(acc, T0)
+    assert drain_one(acc, cluster, 0) == [batch]
+
+    expected_backoffs = [100, 200, 400, 800, 1000, 1000]
+    now = 0
+    for attempt, backoff in enumerate(expected_backoffs, start=1):
+        now += 5000
+        acc.reenqueue(batch, now)
+        assert batch.attempts == attempt
+        result = acc.ready(cluster, now + backoff - 30)
+        assert result.ready_nodes == set()
+        assert result.next_ready_check_delay_ms == 30
+        assert drain_one(acc, cluster, now + backoff - 1) == []
+        result = acc.ready(cluster, now + backoff)
+        assert result.ready_nodes == {cluster.nodes[1]}
+        assert drain_one(acc, cluster, now + backoff) == [batch]
+
+
+def test_ready_next_check_delay_is_the_smallest_wait() -> None:
+    acc = accumulator(backoff=100)
+    cluster = make_cluster({T0: 1, T1: 2})
+    [a] = append(acc, T0)
+    [b] = append(acc, T1)
+    assert len(drain_one(acc, cluster, 0)) == 2
+    acc.reenqueue(a, 1000)      # ready at 1100
+    acc.reenqueue(b, 1040)      # ready at 1140
+    assert acc.ready(cluster, 1010).next_ready_check_delay_ms == 90
+    result = acc.ready(cluster, 1100)
+    assert result.ready_nodes == {cluster.nodes[1]}
+    assert result.next_ready_check_delay_ms == 40
+
+
+def test_ready_backing_off_partition_does_not_hide_a_ready_one_on_the_same_node() -> None:
+    acc = accumulator(backoff=100)
+    cluster = make_cluster({T0: 1, T1: 1})
+    [a] = append(acc, T0)
+    assert drain_one(acc, cluster, 0) == [a]
+    acc.reenqueue(a, 10)
+    [b] = append(acc, T1)
+    assert acc.ready(cluster, 20).ready_nodes == {cluster.nodes[1]}
+    assert drain_one(acc, cluster, 20) == [b]
+
+
+def test_muted_partition_skipped() -> None:
+    acc = accumulator()
+    cluster = make_cluster({T0: 1, T1: 2})
+    append(acc, T0)
+    [b] = append(acc, T1)
+    acc.mute(T0)
+    result = acc.ready(cluster, 0)
+    assert result.ready_nodes == {cluster.nodes[2]}
+    assert result.next_ready_check_delay_ms == FOREVER
+    assert drain_one(acc, cluster, 0) == [b]
+    assert acc.drain(cluster, [cluster.nodes[1]], 1 << 20, 0) == {}
+    acc.unmute(T0)
+    assert acc.ready(cluster, 0).ready_nodes == {cluster.nodes[1]}
+    assert len(drain_one(acc, cluster, 0)) == 1
+
+
+# -- drain ---------------------------------------------------------------------------------------
+
+
+def test_drain_one_batch_per_partition_per_request() -> None:
+    acc = accumulator()
+    cluster = make_cluster({T0: 1, T1: 1})
+    queued0 = append(acc, T0, 3)
+    queued1 = append(acc, T1, 2)
+    drained = acc.drain(cluster, [cluster.nodes[1]], 1 << 20, 0)
+    assert list(drained) == [1]
+    assert sorted(drained[1], key=lambda b: b.tp) == [queued0[0], queued1[0]]
+    assert {b.drained_ms for b in drained[1]} == {0}
+    second = drain_one(acc, cluster, 5)
+    assert sorted(second, key=lambda b: b.tp) == [queued0[1], queued1[1]]
+    assert drain_one(acc, cluster, 6) == [queued0[2]]
+    assert drain_one(acc, cluster, 7) == []
+    assert not acc.has_undrained()
+
+
+def test_drain_groups_by_leader_and_only_for_the_given_nodes() -> None:
+    acc = accumulator()
+    cluster = make_cluster({T0: 1, T1: 2, T2: 2})
+    [a] = append(acc, T0)
+    [b] = append(acc, T1)
+    [c] = append(acc, T2)
+    drained = acc.drain(cluster, [cluster.nodes[2]], 1 << 20, 0)
+    assert list(drained) == [2] and set(drained[2]) == {b, c}
+    assert acc.queued_for(T0) == [a]
+
+
+def test_drain_respects_max_size() -> None:
+    acc = accumulator()
+    tps = [TopicPartition("t", p) for p in range(5)]
+    cluster = make_cluster({tp: 1 for tp in tps})
+    for tp in tps:
+        append(acc, tp)
+    size = acc.queued_for(tps[0])[0].size_in_bytes
+    assert all(acc.queued_for(tp)[0].size_in_bytes == size for tp in tps)
+    drained = drain_one(acc, cluster, 0, max_size=2 * size + size // 2)
+    assert len(drained) == 2
+    assert sum(b.size_in_bytes for b in drained) <= 2 * size + size // 2
+    drained = drain_one(acc, cluster, 0, max_size=3 * size)  # exactly three fit
+    assert len(drained) == 3
+
+
+def test_oversized_batch_goes_alone() -> None:
+    acc = accumulator()
+    cluster = make_cluster({T0: 1, T1: 1})
+    [big] = append(acc, T0, count=50)
+    [small] = append(acc, T1, count=1)
+    drained = drain_one(acc, cluster, 0, max_size=big.size_in_bytes // 2)
+    assert len(drained) == 1
+    # whichever went first, the other waits for the next request
+    rest = drain_one(acc, cluster, 0, max_size=big.size_in_bytes // 2)
+    assert {drained[0], *rest} == {big, small} and len(rest) == 1
+
+
+def test_drain_rotation_serves_every_partition() -> None:
+    """With room for 2 of 7 partitions per request, every partition goes within ceil(7/2) drains,
+    and over several rounds all partitions are served equally often."""
+    acc = accumulator()
+    tps = [TopicPartition("t", p) for p in range(7)]
+    cluster = make_cluster({tp: 1 for tp in tps})
+    for tp in tps:
+        append(acc, tp, 40, count=2)
+    size = acc.queued_for(tps[0])[0].size_in_bytes
+    served: dict[TopicPartition, int] = dict.fromkeys(tps, 0)
+    first_round: set[TopicPartition] = set()
+    for i in range(4):
+        drained = drain_one(acc, cluster, i, max_size=2 * size)
+        assert len(drained) == 2
+        first_round |= {b.tp for b in drained}
+    assert first_round == set(tps)
+    for i in range(4, 7 * 4):
+        drain_one(acc, cluster, i, max_size=2 * size)
+    served = {tp: 40 - len(acc.queued_for(tp)) for tp in tps}
+    assert set(served.values()) == {8}  # 28 drains x 2 batches over 7 partitions
+
+
+def test_drain_rotation_survives_partitions_running_empty() -> None:
+    """Partitions that empty out must not make the rotation skip the ones after them."""
+    acc = accumulator()
+    tps = [TopicPartition("t", p) for p in range(6)]
+    cluster = make_cluster({tp: 1 for tp in tps})
+    for tp in tps[:3]:
+        append(acc, tp, 1, count=2)   # one batch each: they empty after being drained
+    for tp in tps[3:]:
+        append(acc, tp, 10, count=2)
+    size = acc.queued_for(tps[0])[0].size_in_bytes
+    order = []
+    for i in range(6):
+        order.append(sorted(b.tp.partition for b in drain_one(acc, cluster, i, max_size=2 * size)))
+    assert order[0] == [0, 1]
+    assert order[1] == [2, 3]
+    assert order[2] == [4, 5]
+    # with only 3, 4 and 5 left, they keep taking turns
+    counts = {p: 10 - len(acc.queued_for(TopicPartition("t", p))) for p in (3, 4, 5)}
+    assert max(counts.values()) - min(counts.values()) <= 1
+
+
+def test_drain_skips_backing_off_and_muted_partitions_without_stopping() -> None:
+    acc = accumulator(backoff=100)
+    cluster = make_cluster({T0: 1, T1: 1, T2: 1})
+    [a] = append(acc, T0)
+    assert drain_one(acc, cluster, 0) == [a]
+    acc.reenqueue(a, 0)
+    acc.mute(T1)
+    append(acc, T1)
+    [c] = append(acc, T2)
+    assert drain_one(acc, cluster, 50) == [c]
+
+
+# -- reenqueue -----------------------------------------------------------------------------------
+
+
+def test_reenqueue_puts_batch_at_head() -> None:
+    acc = accumulator()
+    cluster = make_cluster({T0: 1})
+    first, second = append(acc, T0, 2)
+    assert drain_one(acc, cluster, 0) == [first]
+    acc.reenqueue(first, 10)
+    assert acc.queued_for(T0) == [first, second]
+    assert (first.attempts, first.last_attempt_ms, first.in_retry) == (1, 10, True)
+
+
+def test_reenqueue_in_sequence_order_with_idempotence() -> None:
+    tm = ready_tm()
+    acc = accumulator(tm, backoff=0)
+    cluster = make_cluster({T0: 1})
+    retried = []
+    for _ in range(5):
+        append(acc, T0)
+        [batch] = acc.drain(cluster, [cluster.nodes[1]], 1 << 20, 0)[1]
+        retried.append(batch)
+    assert [b.base_sequence for b in retried] == [0, 3, 6, 9, 12]
+    rng = random.Random(7)
+    for _ in range(5):
+        # a queue of new batches (no sequence yet) gets the retried ones back in any order
+        queue = accumulator(tm)
+        fresh = append(queue, T0, 2)
+        shuffled = retried[:]
+        rng.shuffle(shuffled)
+        for b in shuffled:
+            queue.reenqueue(b, 100)
+        assert queue.queued_for(T0) == retried + fresh
+
+
+def test_reenqueue_without_sequence_goes_to_head_even_with_idempotence() -> None:
+    tm = ready_tm()
+    acc = accumulator(tm)
+    first = make_batch(T0)
+    [second] = append(acc, T0)
+    acc.reenqueue(first, 0)
+    assert acc.queued_for(T0) == [first, second]
+
+
+def test_split_and_reenqueue_in_place_of_the_batch() -> None:
+    tm = ready_tm()
+    released = []
+    acc = accumulator(tm, backoff=0)
+    cluster = make_cluster({T0: 1})
+    big = make_batch(T0, 8, release=lambda: released.append(1))
+    acc.append(big)
+    later = append(acc, T0)
+    [sent] = drain_one(acc, cluster, 0)
+    assert sent is big and big.base_sequence == 0
+    tm.handle_failed_batch(big, for_code(10), adjust_sequences=False)
+    count = acc.split_and_reenqueue(big, big.records_size // 2, 50)
+    assert count >= 2
+    parts = acc.queued_for(T0)[:count]
+    assert acc.queued_for(T0)[count:] == later
+    assert [p.base_sequence for p in parts] == [0, *[sum(q.record_count for q in parts[:i]) for i in range(1, count)]]
+    assert all(p.last_attempt_ms == 50 for p in parts)
+    assert big not in acc.incomplete and set(parts) <= acc.incomplete
+    assert released == [1]
+    assert tm.first_in_flight_sequence(T0) == 0
+    # the parts go one per request, in sequence order
+    for part in parts:
+        assert tm.first_in_flight_sequence(T0) == part.base_sequence
+        assert drain_one(acc, cluster, 60) == [part]
+        tm.handle_completed_batch(part, 0)
+    assert not tm.has_in_flight_batches(T0)
+    assert drain_one(acc, cluster, 61) == later
+    assert later[0].base_sequence == 8
+
+
+def test_split_and_reenqueue_without_idempotence() -> None:
+    acc = accumulator()
+    cluster = make_cluster({T0: 1})
+    [big] = append(acc, T0, count=6)
+    [later] = append(acc, T0)
+    assert drain_one(acc, cluster, 0) == [big]
+    count = acc.split_and_reenqueue(big, 1, 20)
+    assert count == 6
+    parts = acc.queued_for(T0)
+    assert len(parts) == 7 and parts[-1] is later
+    assert [p.origin_index for p in parts[:-1]] == list(range(6))
+    assert not any(p.has_sequence for p in parts)
+    assert acc.queued_batches() == 7
+
+
+# -- expiry --------------------------------------------------------------------------------------
+
+
+def test_expired_batches_removed_in_order() -> None:
+    acc = accumulator(delivery_timeout=100)
+    a = make_batch(T0, created_ms=0)
+    b = make_batch(T0, created_ms=10)
+    c = make_batch(T0, created_ms=20)
+    d = make_batch(T1, created_ms=5)
+    e = make_batch(T1, created_ms=50)
+    for batch in (a, b, c, d, e):
+        acc.append(batch)
+    assert acc.next_batch_expiry_ms == 100
+    assert acc.expired_batches(99) == []
+    assert acc.next_batch_expiry_ms == 100
+    expired = acc.expired_batches(112)
+    assert expired == [a, b, d]
+    assert acc.queued_for(T0) == [c] and acc.queued_for(T1) == [e]
+    assert acc.next_batch_expiry_ms == 120
+    assert acc.expired_batches(200) == [c, e]
+    assert acc.next_batch_expiry_ms == FOREVER
+    assert not acc.has_undrained()
+    assert acc.incomplete == {a, b, c, d, e}  # the sender completes them
+
+
+def test_abort_undrained() -> None:
+    acc = accumulator()
+    batches = append(acc, T0, 2) + append(acc, T1)
+    assert acc.abort_undrained(KafkaError("closing")) == 3
+    assert all(b.is_done for b in batches) and not acc.has_incomplete()
+
+
+def test_flush_and_completion_bookkeeping() -> None:
+    acc = accumulator()
+    cluster = make_cluster({T0: 1})
+    assert not acc.flush_in_progress
+    acc.begin_flush()
+    acc.begin_flush()
+    acc.end_flush()
+    assert acc.flush_in_progress
+    acc.end_flush()
+    acc.end_flush()  # unbalanced end: stays at none
+    assert not acc.flush_in_progress
+    [batch] = append(acc, T0)
+    assert acc.has_incomplete() and acc.has_undrained()
+    assert drain_one(acc, cluster, 0) == [batch]
+    assert acc.has_incomplete() and not acc.has_undrained()  # in flight is still incomplete
+    acc.completed(batch)
+    assert not acc.has_incomplete()
+
+
+def test_closed_accumulator_refuses_batches() -> None:
+    acc = accumulator()
+    acc.close()
+    with pytest.raises(RuntimeError):
+        append(acc, T0)
+
+
+# -- idempotence: sequences and Java's drain rules -----------------------------------------------
+
+
+def test_drain_assigns_sequences_and_producer_state() -> None:
+    tm = ready_tm(producer_id=4242, epoch=3)
+    acc = accumulator(tm)
+    cluster = make_cluster({T0: 1, T1: 1})
+    batches = append(acc, T0, 3, count=4) + append(acc, T1, 1, count=2)
+    drained = []
+    for now in range(3):
+        drained += drain_one(acc, cluster, now)
+    t0 = [b for b in drained if b.tp == T0]
+    assert t0 == batches[:3]
+    assert [b.base_sequence for b in t0] == [0, 4, 8]
+    assert all((b.producer_id, b.producer_epoch) == (4242, 3) for b in drained)
+    assert batches[3].base_sequence == 0
+    assert tm.sequence_number(T0) == 12 and tm.sequence_number(T1) == 2
+    assert tm.first_in_flight_sequence(T0) == 0
+
+
+def test_drain_waits_for_a_producer_id() -> None:
+    tm = TransactionManager()
+    acc = accumulator(tm)
+    cluster = make_cluster({T0: 1})
+    [batch] = append(acc, T0)
+    assert acc.ready(cluster, 0).ready_nodes == {cluster.nodes[1]}
+    assert drain_one(acc, cluster, 0) == []
+    assert tm.needs_producer_id()
+    assert drain_one(acc, cluster, 0) == []  # still initializing
+    tm.handle_init_producer_id(m.InitProducerIdResponse(error_code=0, producer_id=9, producer_epoch=0))
+    assert drain_one(acc, cluster, 1) == [batch]
+    assert (batch.producer_id, batch.base_sequence) == (9, 0)
+
+
+def test_drain_stops_for_unresolved_partition_only() -> None:
+    tm = ready_tm()
+    acc = accumulator(tm)
+    cluster = make_cluster({T0: 1, T1: 1})
+    [expired] = append(acc, T0)
+    [sent] = drain_one(acc, cluster, 0)
+    assert sent is expired
+    tm.handle_failed_batch(expired, KafkaTimeoutError("expired"),
+                           adjust_sequences=False)
+    tm.mark_sequence_unresolved(expired)
+    [waiting] = append(acc, T0)
+    [other] = append(acc, T1)
+    assert drain_one(acc, cluster, 1) == [other]
+    assert acc.queued_for(T0) == [waiting]
+    assert not waiting.has_sequence
+
+
+def test_drain_stops_new_batches_while_stale_id_in_flight() -> None:
+    tm = ready_tm(producer_id=1)
+    acc = accumulator(tm)
+    cluster = make_cluster({T0: 1, T1: 1})
+    [old] = append(acc, T1)
+    assert drain_one(acc, cluster, 0) == [old]
+    # another partition loses its sequences: a new producer id is taken
+    [gap] = append(acc, T0)
+    assert drain_one(acc, cluster, 0) == [gap]
+    tm.handle_failed_batch(gap, for_code(87), adjust_sequences=True)
+    assert tm.needs_producer_id()
+    tm.handle_init_producer_id(m.InitProducerIdResponse(error_code=0, producer_id=2, producer_epoch=0))
+    [new_t1] = append(acc, T1)
+    [new_t0] = append(acc, T0)
+    # t-1 still has a batch in flight under producer id 1: its new batch waits; t-0 starts over under 2
+    assert drain_one(acc, cluster, 1) == [new_t0]
+    assert (new_t0.producer_id, new_t0.base_sequence) == (2, 0)
+    tm.handle_completed_batch(old, 0)
+    assert drain_one(acc, cluster, 2) == [new_t1]
+    assert (new_t1.producer_id, new_t1.base_sequence) == (2, 0)
+
+
+def test_retried_batch_goes_only_when_first_in_flight() -> None:
+    tm = ready_tm()
+    acc = accumulator(tm, backoff=0)
+    cluster = make_cluster({T0: 1})
+    batches = append(acc, T0, 3)
+    sent = []
+    for now in range(3):
+        sent += drain_one(acc, cluster, now)
+    assert sent == batches and [b.base_sequence for b in sent] == [0, 3, 6]
+    # the second failed and comes back first; the first is still in flight
+    acc.reenqueue(batches[1], 10)
+    [fresh] = append(acc, T0)
+    assert drain_one(acc, cluster, 10) == []
+    assert acc.queued_for(T0) == [batches[1], fresh]
+    tm.handle_completed_batch(batches[0], 0)
+    assert drain_one(acc, cluster, 11) == [batches[1]]
+    # the new batch waits behind it (one per partition per request), then takes the next sequence
+    tm.handle_completed_batch(batches[1], 3)
+    tm.handle_completed_batch(batches[2], 6)
+    assert drain_one(acc, cluster, 12) == [fresh]
+    assert fresh.base_sequence == 9
