@@ -125,24 +125,23 @@ class Producer:
     """Sends records to Kafka through the kafka-sidecar daemon at ``endpoint``.
 
     ``endpoint`` defaults to ``$KAFKA_SIDECAR_ENDPOINT``, else
-    ``ipc:///run/kafka-sidecar/sidecar.sock``. Options: ``linger_ms`` (the
-    daemon's linger.ms when not given, 5 by default), ``max_block_ms`` (60000),
-    ``key_serializer``, ``value_serializer`` and ``partitioner``
-    ("murmur2_random", "consistent_random" or "random"). Kafka settings (acks,
-    retries, compression...) are the daemon's.
+    ``ipc:///run/kafka-sidecar/sidecar.sock``. Options: ``linger_ms`` and
+    ``max_block_ms`` (when not given, the daemon's linger.ms and max.block.ms:
+    5 and 60000 by default), ``key_serializer``, ``value_serializer`` and
+    ``partitioner`` ("murmur2_random", "consistent_random" or "random"). Kafka
+    settings (acks, retries, compression...) are the daemon's.
     """
 
-    def __init__(self, endpoint: str | None = None, *, linger_ms: int | None = None, max_block_ms: int = 60000,
+    def __init__(self, endpoint: str | None = None, *, linger_ms: int | None = None,
+                 max_block_ms: int | None = None,
                  key_serializer: Serializer | None = None, value_serializer: Serializer | None = None,
                  partitioner: str = "murmur2_random", client_name: str | None = None) -> None:
         for name, value in (("linger_ms", linger_ms), ("max_block_ms", max_block_ms)):
-            if value is None and name == "linger_ms":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         self.endpoint = endpoint or ipc.default_endpoint()
-        self.linger_ms = linger_ms
-        self.max_block_ms = max_block_ms
+        self._linger_ms = linger_ms
+        self._max_block_ms = max_block_ms
         self._key_serializer = key_serializer
         self._value_serializer = value_serializer
         self._partitioner_name = partitioner
@@ -504,10 +503,23 @@ class Producer:
             self._context.term()
             self._release_segment()
 
+    def _setting(self, given: int | None, name: str, default: int) -> int:
+        if given is not None:
+            return given
+        return (self._welcome or {}).get("settings", {}).get(name, default)
+
+    @property
+    def linger_ms(self) -> int:
+        """This producer's linger_ms, else the daemon's linger.ms."""
+        return self._setting(self._linger_ms, "linger_ms", 5)
+
+    @property
+    def max_block_ms(self) -> int:
+        """This producer's max_block_ms, else the daemon's max.block.ms (60000 until it has said)."""
+        return self._setting(self._max_block_ms, "max_block_ms", 60000)
+
     def _linger_s(self) -> float:
-        if self.linger_ms is not None:
-            return self.linger_ms / 1000
-        return (self._welcome or {}).get("settings", {}).get("linger_ms", 5) / 1000
+        return self.linger_ms / 1000
 
     def _next_linger_deadline(self) -> float:
         with self._lock:

@@ -67,7 +67,8 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("linger.ms", int, 5, 0, INT_MAX),
     ConfigKey("batch.size", int, 16384, 1, INT_MAX),
     ConfigKey("buffer.memory", int, 33554432, 1, LONG_MAX),
-    ConfigKey("max.block.ms", int, 60000, 0, LONG_MAX),
+    ConfigKey("max.block.ms", int, 60000, 0, LONG_MAX,
+              doc="how long send() may block for memory or metadata (clients may override)"),
     ConfigKey("max.request.size", int, 1048576, 1, INT_MAX),
     ConfigKey("retries", int, INT_MAX, 0, INT_MAX),
     ConfigKey("retry.backoff.ms", int, 100, 0, LONG_MAX),
@@ -87,7 +88,6 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("reconnect.backoff.ms", int, 50, 0, LONG_MAX),
     ConfigKey("reconnect.backoff.max.ms", int, 1000, 0, LONG_MAX),
     ConfigKey("socket.connection.setup.timeout.ms", int, 10000, 0, LONG_MAX),
-    ConfigKey("connections.max.idle.ms", int, 540000, -1, LONG_MAX),
     ConfigKey("send.buffer.bytes", int, 131072, -1, INT_MAX),
     ConfigKey("receive.buffer.bytes", int, 32768, -1, INT_MAX),
     # librdkafka's name: Kafka's Java client has no cap on a response's size.

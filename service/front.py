@@ -185,6 +185,7 @@ class SidecarFront:
         log.info("client %s connected: pid %s %s", session.client_id, session.pid, session.name)
         settings = {"max_request_size": self.core.config["max.request.size"],
                     "linger_ms": self.core.config["linger.ms"],
+                    "max_block_ms": self.core.config["max.block.ms"],
                     "buffer_memory": self.pool.block_count * self.pool.block_size,
                     "heartbeat_interval_ms": max(self.client_timeout_ms // 10, 100)}
         self._send(session, ipc.WELCOME, ipc.PROTOCOL_VERSION, session.client_id, self.pool.name,

@@ -40,7 +40,6 @@ KAFKA_DEFAULTS = {
     "reconnect.backoff.ms": 50,
     "reconnect.backoff.max.ms": 1000,
     "socket.connection.setup.timeout.ms": 10000,
-    "connections.max.idle.ms": 540000,
     "send.buffer.bytes": 131072,
     "receive.buffer.bytes": 32768,
     "security.protocol": "PLAINTEXT",
