@@ -27,8 +27,7 @@ from typing import Any
 import zmq
 
 from . import ipc
-from .errors import (BufferExhaustedError, KafkaError, KafkaTimeoutError, RecordTooLargeError,
-                     SidecarUnavailableError)
+from .errors import BufferExhaustedError, KafkaError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
 from .partitioner import Partitioner
 from .records import Header, encode_record_into, record_size
 from .shm import Segment

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import TypeAlias
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer: TypeAlias = bytes | bytearray | memoryview
 Header = tuple[bytes, "bytes | None"]
 
 # Varints of small values are looked up, not computed: a record's lengths, deltas

@@ -17,8 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
-from client_stub.shm import (FREE, HEADER, LAYOUT_VERSION, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET,
-                             Layout)
+from client_stub.shm import FREE, HEADER, LAYOUT_VERSION, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET, Layout
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +128,7 @@ class BufferPool:
 
     def check_owned(self, client_id: int, first: int, count: int) -> None:
         """BlockError unless blocks first..first+count-1 are granted to ``client_id`` and unsealed."""
-        if not (0 <= first and count >= 1 and first + count <= self.block_count):
+        if not (first >= 0 and count >= 1 and first + count <= self.block_count):
             raise BlockError(f"blocks {first}..{first + count - 1} are outside the pool")
         for block in range(first, first + count):
             if self._state[block] != OWNED or self._owner[block] != client_id:

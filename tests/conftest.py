@@ -6,13 +6,16 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from typing import Any
 
 import pytest
 
+from service.embedded import free_port
 from tests.support.broker import TansuBroker
+from tests.support.fake_broker import FakeBroker
 from tests.support.mock_cluster import MockCluster
-from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy, SilentListener
+from tests.support.sidecar import SidecarProcess
 
 # Fixtures that start a peer, and the marker (declared in pyproject.toml) that their users
 # get, so that `-m "not broker"` deselects them.
@@ -22,6 +25,17 @@ _PEER_MARKERS = {
     "mock_cluster": "mock_cluster",
     "proxied_broker": "broker",
 }
+
+
+@pytest.fixture
+def sidecar() -> Iterator[Callable[..., SidecarProcess]]:
+    """``sidecar(bootstrap, transport="ipc", settings={...})``: a started daemon process, stopped at teardown."""
+    with ExitStack() as stack:
+
+        def start(bootstrap: str, **options: object) -> SidecarProcess:
+            return stack.enter_context(SidecarProcess(bootstrap, **options))  # type: ignore[arg-type]
+
+        yield start
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -91,3 +105,15 @@ def silent_listener() -> Iterator[SilentListener]:
     """A started listener that accepts connections and never answers."""
     with SilentListener() as listener:
         yield listener
+
+
+@pytest.fixture
+def fake_broker() -> Iterator[Callable[..., FakeBroker]]:
+    """``fake_broker(node_id=1, *, topics=None, api_versions=None) -> FakeBroker``: a started
+    scriptable broker (tests/support/fake_broker.py); every one is stopped at teardown."""
+    with ExitStack() as stack:
+
+        def make_broker(node_id: int = 1, **kwargs: Any) -> FakeBroker:
+            return stack.enter_context(FakeBroker(node_id, **kwargs))
+
+        yield make_broker

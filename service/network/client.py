@@ -448,10 +448,11 @@ class NetworkClient:
             return
         changes = self.metadata.update(body, now)
         for node in changes.removed + changes.moved:
-            log.info("node %s %s: closing its connection", node.id,
-                     "moved" if node in changes.moved else "left the cluster")
-            self.selector.close(node.id)
-            self._handle_disconnect(node.id, now, "broker moved or left the cluster")
+            if self.selector.has_channel(node.id):  # else nothing to close, nothing failed
+                log.info("node %s %s: closing its connection", node.id,
+                         "moved" if node in changes.moved else "left the cluster")
+                self.selector.close(node.id)
+                self._handle_disconnect(node.id, now, "broker moved or left the cluster")
             self.connection_states.remove(node.id)
         self._close_bootstrap_connections()
 

@@ -17,8 +17,7 @@ from client_stub.errors import KafkaError
 from client_stub.records import Buffer, decode_records, encode_record
 
 from ..protocol.compression import CompressionType, compress
-from ..protocol.record_batch import (HEADER_SIZE, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE,
-                                     encode_batch_header)
+from ..protocol.record_batch import HEADER_SIZE, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, encode_batch_header
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from client_stub.errors import (KafkaError, KafkaTimeoutError, NetworkError, UnsupportedError, error_code,
-                                for_code)
+from client_stub.errors import KafkaError, KafkaTimeoutError, NetworkError, UnsupportedError, error_code, for_code
 
 from ..config import ProducerConfig
 from ..network.client import ClientRequest, ClientResponse, NetworkClient

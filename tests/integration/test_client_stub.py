@@ -23,8 +23,7 @@ import pytest
 import zmq
 
 from client_stub import Producer, RecordMetadata, ipc
-from client_stub.errors import (BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError,
-                                SidecarUnavailableError)
+from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
 from client_stub.shm import OWNED, TABLE_ENTRY, Layout, Segment
 from tests.support import workers
 from tests.support.verifier import ConsumedRecord, read_topic
@@ -331,7 +330,7 @@ def test_send_from_many_threads(broker, topic_factory, sidecar) -> None:
         for t in threads:
             t.join()
         assert producer.flush(60) == 0
-    for thread, futures in sent.items():
+    for futures in sent.values():
         offsets = [f.result().offset for f in futures]
         assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
     values = [r.value for r in read_topic(broker.bootstrap, topic, expected=8 * 3000)]

@@ -54,7 +54,7 @@ class MockCluster:
         if self._process is not None:
             raise RuntimeError("mock cluster already started")
         # librdkafka logs to stderr; a temporary file (deleted on close) keeps it for errors.
-        self._log_file = tempfile.TemporaryFile("w+", prefix="mock-cluster-")
+        self._log_file = tempfile.TemporaryFile("w+", prefix="mock-cluster-")  # noqa: SIM115 (closed by stop())
         self._process = subprocess.Popen(
             [sys.executable, "-m", "tests.support.mock_cluster", str(self.num_brokers)],
             cwd=_REPO_ROOT,

@@ -16,7 +16,6 @@ from typing import IO, Self
 import zmq
 
 from client_stub import ipc
-
 from service.embedded import free_port
 
 

@@ -8,17 +8,30 @@ import pickle
 import kafka.errors
 import pytest
 
-from client_stub.errors import (ERROR_CODES, ERRORS_BY_NAME, AuthorizationError, BrokerError,
-                                BufferExhaustedError, ConfigError, InvalidMetadataError, KafkaError,
-                                KafkaTimeoutError, NetworkError, ProducerStateError, RecordTooLargeError,
-                                RetriableError, error_code, for_code)
+from client_stub.errors import (
+    ERROR_CODES,
+    ERRORS_BY_NAME,
+    AuthorizationError,
+    BrokerError,
+    BufferExhaustedError,
+    ConfigError,
+    InvalidMetadataError,
+    KafkaError,
+    KafkaTimeoutError,
+    NetworkError,
+    ProducerStateError,
+    RecordTooLargeError,
+    RetriableError,
+    error_code,
+    for_code,
+)
 
 
 def test_codes_and_names_are_unique() -> None:
     assert all(code == row.code for code, row in ERROR_CODES.items())
     names = [row.name for row in ERROR_CODES.values()]
     assert len(names) == len(set(names))
-    assert ERRORS_BY_NAME == {row.name: row for row in ERROR_CODES.values()}
+    assert {row.name: row for row in ERROR_CODES.values()} == ERRORS_BY_NAME
     # Kafka numbers its errors densely from -1 (UNKNOWN_SERVER_ERROR) up.
     assert sorted(ERROR_CODES) == list(range(-1, max(ERROR_CODES) + 1))
 

@@ -21,8 +21,15 @@ from kafka.protocol import sasl as kp_sasl
 from client_stub.records import uvarint
 from service.protocol import messages as m
 from service.protocol import primitives as prim
-from service.protocol.api import (APIS, api_for, decode_request, decode_response, encode_request,
-                                  encode_response, peek_correlation_id)
+from service.protocol.api import (
+    APIS,
+    api_for,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+    peek_correlation_id,
+)
 from service.protocol.primitives import ProtocolError
 from service.protocol.schema import Field, Message, Struct
 
@@ -106,7 +113,7 @@ def compare_fields(specs: list[dict[str, Any]], cls: type[Struct], version: int,
     theirs = [s for s in specs if within(version, s["versions"])]
     ours = [f for f in cls._schema_fields if version in f.versions]
     assert [snake(s["name"]) for s in theirs] == [f.name for f in ours], f"{path} v{version}: fields"
-    for spec, f in zip(theirs, ours):
+    for spec, f in zip(theirs, ours, strict=True):
         where = f"{path}.{f.name} v{version}"
         assert spec["type"] == f.type, where
         assert within(version, spec.get("nullableVersions")) == (version in f.nullable), f"{where}: nullable"

@@ -6,8 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client_stub.records import (Record, decode_record, decode_records, encode_record,
-                                 encode_record_into, record_boundaries, record_size)
+from client_stub.records import (
+    Record,
+    decode_record,
+    decode_records,
+    encode_record,
+    encode_record_into,
+    record_boundaries,
+    record_size,
+)
 
 # Each vector below is written out field by field from the record layout:
 #   length varint | attributes int8 | timestampDelta varlong | offsetDelta varint |

@@ -10,8 +10,14 @@ import pytest
 
 from client_stub.errors import KafkaError, KafkaTimeoutError, for_code
 from service.producer.batch import ProducerBatch, TopicPartition
-from service.producer.transaction_manager import (INT_MAX, OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID,
-                                                  State, TransactionManager, increment_sequence)
+from service.producer.transaction_manager import (
+    INT_MAX,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    UNKNOWN_PRODUCER_ID,
+    State,
+    TransactionManager,
+    increment_sequence,
+)
 from service.protocol import messages as m
 
 from .producer_batches import make_batch

@@ -1,0 +1,190 @@
+"""Metadata: bootstrap, updates from MetadataResponses (leaders, partitions, brokers that come,
+go or move), leader epochs, and the refresh policy (max age, requests, backoff, idle topics)."""
+
+from __future__ import annotations
+
+from service.network.metadata import Cluster, Metadata, Node, NodeChanges
+from service.protocol import messages as m
+
+NOW = 10_000_000
+R = m.MetadataResponse
+LEADER_NOT_AVAILABLE = 5
+UNKNOWN_TOPIC_OR_PARTITION = 3
+TOPIC_AUTHORIZATION_FAILED = 29
+
+
+def response(brokers: list[tuple[int, str, int]] | None = None,
+             topics: dict[str, list[tuple[int, int, int]]] | None = None,
+             topic_errors: dict[str, int] | None = None) -> m.MetadataResponse:
+    """``topics``: name -> [(partition, leader, leader_epoch)]."""
+    brokers = [(1, "b1", 9092)] if brokers is None else brokers
+    out = [R.MetadataResponseTopic(name=name, partitions=[
+        R.MetadataResponseTopic.MetadataResponsePartition(partition_index=p, leader_id=leader, leader_epoch=epoch,
+                                                          replica_nodes=[leader], isr_nodes=[leader])
+        for p, leader, epoch in partitions]) for name, partitions in (topics or {}).items()]
+    out += [R.MetadataResponseTopic(name=name, error_code=code) for name, code in (topic_errors or {}).items()]
+    return R(brokers=[R.MetadataResponseBroker(node_id=i, host=h, port=p, rack=f"rack-{i}") for i, h, p in brokers],
+             cluster_id="cluster", controller_id=brokers[0][0] if brokers else -1, topics=out)
+
+
+def metadata(**kwargs: int) -> Metadata:
+    settings = {"refresh_backoff_ms": 100, "metadata_max_age_ms": 60_000, "metadata_max_idle_ms": 300_000, **kwargs}
+    return Metadata(["b1:9092", "[::1]:9093", "10.0.0.3:1"], **settings)
+
+
+# -- bootstrap and updates -----------------------------------------------------------------------
+
+
+def test_bootstrap_servers_get_negative_ids() -> None:
+    md = metadata()
+    assert md.cluster.is_bootstrap
+    assert md.cluster.nodes == {-1: Node(-1, "b1", 9092), -2: Node(-2, "::1", 9093), -3: Node(-3, "10.0.0.3", 1)}
+    assert md.cluster.nodes[-2].address == ("::1", 9093)
+    assert md.update_requested
+    assert md.time_to_next_update(NOW) == 0
+    assert md.cluster.leader_for("t", 0) is None
+    assert md.cluster.partition_count("t") is None
+
+
+def test_update_gives_brokers_leaders_and_partition_counts() -> None:
+    md = metadata()
+    md.add_topic("t", NOW)
+    changes = md.update(response(brokers=[(1, "b1", 9092), (2, "b2", 9092)],
+                                 topics={"t": [(0, 1, 0), (1, 2, 0), (2, 2, 3)], "u": [(0, 1, 0)]}), NOW)
+    cluster = md.cluster
+    assert not cluster.is_bootstrap
+    assert sorted(cluster.nodes) == [1, 2]
+    assert cluster.nodes[2] == Node(2, "b2", 9092, "rack-2")
+    assert cluster.partition_count("t") == 3 and cluster.partition_count("u") == 1
+    assert cluster.leader_for("t", 0).id == 1
+    assert cluster.leader_for("t", 2).id == 2
+    assert cluster.partitions["t"][2].leader_epoch == 3
+    assert cluster.available_partitions("t") == [0, 1, 2]
+    assert cluster.cluster_id == "cluster" and cluster.controller_id == 1
+    assert cluster.leader_for("t", 3) is None
+    # From bootstrap, every broker is new.
+    assert changes == NodeChanges(added=(cluster.nodes[1], cluster.nodes[2]))
+    assert not md.update_requested
+    assert md.update_version == 1
+
+
+def test_node_changes_added_removed_moved() -> None:
+    md = metadata()
+    md.update(response(brokers=[(1, "b1", 9092), (2, "b2", 9092), (3, "b3", 9092)]), NOW)
+    changes = md.update(response(brokers=[(1, "b1", 9092), (2, "b2-new", 9093), (4, "b4", 9092)]), NOW + 1)
+    assert changes.added == (Node(4, "b4", 9092, "rack-4"),)
+    assert changes.removed == (Node(3, "b3", 9092, "rack-3"),)
+    assert changes.moved == (Node(2, "b2-new", 9093, "rack-2"),)  # with its new address
+    assert md.update(response(brokers=[(1, "b1", 9092), (2, "b2-new", 9093), (4, "b4", 9092)]),
+                     NOW + 2) == NodeChanges()
+
+
+def test_leaders_move_and_leader_epochs_do_not_go_backwards() -> None:
+    md = metadata()
+    brokers = [(1, "b1", 9092), (2, "b2", 9092)]
+    md.update(response(brokers, topics={"t": [(0, 1, 5)]}), NOW)
+    # A lagging broker's older view is ignored for that partition.
+    md.update(response(brokers, topics={"t": [(0, 2, 4)]}), NOW + 1)
+    assert md.cluster.leader_for("t", 0).id == 1
+    assert md.cluster.partitions["t"][0].leader_epoch == 5
+    # A newer epoch moves the leader.
+    md.update(response(brokers, topics={"t": [(0, 2, 6)]}), NOW + 2)
+    assert md.cluster.leader_for("t", 0).id == 2
+    # The same epoch is accepted too.
+    md.update(response(brokers, topics={"t": [(0, 1, 6)]}), NOW + 3)
+    assert md.cluster.leader_for("t", 0).id == 1
+    # Brokers that do not know epochs (-1) are believed.
+    md.update(response(brokers, topics={"t": [(0, 2, -1)]}), NOW + 4)
+    assert md.cluster.leader_for("t", 0).id == 2
+
+
+def test_a_partition_without_leader_asks_for_another_update() -> None:
+    md = metadata()
+    md.update(response([(1, "b1", 9092)], topics={"t": [(0, 1, 0), (1, -1, 0), (2, 7, 0)]}), NOW)
+    assert md.update_requested
+    assert md.cluster.leader_for("t", 1) is None
+    assert md.cluster.leader_for("t", 2) is None  # node 7 is not among the brokers
+    assert md.cluster.available_partitions("t") == [0]
+    assert md.cluster.partition_count("t") == 3
+
+
+def test_topic_errors_keep_what_was_known() -> None:
+    md = metadata()
+    md.update(response(topics={"t": [(0, 1, 0), (1, 1, 0)]}), NOW)
+    md.update(response(topic_errors={"t": LEADER_NOT_AVAILABLE, "new": UNKNOWN_TOPIC_OR_PARTITION}), NOW + 1)
+    assert md.cluster.topic_errors == {"t": LEADER_NOT_AVAILABLE, "new": UNKNOWN_TOPIC_OR_PARTITION}
+    assert md.cluster.partition_count("t") == 2  # a transient error does not forget the leaders
+    assert md.cluster.leader_for("t", 1).id == 1
+    assert md.cluster.partition_count("new") is None
+    assert md.update_requested  # both are stale-metadata errors
+
+    md.update(response(topic_errors={"secret": TOPIC_AUTHORIZATION_FAILED}), NOW + 2)
+    assert md.cluster.topic_errors == {"secret": TOPIC_AUTHORIZATION_FAILED}
+    assert not md.update_requested  # a refresh would not help
+
+
+def test_bootstrap_cluster_parses_addresses() -> None:
+    cluster = Cluster.bootstrap(["localhost:1", "[fe80::1]:2"])
+    assert [n.address for n in cluster.nodes.values()] == [("localhost", 1), ("fe80::1", 2)]
+
+
+# -- refresh policy ------------------------------------------------------------------------------
+
+
+def test_refresh_on_max_age() -> None:
+    md = metadata(metadata_max_age_ms=60_000)
+    md.update(response(), NOW)
+    assert md.last_successful_refresh_ms == NOW
+    assert md.time_to_next_update(NOW) == 60_000
+    assert md.time_to_next_update(NOW + 59_999) == 1
+    assert md.time_to_next_update(NOW + 60_000) == 0
+    assert md.time_to_next_update(NOW + 90_000) == 0
+
+
+def test_refresh_on_request_after_the_backoff() -> None:
+    md = metadata(refresh_backoff_ms=100)
+    md.update(response(), NOW)
+    version = md.request_update()
+    assert version == md.update_version == 1
+    assert md.update_requested
+    assert md.time_to_next_update(NOW + 30) == 70  # not more often than the refresh backoff
+    assert md.time_to_next_update(NOW + 100) == 0
+    md.update(response(), NOW + 100)
+    assert not md.update_requested
+    assert md.update_version == 2
+
+
+def test_a_failed_refresh_backs_off() -> None:
+    md = metadata(refresh_backoff_ms=100)
+    md.update(response(), NOW)
+    md.request_update()
+    md.failed_update(NOW + 500)
+    assert md.update_requested
+    assert md.last_successful_refresh_ms == NOW
+    assert md.time_to_next_update(NOW + 500) == 100
+    assert md.time_to_next_update(NOW + 600) == 0
+
+
+def test_a_new_topic_asks_for_a_refresh_a_known_one_does_not() -> None:
+    md = metadata()
+    md.add_topic("t", NOW)
+    md.update(response(topics={"t": [(0, 1, 0)]}), NOW)
+    md.add_topic("t", NOW + 1)
+    assert not md.update_requested
+    md.add_topic("u", NOW + 2)
+    assert md.update_requested
+    assert md.topics() == ["t", "u"]
+
+
+def test_topics_not_used_for_max_idle_are_dropped() -> None:
+    md = metadata(metadata_max_idle_ms=1000)
+    md.add_topic("b", NOW)
+    md.add_topic("a", NOW + 500)
+    request = md.build_request(NOW + 999)
+    assert [t.name for t in request.topics] == ["a", "b"]
+    assert request.allow_auto_topic_creation
+    assert [t.name for t in md.build_request(NOW + 1000).topics] == ["a"]
+    assert md.topics() == ["a"]
+    md.add_topic("a", NOW + 1400)  # used again: kept longer
+    assert [t.name for t in md.build_request(NOW + 2000).topics] == ["a"]
+    assert md.build_request(NOW + 2400).topics == []
