@@ -82,7 +82,9 @@ def unpack(data: bytes) -> list[Any]:
         message = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise ValueError(f"not a msgpack message: {exc}") from None
-    if not isinstance(message, list) or not message or not isinstance(message[0], int):
+    # bool is an int in Python, but msgpack's true is no message type (it would read as HELLO).
+    if not isinstance(message, list) or not message or not isinstance(message[0], int) \
+            or isinstance(message[0], bool):
         raise ValueError("a message is an array that starts with its type")
     return message
 
@@ -105,8 +107,11 @@ def process_identity(pid: int) -> list[str] | None:
     try:
         namespace = os.readlink(f"/proc/{pid}/ns/pid")
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            # The command name (field 2) may hold spaces; the start time is field 22.
+            # The command name (field 2) may hold spaces; the state is field 3, the start time field 22.
             fields = stat.read().rsplit(b")", 1)[1].split()
+        # A zombie has died: only its parent has not reaped it yet (and may not for a while).
+        if fields[0] in (b"Z", b"X"):
+            return None
         return [namespace, fields[19].decode()]
     except (OSError, IndexError):
         return None

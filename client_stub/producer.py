@@ -21,22 +21,23 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures._base import FINISHED, RUNNING
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
 from . import ipc
 from .errors import BufferExhaustedError, KafkaError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
 from .partitioner import Partitioner
-from .records import Header, encode_record_into, record_size
+from .records import Header, encode_record
 from .shm import Segment
 
 log = logging.getLogger(__name__)
 
 # Spare blocks kept at hand so that opening a batch needs no round trip.
-_SPARE_LOW = 2
-_BLOCKS_PER_GRANT = 4
+_SPARE_LOW = 4
+_BLOCKS_PER_GRANT = 8
 # The batch header the daemon writes around a block's records (counted against max.request.size).
 _BATCH_OVERHEAD = 61
 
@@ -44,8 +45,7 @@ Serializer = Callable[[Any], "bytes | None"]
 DeliveryCallback = Callable[["KafkaError | None", "RecordMetadata | None"], None]
 
 
-@dataclass(frozen=True, slots=True)
-class RecordMetadata:
+class RecordMetadata(NamedTuple):
     """Where a record landed."""
 
     topic: str
@@ -56,25 +56,68 @@ class RecordMetadata:
     serialized_value_size: int
 
 
-class _Pending:
-    """One record handed off and not yet reported."""
+# Guards the first use of a RecordFuture's Condition against its completion.
+_CONDITION_LOCK = threading.Lock()
 
-    __slots__ = ("future", "on_delivery", "timestamp_ms", "key_size", "value_size")
 
-    def __init__(self, future: Future, on_delivery: DeliveryCallback | None, timestamp_ms: int,
-                 key_size: int, value_size: int) -> None:
-        self.future = future
+class RecordFuture(Future):
+    """The Future of one record, with what its RecordMetadata needs.
+
+    A plain Future makes a threading.Condition when created: the largest cost of a
+    send(). Most record futures are never waited on one by one (flush() waits for
+    all of them), so this one makes its Condition on first use, and a future that
+    nobody waits on or watches completes without one. Both paths hold
+    _CONDITION_LOCK, so a waiter arriving during completion either finds the
+    Condition to be notified on or the result already set.
+    """
+
+    def __init__(self, on_delivery: DeliveryCallback | None, timestamp_ms: int, key_size: int,
+                 value_size: int) -> None:
+        # Future.__init__ is skipped on purpose: it makes the Condition.
+        self._state = RUNNING
+        self._result = None
+        self._exception: BaseException | None = None
+        self._waiters: list = []
+        self._done_callbacks: list = []
+        self._cond: threading.Condition | None = None
         self.on_delivery = on_delivery
         self.timestamp_ms = timestamp_ms
         self.key_size = key_size
         self.value_size = value_size
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        cond = self._cond
+        if cond is None:
+            with _CONDITION_LOCK:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
+
+    def _complete(self, result: RecordMetadata | None, error: KafkaError | None) -> None:
+        """Set the outcome (the I/O thread), then run on_delivery."""
+        with _CONDITION_LOCK:
+            quiet = self._cond is None
+            if quiet:
+                self._result, self._exception, self._state = result, error, FINISHED
+        if not quiet:
+            if error is None:
+                self.set_result(result)
+            else:
+                self.set_exception(error)
+        if self.on_delivery is not None:
+            try:
+                self.on_delivery(error, result)
+            except Exception:
+                log.exception("error in an on_delivery callback")
 
 
 class _Batch:
     """A batch being written into this process's blocks, then sealed and awaiting its report."""
 
     __slots__ = ("batch_id", "topic", "partition", "first_block", "block_count", "view", "pos", "base_ts",
-                 "max_ts", "created", "pending", "reported")
+                 "max_ts", "created", "futures", "reported")
 
     def __init__(self, batch_id: int, topic: str, partition: int, first_block: int, block_count: int,
                  view: memoryview, timestamp_ms: int) -> None:
@@ -88,7 +131,7 @@ class _Batch:
         self.base_ts = timestamp_ms
         self.max_ts = timestamp_ms
         self.created = time.monotonic()
-        self.pending: list[_Pending] = []
+        self.futures: list[RecordFuture] = []
         self.reported = 0
 
 
@@ -185,7 +228,7 @@ class Producer:
     def _ensure_started(self) -> None:
         """Start the I/O thread in this process (again after a fork)."""
         if self._closed:
-            raise KafkaError("the producer is closed")
+            raise KafkaError("Cannot send after the producer is closed.")
         if self._pid == os.getpid():
             return
         with self._lock:
@@ -221,35 +264,33 @@ class Producer:
         and free memory, then raises SidecarUnavailableError, KafkaTimeoutError or
         BufferExhaustedError. RecordTooLargeError if the record exceeds max.request.size.
         """
-        self._ensure_started()
-        ipc.check_topic(topic)
-        key_bytes = self._serialize(key, self._key_serializer, "key")
-        value_bytes = self._serialize(value, self._value_serializer, "value")
-        header_list = _headers(headers)
+        if self._pid != os.getpid() or self._closed:
+            self._ensure_started()
+        if self._key_serializer is not None or (key is not None and type(key) is not bytes):
+            key = self._serialize(key, self._key_serializer, "key")
+        if self._value_serializer is not None or (value is not None and type(value) is not bytes):
+            value = self._serialize(value, self._value_serializer, "value")
+        header_list = _headers(headers) if headers else ()
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
-        elif not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool) or timestamp_ms < 0:
+        elif type(timestamp_ms) is not int or timestamp_ms < 0:
             raise ValueError(f"timestamp_ms must be a non-negative integer, got {timestamp_ms!r}")
-        if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool)
-                                      or partition < 0):
+        if partition is not None and (type(partition) is not int or partition < 0):
             raise ValueError(f"partition must be a non-negative integer, got {partition!r}")
-        deadline = time.monotonic() + self.max_block_ms / 1000
-        welcome = self._wait_for_welcome(deadline)
-        size = record_size(0, 0, key_bytes, value_bytes, header_list)
-        limit = welcome["settings"]["max_request_size"]
-        if size + _BATCH_OVERHEAD > limit:
-            raise RecordTooLargeError(
-                f"The message is {size + _BATCH_OVERHEAD} bytes when serialized which is larger than {limit}, "
-                "which is the value of the max.request.size configuration.")
-        info = self._wait_for_topic(topic, deadline)
-        if partition is not None and partition >= info.partition_count:
+        deadline = 0.0
+        info = self._topics.get(topic)
+        if info is None or not info.partition_count:
+            # The first send to a topic: check it, and wait for the daemon and the metadata.
+            ipc.check_topic(topic)
+            deadline = time.monotonic() + self.max_block_ms / 1000
+            self._wait_for_welcome(deadline)
+            info = self._wait_for_topic(topic, deadline)
+        if partition is not None and partition >= info.partition_count:  # type: ignore[operator]
             raise ValueError(f"partition {partition} of topic {topic} does not exist: it has "
-                             f"{info.partition_count} partitions (0-{info.partition_count - 1})")
-        future: Future = Future()
-        future.set_running_or_notify_cancel()
-        pending = _Pending(future, on_delivery, timestamp_ms, -1 if key_bytes is None else len(key_bytes),
-                           -1 if value_bytes is None else len(value_bytes))
-        self._append(topic, partition, key_bytes, value_bytes, header_list, pending, info, deadline)
+                             f"{info.partition_count} partitions (0-{info.partition_count - 1})")  # type: ignore[operator]
+        future = RecordFuture(on_delivery, timestamp_ms, -1 if key is None else len(key),
+                              -1 if value is None else len(value))
+        self._append(topic, partition, key, value, header_list, future, info, deadline)
         return future
 
     @staticmethod
@@ -266,43 +307,54 @@ class Producer:
                         f"got {type(data).__name__}")
 
     def _append(self, topic: str, explicit: int | None, key: bytes | None, value: bytes | None,
-                headers: list[Header], pending: _Pending, info: _Topic, deadline: float) -> None:
-        block_size = self._welcome["block_size"]  # type: ignore[index]
+                headers: Sequence[Header], future: RecordFuture, info: _Topic, deadline: float) -> None:
+        timestamp = future.timestamp_ms
         with self._lock:
             while True:
-                self._check_session()
                 partition = explicit
                 if partition is None:
                     partition = self._partitioner.partition(topic, key, info.partition_count,  # type: ignore[arg-type]
                                                             info.available)
                 batch = self._open.get((topic, partition))
-                if batch is not None:
-                    size = record_size(len(batch.pending), pending.timestamp_ms - batch.base_ts, key, value, headers)
-                    if batch.pos + size <= len(batch.view):
-                        self._write(batch, size, key, value, headers, pending)
-                        return
+                if batch is None:
+                    data = encode_record(0, 0, key, value, headers)
+                    batch = self._new_batch(topic, partition, len(data), timestamp, deadline)
+                    if batch is None:
+                        continue  # the lock was released while waiting for blocks: look again
+                else:
+                    data = encode_record(len(batch.futures), timestamp - batch.base_ts, key, value, headers)
+                    if batch.pos + len(data) > len(batch.view):
+                        self._seal(batch)
+                        continue
+                pos = batch.pos
+                end = batch.pos = pos + len(data)
+                batch.view[pos:end] = data
+                batch.futures.append(future)
+                if timestamp > batch.max_ts:
+                    batch.max_ts = timestamp
+                self._outstanding += 1
+                # Full, or nearly: the next record like this one would not fit.
+                if len(batch.view) - end < len(data):
                     self._seal(batch)
-                    continue
-                size = record_size(0, 0, key, value, headers)
-                count = -(-size // block_size)
-                blocks = self._take_blocks(count, deadline)
-                if blocks is None:
-                    continue  # the lock was released while waiting: look again
-                batch = self._open_batch(topic, partition, blocks, pending.timestamp_ms)
-                self._write(batch, size, key, value, headers, pending)
                 return
 
-    def _write(self, batch: _Batch, size: int, key: bytes | None, value: bytes | None, headers: list[Header],
-               pending: _Pending) -> None:
-        batch.pos = encode_record_into(batch.view, batch.pos, len(batch.pending),
-                                       pending.timestamp_ms - batch.base_ts, key, value, headers)
-        batch.pending.append(pending)
-        if pending.timestamp_ms > batch.max_ts:
-            batch.max_ts = pending.timestamp_ms
-        self._outstanding += 1
-        # Full, or nearly: the next record like this one would not fit.
-        if len(batch.view) - batch.pos < size:
-            self._seal(batch)
+    def _new_batch(self, topic: str, partition: int, size: int, timestamp_ms: int,
+                   deadline: float) -> _Batch | None:
+        """A batch on fresh blocks for a record of ``size`` bytes; None if the lock was released to wait."""
+        self._check_session()
+        welcome = self._welcome
+        assert welcome is not None
+        limit = welcome["settings"]["max_request_size"]
+        if size + _BATCH_OVERHEAD > limit:
+            raise RecordTooLargeError(
+                f"The message is {size + _BATCH_OVERHEAD} bytes when serialized which is larger than {limit}, "
+                "which is the value of the max.request.size configuration.")
+        if not deadline:
+            deadline = time.monotonic() + self.max_block_ms / 1000
+        blocks = self._take_blocks(-(-size // welcome["block_size"]), deadline)
+        if blocks is None:
+            return None
+        return self._open_batch(topic, partition, blocks, timestamp_ms)
 
     def _open_batch(self, topic: str, partition: int, blocks: list[int], timestamp_ms: int) -> _Batch:
         assert self._segment is not None
@@ -318,11 +370,11 @@ class Producer:
         if count == 1 and self._spare:
             blocks = [self._spare.pop()]
             if len(self._spare) < _SPARE_LOW:
-                self._request_blocks(_BLOCKS_PER_GRANT, contiguous=False)
+                self._request_blocks(self._grant_size(), contiguous=False)
             return blocks
         if count == 1:
             if not any(not r.contiguous for r in self._requests.values()):
-                self._request_blocks(_BLOCKS_PER_GRANT, contiguous=False)
+                self._request_blocks(self._grant_size(), contiguous=False)
             self._wait(deadline, lambda: not self._spare,
                        lambda: BufferExhaustedError(f"Failed to allocate memory within the configured max "
                                                     f"blocking time {self.max_block_ms} ms."))
@@ -340,6 +392,11 @@ class Producer:
         if request.error is not None:
             raise BufferExhaustedError(request.error)
         return request.blocks
+
+    def _grant_size(self) -> int:
+        # A few blocks at a time, but never a large share of a small pool.
+        block_count = self._welcome["block_count"] if self._welcome else _BLOCKS_PER_GRANT
+        return max(1, min(_BLOCKS_PER_GRANT, block_count // 16))
 
     def _request_blocks(self, count: int, contiguous: bool) -> int:
         request_id = self._next_request_id
@@ -396,13 +453,13 @@ class Producer:
         del self._open[(batch.topic, batch.partition)]
         self._partitioner.batch_sealed(batch.topic, batch.partition)
         batch.view.release()
-        if not batch.pending:
+        if not batch.futures:
             self._post(ipc.RELEASE, list(range(batch.first_block, batch.first_block + batch.block_count)))
             return
         self._sealed[batch.batch_id] = batch
         ago = int((time.monotonic() - batch.created) * 1000)
         self._post(ipc.SEAL, [[batch.batch_id, batch.first_block, batch.block_count, batch.topic, batch.partition,
-                               len(batch.pending), batch.pos, batch.base_ts, batch.max_ts, ago]])
+                               len(batch.futures), batch.pos, batch.base_ts, batch.max_ts, ago]])
 
     def _seal_all(self) -> None:
         for batch in list(self._open.values()):
@@ -440,16 +497,11 @@ class Producer:
     def _fail_unconfirmed(self) -> None:
         error = KafkaTimeoutError("the producer closed before the delivery of this record was confirmed")
         with self._lock:
-            pending = [p for batch in self._sealed.values() for p in batch.pending if not p.future.done()]
+            futures = [f for batch in self._sealed.values() for f in batch.futures if not f.done()]
             self._sealed.clear()
             self._outstanding = 0
-        for p in pending:
-            p.future.set_exception(error)
-            if p.on_delivery is not None:
-                try:
-                    p.on_delivery(error, None)
-                except Exception:
-                    log.exception("error in an on_delivery callback")
+        for future in futures:
+            future._complete(None, error)
 
     # -- messages to the daemon ------------------------------------------------------------------
 
@@ -600,37 +652,34 @@ class Producer:
             self._session_error = SidecarUnavailableError(f"kafka-sidecar at {self.endpoint}: {text}")
 
     def _deliver(self, reports: list[list[Any]]) -> None:
-        done: list[tuple[_Pending, KafkaError | None, RecordMetadata | None]] = []
+        # Only the bookkeeping holds the lock: send() must not wait while futures complete.
+        outcomes = []
         with self._lock:
             for batch_id, first, count, base_offset, log_append_time, error_wire in reports:
                 batch = self._sealed.get(batch_id)
                 if batch is None:
                     continue
-                error = ipc.error_from_wire(error_wire)
-                for i, pending in enumerate(batch.pending[first:first + count], start=first):
-                    if error is not None:
-                        done.append((pending, error, None))
-                        continue
-                    metadata = RecordMetadata(
-                        batch.topic, batch.partition, base_offset + i if base_offset >= 0 else -1,
-                        log_append_time if log_append_time >= 0 else pending.timestamp_ms,
-                        pending.key_size, pending.value_size)
-                    done.append((pending, None, metadata))
-                batch.reported += min(count, len(batch.pending) - first)
-                if batch.reported >= len(batch.pending):
+                futures = batch.futures[first:first + count]
+                batch.reported += len(futures)
+                if batch.reported >= len(batch.futures):
                     del self._sealed[batch_id]
-            self._outstanding -= len(done)
+                self._outstanding -= len(futures)
+                outcomes.append((batch.topic, batch.partition, futures, base_offset, first, log_append_time,
+                                 error_wire))
             self._cond.notify_all()
-        for pending, error, metadata in done:
-            if error is None:
-                pending.future.set_result(metadata)
-            else:
-                pending.future.set_exception(error)
-            if pending.on_delivery is not None:
-                try:
-                    pending.on_delivery(error, metadata)
-                except Exception:
-                    log.exception("error in an on_delivery callback")
+        for topic, partition, futures, base_offset, first, log_append_time, error_wire in outcomes:
+            error = ipc.error_from_wire(error_wire)
+            if error is not None:
+                for future in futures:
+                    future._complete(None, error)
+                continue
+            offset = base_offset + first if base_offset >= 0 else -1
+            step = 1 if base_offset >= 0 else 0
+            for future in futures:
+                future._complete(RecordMetadata(topic, partition, offset,
+                                                log_append_time if log_append_time >= 0 else future.timestamp_ms,
+                                                future.key_size, future.value_size), None)
+                offset += step
 
     def _release_segment(self) -> None:
         with self._lock:

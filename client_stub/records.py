@@ -122,6 +122,39 @@ def _body_size(offset_delta: int, timestamp_delta: int, key: Buffer | None,
 
 
 _NULL = varint(-1)
+_ZERO = b"\x00"
+
+
+def encode_record(offset_delta: int, timestamp_delta: int, key: Buffer | None,
+                  value: Buffer | None, headers: Sequence[Header] = ()) -> bytes:
+    """One record's bytes, length prefix included.
+
+    This is the client's hot path: the record is built by one join of its pieces,
+    the small varints coming from a table, so the record's own bytes are the only
+    sizeable allocation.
+    """
+    ts = varint(timestamp_delta)
+    od = varint(offset_delta)
+    if key is None:
+        key_len, key = _NULL, b""
+    else:
+        key_len = varint(len(key))
+    if value is None:
+        value_len, value = _NULL, b""
+    else:
+        value_len = varint(len(value))
+    if not headers:
+        size = 2 + len(ts) + len(od) + len(key_len) + len(key) + len(value_len) + len(value)
+        return b"".join((varint(size), _ZERO, ts, od, key_len, key, value_len, value, _ZERO))
+    pieces: list[Buffer] = [_ZERO, ts, od, key_len, key, value_len, value, varint(len(headers))]
+    for hkey, hvalue in headers:
+        pieces += (varint(len(hkey)), hkey)
+        if hvalue is None:
+            pieces.append(_NULL)
+        else:
+            pieces += (varint(len(hvalue)), hvalue)
+    body = b"".join(pieces)
+    return varint(len(body)) + body
 
 
 def encode_record_into(buf: bytearray | memoryview, pos: int, offset_delta: int, timestamp_delta: int,
@@ -129,42 +162,12 @@ def encode_record_into(buf: bytearray | memoryview, pos: int, offset_delta: int,
                        headers: Sequence[Header] = ()) -> int:
     """Write one record into ``buf`` at ``pos``; returns the position after it.
 
-    ``buf`` must have room for :func:`record_size` bytes at ``pos``. Nothing is
-    allocated beyond the small varint prefixes, which come from a table.
+    ``buf`` must have room for :func:`record_size` bytes at ``pos``.
     """
-    for piece in _record_pieces(offset_delta, timestamp_delta, key, value, headers):
-        end = pos + len(piece)
-        buf[pos:end] = piece
-        pos = end
-    return pos
-
-
-def encode_record(offset_delta: int, timestamp_delta: int, key: Buffer | None,
-                  value: Buffer | None, headers: Sequence[Header] = ()) -> bytes:
-    """One record's bytes, length prefix included."""
-    return b"".join(_record_pieces(offset_delta, timestamp_delta, key, value, headers))
-
-
-def _record_pieces(offset_delta: int, timestamp_delta: int, key: Buffer | None,
-                   value: Buffer | None, headers: Sequence[Header]) -> list[Buffer]:
-    body = _body_size(offset_delta, timestamp_delta, key, value, headers)
-    pieces: list[Buffer] = [varint(body), b"\x00", varint(timestamp_delta), varint(offset_delta)]
-    if key is None:
-        pieces.append(_NULL)
-    else:
-        pieces += (varint(len(key)), key)
-    if value is None:
-        pieces.append(_NULL)
-    else:
-        pieces += (varint(len(value)), value)
-    pieces.append(varint(len(headers)))
-    for hkey, hvalue in headers:
-        pieces += (varint(len(hkey)), hkey)
-        if hvalue is None:
-            pieces.append(_NULL)
-        else:
-            pieces += (varint(len(hvalue)), hvalue)
-    return pieces
+    data = encode_record(offset_delta, timestamp_delta, key, value, headers)
+    end = pos + len(data)
+    buf[pos:end] = data
+    return end
 
 
 @dataclass(slots=True)

@@ -39,6 +39,12 @@ def _quickstart(args: argparse.Namespace) -> int:
     return run(processes=args.processes, records=args.records)
 
 
+def _perf_test(args: argparse.Namespace) -> int:
+    from .perf_test import main
+
+    return main(args)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kafka-sidecar", description="A node-local Kafka producer sidecar.")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -56,6 +62,22 @@ def _parser() -> argparse.ArgumentParser:
     quickstart.add_argument("--processes", type=int, default=4, help="application processes (default 4)")
     quickstart.add_argument("--records", type=int, default=25_000, help="records per process (default 25000)")
     quickstart.set_defaults(handler=_quickstart)
+
+    perf = commands.add_parser("perf-test", help="measure throughput and latency (as kafka-producer-perf-test)")
+    perf.add_argument("--topic", required=True)
+    perf.add_argument("--num-records", type=int, required=True)
+    perf.add_argument("--record-size", type=int, required=True, help="value size in bytes")
+    perf.add_argument("--processes", type=int, default=1, help="producing processes (default 1)")
+    perf.add_argument("--throughput", type=float, default=-1,
+                      help="records/s in total (default: as fast as possible)")
+    perf.add_argument("--key-size", type=int, default=0, help="key size in bytes (default 0: no keys)")
+    perf.add_argument("--key-count", type=int, default=1000, help="distinct keys (default 1000)")
+    perf.add_argument("--endpoint", default=None, help="a running daemon's endpoint")
+    perf.add_argument("--bootstrap-servers", default=None, help="start a daemon for this cluster")
+    perf.add_argument("-X", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                      help="a setting of the daemon perf-test starts")
+    perf.add_argument("--json", default=None, help="also write the result to this file as JSON")
+    perf.set_defaults(handler=_perf_test)
 
     settings = commands.add_parser("settings", help="list the settings -X takes, with their defaults")
     settings.set_defaults(handler=_list_settings)
