@@ -66,9 +66,9 @@ class RecordFuture(Future):
     A plain Future makes a threading.Condition when created: the largest cost of a
     send(). Most record futures are never waited on one by one (flush() waits for
     all of them), so this one makes its Condition on first use, and a future that
-    nobody waits on or watches completes without one. Both paths hold
-    _CONDITION_LOCK, so a waiter arriving during completion either finds the
-    Condition to be notified on or the result already set.
+    nobody waits on or watches completes without one (see _complete_all). Both
+    paths hold _CONDITION_LOCK, so a waiter arriving during completion either finds
+    the Condition to be notified on or the result already set.
     """
 
     def __init__(self, on_delivery: DeliveryCallback | None, timestamp_ms: int, key_size: int,
@@ -95,22 +95,38 @@ class RecordFuture(Future):
                     cond = self._cond = threading.Condition()
         return cond
 
-    def _complete(self, result: RecordMetadata | None, error: KafkaError | None) -> None:
-        """Set the outcome (the I/O thread), then run on_delivery."""
-        with _CONDITION_LOCK:
-            quiet = self._cond is None
-            if quiet:
-                self._result, self._exception, self._state = result, error, FINISHED
-        if not quiet:
-            if error is None:
-                self.set_result(result)
-            else:
-                self.set_exception(error)
+    def _notify(self, result: RecordMetadata | None, error: KafkaError | None) -> None:
+        if error is None:
+            self.set_result(result)
+        else:
+            self.set_exception(error)
         if self.on_delivery is not None:
-            try:
-                self.on_delivery(error, result)
-            except Exception:
-                log.exception("error in an on_delivery callback")
+            self._run_callback(result, error)
+
+    def _run_callback(self, result: RecordMetadata | None, error: KafkaError | None) -> None:
+        try:
+            self.on_delivery(error, result)  # type: ignore[misc]
+        except Exception:
+            log.exception("error in an on_delivery callback")
+
+
+def _complete_all(outcomes: list[tuple[RecordFuture, RecordMetadata | None, KafkaError | None]]) -> None:
+    """Complete record futures (the I/O thread), taking _CONDITION_LOCK once rather than once each."""
+    watched = []
+    quiet = []
+    with _CONDITION_LOCK:
+        for outcome in outcomes:
+            future, result, error = outcome
+            if future._cond is None:
+                future._result, future._exception, future._state = result, error, FINISHED
+                if future.on_delivery is not None:
+                    quiet.append(outcome)
+            else:
+                watched.append(outcome)
+    for future, result, error in watched:
+        future._notify(result, error)
+    for future, result, error in quiet:
+        future._run_callback(result, error)
 
 
 class _Batch:
@@ -264,7 +280,8 @@ class Producer:
         and free memory, then raises SidecarUnavailableError, KafkaTimeoutError or
         BufferExhaustedError. RecordTooLargeError if the record exceeds max.request.size.
         """
-        if self._pid != os.getpid() or self._closed:
+        # A forked child has _pid -1 (the at-fork hook resets it): no getpid() per record.
+        if self._pid < 0 or self._closed:
             self._ensure_started()
         if self._key_serializer is not None or (key is not None and type(key) is not bytes):
             key = self._serialize(key, self._key_serializer, "key")
@@ -367,15 +384,17 @@ class Producer:
 
     def _take_blocks(self, count: int, deadline: float) -> list[int] | None:
         """``count`` blocks (contiguous if more than one), or None after waiting (lock released)."""
-        if count == 1 and self._spare:
-            blocks = [self._spare.pop()]
-            if len(self._spare) < _SPARE_LOW:
-                self._request_blocks(self._grant_size(), contiguous=False)
-            return blocks
         if count == 1:
-            if not any(not r.contiguous for r in self._requests.values()):
-                self._request_blocks(self._grant_size(), contiguous=False)
-            self._wait(deadline, lambda: not self._spare,
+            self._maybe_request_spare()
+            if self._spare:
+                return [self._spare.pop()]
+
+            def waiting() -> bool:
+                # Spare blocks may go back to the daemon meanwhile (SEAL_NOW): ask again if so.
+                self._maybe_request_spare()
+                return not self._spare
+
+            self._wait(deadline, waiting,
                        lambda: BufferExhaustedError(f"Failed to allocate memory within the configured max "
                                                     f"blocking time {self.max_block_ms} ms."))
             return None
@@ -392,6 +411,11 @@ class Producer:
         if request.error is not None:
             raise BufferExhaustedError(request.error)
         return request.blocks
+
+    def _maybe_request_spare(self) -> None:
+        # One grant request at a time: spare blocks are for the next few batches, not a hoard.
+        if len(self._spare) <= _SPARE_LOW and not any(not r.contiguous for r in self._requests.values()):
+            self._request_blocks(self._grant_size(), contiguous=False)
 
     def _grant_size(self) -> int:
         # A few blocks at a time, but never a large share of a small pool.
@@ -500,8 +524,7 @@ class Producer:
             futures = [f for batch in self._sealed.values() for f in batch.futures if not f.done()]
             self._sealed.clear()
             self._outstanding = 0
-        for future in futures:
-            future._complete(None, error)
+        _complete_all([(future, None, error) for future in futures])
 
     # -- messages to the daemon ------------------------------------------------------------------
 
@@ -667,19 +690,20 @@ class Producer:
                 outcomes.append((batch.topic, batch.partition, futures, base_offset, first, log_append_time,
                                  error_wire))
             self._cond.notify_all()
+        done: list[tuple[RecordFuture, RecordMetadata | None, KafkaError | None]] = []
         for topic, partition, futures, base_offset, first, log_append_time, error_wire in outcomes:
             error = ipc.error_from_wire(error_wire)
             if error is not None:
-                for future in futures:
-                    future._complete(None, error)
+                done += [(future, None, error) for future in futures]
                 continue
             offset = base_offset + first if base_offset >= 0 else -1
             step = 1 if base_offset >= 0 else 0
             for future in futures:
-                future._complete(RecordMetadata(topic, partition, offset,
-                                                log_append_time if log_append_time >= 0 else future.timestamp_ms,
-                                                future.key_size, future.value_size), None)
+                done.append((future, RecordMetadata(topic, partition, offset,
+                                                    log_append_time if log_append_time >= 0 else future.timestamp_ms,
+                                                    future.key_size, future.value_size), None))
                 offset += step
+        _complete_all(done)
 
     def _release_segment(self) -> None:
         with self._lock:

@@ -156,6 +156,13 @@ class BufferPool:
             self._set(block, FREE, 0)
         self._free.update(blocks)
 
+    def free_unsealed(self, client_id: int, first: int, count: int) -> int:
+        """Free those of blocks first..first+count-1 that ``client_id`` holds unsealed; leave the others."""
+        blocks = [b for b in range(max(first, 0), min(first + count, self.block_count))
+                  if self._state[b] == OWNED and self._owner[b] == client_id]
+        self.free(blocks)
+        return len(blocks)
+
     def reclaim(self, client_id: int) -> int:
         """Free every unsealed block of a client that is gone; sealed ones stay until sent."""
         blocks = [b for b in range(self.block_count) if self._state[b] == OWNED and self._owner[b] == client_id]

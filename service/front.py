@@ -167,10 +167,12 @@ class SidecarFront:
             self._complain(identity, str(exc))
 
     def _hello(self, identity: bytes, session: ClientSession | None, message: list[Any]) -> None:
-        _, version, pid, name, options = _fields(message, 5, "HELLO")
+        # The version first: another version's HELLO may well have other fields.
+        version = message[1] if len(message) > 1 else None
         if version != ipc.PROTOCOL_VERSION:
             raise ValueError(f"protocol version mismatch: the client speaks {version!r}, this daemon speaks "
                              f"{ipc.PROTOCOL_VERSION}; upgrade kafka-sidecar on one side")
+        _, version, pid, name, options = _fields(message, 5, "HELLO")
         if session is not None:
             self._end_session(session)
         _check_int(pid, "pid", 1, 2**32)
@@ -210,13 +212,20 @@ class SidecarFront:
             try:
                 batch = self._batch_from_notice(session, notice, now)
             except (ValueError, TypeError, BlockError) as exc:
-                batch_id = notice[0] if isinstance(notice, list) and notice and isinstance(notice[0], int) else None
-                self._complain(session.identity, f"seal refused: {exc}")
-                if batch_id is not None:
-                    error = InvalidRequestError(f"the daemon refused the batch: {exc}")
-                    session.reports.append([batch_id, 0, 2**31 - 1, -1, -1, ipc.error_to_wire(error)])
+                self._refuse_notice(session, notice, exc)
                 continue
             self.core.append(batch)
+
+    def _refuse_notice(self, session: ClientSession, notice: Any, exc: Exception) -> None:
+        """An ERROR, a failed DELIVERY entry for the batch, and the sender's unsealed blocks of it freed."""
+        self._complain(session.identity, f"seal refused: {exc}")
+        if not isinstance(notice, list) or not notice or not _is_int(notice[0]):
+            return
+        error = InvalidRequestError(f"the daemon refused the batch: {exc}")
+        session.reports.append([notice[0], 0, 2**31 - 1, -1, -1, ipc.error_to_wire(error)])
+        if len(notice) >= 3 and _is_int(notice[1]) and _is_int(notice[2]):
+            # The client counts a failed batch as finished: it neither writes to nor releases its blocks again.
+            self.pool.free_unsealed(session.client_id, notice[1], notice[2])
 
     def _batch_from_notice(self, session: ClientSession, notice: Any, now: int) -> ProducerBatch:
         if not isinstance(notice, list) or len(notice) != len(ipc.SEAL_FIELDS):
@@ -289,17 +298,18 @@ class SidecarFront:
     def after_iteration(self) -> None:
         """Work due after each loop iteration: grants, expiries, reports, metadata, pressure."""
         now = self.clock()
+        # Expiries first: an expired request at the head of the FIFO must not hold back those behind it.
+        for waiter in self.pool.expire_waiters(now):
+            session = self._by_id.get(waiter.client_id)
+            if session is not None:
+                self._send(session, ipc.GRANT_FAILED, waiter.request_id,
+                           f"no {waiter.count} free block(s) of the BufferPool in time")
         for waiter, blocks in self.pool.serve_waiters():
             session = self._by_id.get(waiter.client_id)
             if session is None:
                 self.pool.free(blocks)
             else:
                 self._send(session, ipc.GRANT, waiter.request_id, blocks)
-        for waiter in self.pool.expire_waiters(now):
-            session = self._by_id.get(waiter.client_id)
-            if session is not None:
-                self._send(session, ipc.GRANT_FAILED, waiter.request_id,
-                           f"no {waiter.count} free block(s) of the BufferPool in time")
         self.core.accumulator.exhausted = self.pool.exhausted
         if self.pool.exhausted and now - self._seal_now_sent_ms >= _SEAL_NOW_INTERVAL_MS:
             self._seal_now_sent_ms = now
@@ -360,8 +370,12 @@ def _fields(message: list[Any], count: int, name: str) -> list[Any]:
     return message
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_int(value: Any, name: str, low: int = 0, high: int = 2**63 - 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+    if not _is_int(value) or not low <= value <= high:
         raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
 
 

@@ -217,12 +217,18 @@ class NetworkClient:
         self._handle_disconnect(node_id, self.clock(), "closed by the client")
 
     def close_all(self, linger_ms: int = 0) -> None:
-        """Close every connection, after letting the brokers read what was written (see Selector.close_all)."""
+        """Close every connection, after letting the brokers read what was written (see Selector.close_all).
+
+        What was in flight completes as disconnected, its callbacks run now: there may be no
+        next poll, and the callers may hold buffers until their requests are over.
+        """
         nodes = self.selector.channels()
         self.selector.close_all(linger_ms)
         now = self.clock()
+        responses, self._pending = self._pending, []
         for node_id in nodes:
-            self._handle_disconnect(node_id, now, "closed by the client")
+            self._handle_disconnect(node_id, now, "closed by the client", responses)
+        self._run_callbacks(responses)
 
     # -- sending ---------------------------------------------------------------------------------
 
@@ -273,6 +279,11 @@ class NetworkClient:
         self._handle_connection_setup_timeouts(now)
         if not self.metadata.cluster.is_bootstrap:
             self._close_bootstrap_connections()
+        self._run_callbacks(responses)
+        return responses
+
+    @staticmethod
+    def _run_callbacks(responses: list[ClientResponse]) -> None:
         for response in responses:
             callback = response.request.callback
             if callback is not None:
@@ -280,7 +291,6 @@ class NetworkClient:
                     callback(response)
                 except Exception:
                     log.exception("error in the callback of a %s response", APIS[response.request.api_key].name)
-        return responses
 
     def _handle_completed_sends(self, responses: list[ClientResponse], now: int) -> None:
         for node_id, request in self.selector.completed_sends:

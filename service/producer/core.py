@@ -101,11 +101,16 @@ class ProducerCore:
             return
         self.closed = True
         self.accumulator.close()
+        deadline = None if timeout_ms is None else self.clock() + timeout_ms
         if timeout_ms is None or timeout_ms > 0:
             self._run_until_complete(timeout_ms)
         if self.accumulator.has_incomplete():
             error = KafkaTimeoutError(f"the producer closed after {timeout_ms} ms with batches not yet delivered")
             aborted = self.sender.abort_incomplete(error)
             log.warning("closing: %d batch(es) failed undelivered", aborted)
-        # A short linger lets the brokers read the last acks=0 requests before the sockets go.
-        self.client.close_all(linger_ms=min(self.config["request.timeout.ms"], _CLOSE_LINGER_MS))
+        # A short linger lets the brokers read the last acks=0 requests before the sockets go;
+        # within what is left of the timeout, as a silent broker would make it last in full.
+        linger_ms = min(self.config["request.timeout.ms"], _CLOSE_LINGER_MS)
+        if deadline is not None:
+            linger_ms = min(linger_ms, max(deadline - self.clock(), 0))
+        self.client.close_all(linger_ms=linger_ms)

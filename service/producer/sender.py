@@ -257,7 +257,13 @@ class Sender:
                 exc = for_code(error, message)
                 if error == NETWORK_EXCEPTION:
                     exc = NetworkError(message or "", code=error, name=row.name)
-                self._fail_batch(batch, exc, adjust_sequences=batch.attempts < self.retries)
+                # As Java, sequences are adjusted only while retries are left: after its last attempt
+                # the broker may or may not have the batch. Unlike Java, the partition then waits until
+                # that is known, as after an expiry; else its next batch fails out of order.
+                adjust_sequences = batch.attempts < self.retries
+                if self._fail_batch(batch, exc, adjust_sequences) and tm is not None and not adjust_sequences \
+                        and batch.has_sequence:
+                    tm.mark_sequence_unresolved(batch)
             if row.invalid_metadata:
                 self.metadata.request_update()
         else:
@@ -286,16 +292,19 @@ class Sender:
             return retriable
         return self.transaction_manager.can_retry(error, log_start_offset, batch, retriable)
 
-    def _fail_batch(self, batch: ProducerBatch, error: KafkaError, adjust_sequences: bool) -> None:
+    def _fail_batch(self, batch: ProducerBatch, error: KafkaError, adjust_sequences: bool) -> bool:
+        """Fail ``batch``; False if it was final already."""
         self._remove_in_flight(batch)
         self.accumulator.completed(batch)
-        if batch.done(-1, -1, error):
+        failed = batch.done(-1, -1, error)
+        if failed:
             # Only the first outcome counts: a late error for an expired batch changes nothing.
             if self.transaction_manager is not None:
                 self.transaction_manager.handle_failed_batch(batch, error, adjust_sequences)
             self.metrics.batches_failed += 1
             self.metrics.records_failed += batch.record_count
         batch.maybe_release()
+        return failed
 
     def _remove_in_flight(self, batch: ProducerBatch) -> None:
         batches = self._in_flight_batches.get(batch.tp)
@@ -316,8 +325,9 @@ class Sender:
     def abort_incomplete(self, error: KafkaError) -> int:
         """Fail every batch queued or in flight with ``error`` (a forced close); returns how many."""
         aborted = self.accumulator.abort_undrained(error)
+        self.metrics.batches_aborted += aborted
+        # Those in flight were sent: they fail (and count as failed), not abort.
         for batch in self.in_flight_batches():
             self._fail_batch(batch, error, adjust_sequences=False)
             aborted += 1
-        self.metrics.batches_aborted += aborted
         return aborted

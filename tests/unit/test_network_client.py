@@ -249,6 +249,23 @@ def test_callbacks_get_the_responses(fake_broker: Callable[..., FakeBroker],
     assert called[0].latency_ms >= 0
 
 
+def test_close_all_fails_what_is_in_flight_and_runs_the_callbacks(fake_broker: Callable[..., FakeBroker],
+                                                                  make_client: Callable[..., NetworkClient]) -> None:
+    broker = fake_broker(1, topics={TOPIC: 1})
+    broker.set_handler(m.INIT_PRODUCER_ID, lambda header, request: None)  # never answered
+    client = make_client(broker)
+    wait_ready(client, 1)
+    called: list[ClientResponse] = []
+    requests = [init_producer_id(1, client.clock(), callback=called.append) for _ in range(2)]
+    assert send_all(client, requests) == []
+
+    # No poll follows a close: the callbacks run in it.
+    client.close_all()
+    assert [r.request for r in called] == requests
+    assert all(r.disconnected and isinstance(r.error, NetworkError) for r in called)
+    assert client.in_flight_request_count() == 0
+
+
 # -- broken responses ----------------------------------------------------------------------------
 
 

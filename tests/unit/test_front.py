@@ -1,0 +1,885 @@
+"""SidecarFront driven in-process: real ZeroMQ DEALER clients over inproc://, a ProducerCore that
+never reaches a broker (nothing runs its loop), a small BufferPool, and a clock the tests move."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from client_stub import errors, ipc
+from client_stub.shm import FREE, OWNED, SEALED, TABLE_ENTRY, Segment
+from service.buffer_pool import BufferPool
+from service.config import ProducerConfig
+from service.front import SidecarFront
+from service.producer.batch import ProducerBatch, TopicPartition
+from service.producer.core import ProducerCore
+from service.protocol import messages as m
+
+BLOCK = 4096
+BLOCKS = 8
+TIMEOUT_MS = 2000  # sidecar.client.timeout.ms
+MAX_REQUEST_SIZE = 6000
+T0 = 1_000_000
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+class Client:
+    """An application process as the daemon sees it: a DEALER socket."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.sock = env.context.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(env.endpoint)
+        self.client_id = 0
+        self.next_request = 1
+
+    def send(self, *message: Any) -> None:
+        self.sock.send(ipc.pack(*message))
+
+    def recv(self, timeout_ms: int = 1000) -> list[Any]:
+        assert self.sock.poll(timeout_ms), "no message from the daemon"
+        return ipc.unpack(self.sock.recv())
+
+    def quiet(self) -> bool:
+        """Nothing arrived (inproc delivers at once, so a short wait is enough)."""
+        return self.sock.poll(20) == 0
+
+    def hello(self, pid: int | None = None, process: Any = "mine") -> int:
+        if process == "mine":
+            process = ipc.process_identity(os.getpid())
+        self.send(ipc.HELLO, ipc.PROTOCOL_VERSION, pid or os.getpid(), "test-client", {"process": process})
+        self.env.pump()
+        welcome = self.recv()
+        assert welcome[0] == ipc.WELCOME, welcome
+        self.client_id = welcome[2]
+        return self.client_id
+
+    def blocks(self, count: int, contiguous: bool = False, timeout_ms: int = 1000) -> list[int]:
+        request_id = self.next_request
+        self.next_request += 1
+        self.send(ipc.BLOCKS, request_id, count, contiguous, timeout_ms)
+        self.env.pump()
+        grant = self.recv()
+        assert grant[:2] == [ipc.GRANT, request_id], grant
+        return grant[2]
+
+    def seal(self, *notices: list[Any]) -> None:
+        self.send(ipc.SEAL, list(notices))
+        self.env.pump()
+
+    def error(self) -> str:
+        message = self.recv()
+        assert message[0] == ipc.ERROR, message
+        return message[1]
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class Env:
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.core = ProducerCore(ProducerConfig({"bootstrap.servers": "127.0.0.1:9",
+                                                 "max.request.size": MAX_REQUEST_SIZE}), clock=self.clock)
+        self.pool = BufferPool(BLOCKS * BLOCK, BLOCK)
+        self.context = zmq.Context()
+        self.endpoint = f"inproc://front-{uuid.uuid4().hex}"
+        self.front = SidecarFront(self.core, self.pool, self.endpoint, client_timeout_ms=TIMEOUT_MS,
+                                  context=self.context)
+        self.clients: list[Client] = []
+
+    def client(self) -> Client:
+        client = Client(self)
+        self.clients.append(client)
+        return client
+
+    def pump(self) -> None:
+        """Let the front handle what the clients sent."""
+        assert self.front.socket.poll(1000), "nothing reached the daemon"
+        self.front.handle_readable()
+
+    def state(self, block: int) -> tuple[int, int]:
+        """(state, owner) of a block, from the table in shared memory."""
+        return TABLE_ENTRY.unpack_from(self.pool.buf, self.pool.layout.entry_offset(block))[:2]
+
+    def queued(self, topic: str = "t", partition: int = 0) -> list[ProducerBatch]:
+        return self.core.accumulator.queued_for(TopicPartition(topic, partition))
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.core.close(0)  # fails what is still queued: the batches let go of their shared memory
+        self.front.close()
+        self.pool.close()
+        self.context.term()
+
+
+@pytest.fixture
+def env() -> Iterator[Env]:
+    env = Env()
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def notice(batch_id: int = 1, first: int = 0, count: int = 1, topic: str = "t", partition: int = 0,
+           records: int = 1, length: int = 100, base_ts: int = 1_700_000_000_000,
+           max_ts: int = 1_700_000_000_000, ago: int = 0) -> list[Any]:
+    return [batch_id, first, count, topic, partition, records, length, base_ts, max_ts, ago]
+
+
+def deliveries(client: Client) -> list[list[Any]]:
+    message = client.recv()
+    assert message[0] == ipc.DELIVERY, message
+    return message[1]
+
+
+# -- handshake ------------------------------------------------------------------------------------
+
+
+def test_hello_gets_a_welcome_with_the_segment(env: Env) -> None:
+    client = env.client()
+    client.send(ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), "worker-1", {"linger_ms": 5})
+    env.pump()
+    kind, version, client_id, segment, block_size, block_count, settings, daemon_id = client.recv()
+    assert (kind, version, segment, block_size, block_count) == (ipc.WELCOME, ipc.PROTOCOL_VERSION, env.pool.name,
+                                                                 BLOCK, BLOCKS)
+    assert settings == {"max_request_size": MAX_REQUEST_SIZE, "linger_ms": 5, "max_block_ms": 60000,
+                        "buffer_memory": BLOCKS * BLOCK, "heartbeat_interval_ms": TIMEOUT_MS // 10}
+    assert daemon_id == env.front.daemon_id
+    session = env.front.sessions[next(iter(env.front.sessions))]
+    assert (session.client_id, session.pid, session.name) == (client_id, os.getpid(), "worker-1")
+    # The client can map the segment it was told about.
+    Segment(segment).close()
+    # A second client gets another id.
+    assert env.client().hello() != client_id
+
+
+@pytest.mark.parametrize("hello", [
+    [ipc.HELLO, 99, 1234, "old", {}],
+    [ipc.HELLO, 2, 1234, "newer, with another field", {}, "extra"],  # another version, other fields
+    [ipc.HELLO, 0],
+    [ipc.HELLO, "1", 1234, "text version", {}],
+], ids=["99", "2-more-fields", "0-fewer-fields", "text"])
+def test_hello_of_another_version_is_refused_naming_both(env: Env, hello: list[Any]) -> None:
+    client = env.client()
+    client.send(*hello)
+    env.pump()
+    text = client.error()
+    assert "protocol version mismatch" in text
+    assert f"the client speaks {hello[1]!r}" in text
+    assert f"this daemon speaks {ipc.PROTOCOL_VERSION}" in text
+    assert env.front.sessions == {}
+    client.send(ipc.HEARTBEAT)
+    env.pump()
+    assert "send HELLO first" in client.error()
+
+
+@pytest.mark.parametrize("hello", [
+    [ipc.HELLO, ipc.PROTOCOL_VERSION, 1234, "x"],
+    [ipc.HELLO, ipc.PROTOCOL_VERSION, 0, "x", {}],
+    [ipc.HELLO, ipc.PROTOCOL_VERSION, "1234", "x", {}],
+], ids=["missing-options", "pid-0", "pid-text"])
+def test_malformed_hello_is_refused(env: Env, hello: list[Any]) -> None:
+    client = env.client()
+    client.send(*hello)
+    env.pump()
+    client.error()
+    assert env.front.sessions == {}
+
+
+@pytest.mark.parametrize("message", [
+    [ipc.BLOCKS, 1, 1, False, 100], [ipc.SEAL, [notice()]], [ipc.RELEASE, [0]], [ipc.METADATA, "t"],
+    [ipc.HEARTBEAT], [ipc.GOODBYE],
+], ids=lambda message: str(message[0]))
+def test_messages_before_hello_are_refused(env: Env, message: list[Any]) -> None:
+    client = env.client()
+    client.send(*message)
+    env.pump()
+    assert "unknown client: send HELLO first" in client.error()
+    assert env.pool.free_blocks == BLOCKS
+    assert env.core.accumulator.queued_batches() == 0
+    env.front.after_iteration()
+    assert client.quiet()  # no DELIVERY for a client without a session
+
+
+def test_garbage_is_refused_and_counted(env: Env) -> None:
+    client = env.client()
+    client.sock.send(b"\xc1not msgpack")
+    env.pump()
+    assert "not a msgpack message" in client.error()
+    client.sock.send_multipart([ipc.pack(ipc.HEARTBEAT), b"second frame"])
+    env.pump()
+    assert "exactly one frame, got 2" in client.error()
+    client.hello()
+    client.send(999)
+    client.send(True)  # msgpack's true is not HELLO (1)
+    env.pump()
+    assert "unknown message type 999" in client.error()
+    assert "starts with its type" in client.error()
+    assert env.front.messages_refused == 4
+    assert len(env.front.sessions) == 1
+
+
+def test_hello_again_starts_a_new_session(env: Env) -> None:
+    client = env.client()
+    first_id = client.hello()
+    blocks = client.blocks(3)
+    second_id = client.hello()
+    assert second_id != first_id
+    assert len(env.front.sessions) == 1
+    # The first session's blocks went back to the pool.
+    assert all(env.state(b) == (FREE, 0) for b in blocks)
+
+
+# -- blocks ---------------------------------------------------------------------------------------
+
+
+def test_blocks_are_granted(env: Env) -> None:
+    client = env.client()
+    client_id = client.hello()
+    blocks = client.blocks(3)
+    assert len(set(blocks)) == 3
+    assert all(env.state(b) == (OWNED, client_id) for b in blocks)
+    run = client.blocks(2, contiguous=True)
+    assert run == [run[0], run[0] + 1]
+    assert env.pool.free_blocks == BLOCKS - 5
+
+
+@pytest.mark.parametrize("message", [
+    [ipc.BLOCKS, 1, 0, False, 100], [ipc.BLOCKS, 1, BLOCKS + 1, False, 100], [ipc.BLOCKS, 1, "2", False, 100],
+    [ipc.BLOCKS, -1, 1, False, 100], [ipc.BLOCKS, 1, 1, False, -5], [ipc.BLOCKS, 1, 1, False],
+    [ipc.BLOCKS, 1, True, False, 100],
+], ids=["zero", "too-many", "text", "negative-id", "negative-timeout", "missing-field", "bool-count"])
+def test_bad_block_requests_are_refused(env: Env, message: list[Any]) -> None:
+    client = env.client()
+    client.hello()
+    client.send(*message)
+    env.pump()
+    client.error()
+    assert env.pool.free_blocks == BLOCKS and not env.pool.waiters
+
+
+def test_release_gives_blocks_back(env: Env) -> None:
+    a, b = env.client(), env.client()
+    a_id = a.hello()
+    b.hello()
+    mine = a.blocks(3)
+    theirs = b.blocks(1)
+    a.send(ipc.RELEASE, mine[:2])
+    env.pump()
+    assert a.quiet()
+    assert [env.state(x) for x in mine] == [(FREE, 0), (FREE, 0), (OWNED, a_id)]
+    # Another client's block: refused, nothing freed.
+    a.send(ipc.RELEASE, [mine[2], theirs[0]])
+    env.pump()
+    assert "not granted to this client" in a.error()
+    assert env.state(mine[2]) == (OWNED, a_id) and env.state(theirs[0])[0] == OWNED
+    for bad in ([ipc.RELEASE, "0"], [ipc.RELEASE, [0.5]], [ipc.RELEASE, [BLOCKS]]):
+        a.send(*bad)
+        env.pump()
+        a.error()
+    assert env.pool.free_blocks == BLOCKS - 2
+
+
+# -- seal -----------------------------------------------------------------------------------------
+
+
+def test_valid_seal_queues_a_batch_over_the_shared_memory(env: Env) -> None:
+    client = env.client()
+    client_id = client.hello()
+    run = client.blocks(2, contiguous=True)
+    segment = Segment(env.pool.name)
+    try:
+        written = bytes(range(251)) * 20  # 5020 bytes, across the block boundary
+        segment.blocks(run[0], 2)[:len(written)] = written
+        env.clock.advance(7)
+        client.seal(notice(batch_id=41, first=run[0], count=2, topic="orders", partition=3, records=4,
+                           length=len(written), base_ts=1_700_000_000_000, max_ts=1_700_000_000_009, ago=25))
+        assert client.quiet()  # a seal is not answered; its DELIVERY comes when the batch is finished
+        [batch] = env.queued("orders", 3)
+        assert batch.tp == TopicPartition("orders", 3)
+        assert (batch.record_count, batch.base_timestamp, batch.max_timestamp) == (4, 1_700_000_000_000,
+                                                                                   1_700_000_000_009)
+        assert batch.created_ms == T0 + 7 - 25
+        assert batch.origin == (client_id, 41)
+        assert isinstance(batch.records, memoryview) and bytes(batch.records) == written
+        # Zero-copy: the batch's records are the segment's memory.
+        assert batch.records.obj is env.pool.buf.obj
+        segment.blocks(run[0])[0:3] = b"NEW"
+        assert bytes(batch.records[0:3]) == b"NEW"
+        assert [env.state(b) for b in run] == [(SEALED, client_id), (SEALED, client_id)]
+        assert "orders" in env.core.metadata.topics()
+    finally:
+        segment.close()
+
+
+def test_seal_of_blocks_granted_to_another_client_is_refused(env: Env) -> None:
+    owner, thief = env.client(), env.client()
+    owner_id = owner.hello()
+    thief.hello()
+    blocks = owner.blocks(2, contiguous=True)
+    thief.seal(notice(batch_id=7, first=blocks[0], count=2, length=200))
+    assert "seal refused" in thief.error()
+    assert env.core.accumulator.queued_batches() == 0
+    # The owner's blocks are untouched, and the owner hears nothing.
+    assert [env.state(b) for b in blocks] == [(OWNED, owner_id), (OWNED, owner_id)]
+    env.front.after_iteration()
+    [[batch_id, first, count, base_offset, log_append_time, error]] = deliveries(thief)
+    assert (batch_id, first, base_offset, log_append_time) == (7, 0, -1, -1)
+    assert count >= 1  # every record of the batch
+    failure = ipc.error_from_wire(error)
+    assert isinstance(failure, errors.InvalidRequestError) and "not granted" in str(failure)
+    assert owner.quiet()
+    # The owner can still seal them.
+    owner.seal(notice(batch_id=1, first=blocks[0], count=2, length=200))
+    assert len(env.queued()) == 1
+
+
+GOOD = notice(batch_id=5, first=0, count=2, length=5000, records=3)
+
+
+def _with(**changes: Any) -> list[Any]:
+    fields = dict(zip(ipc.SEAL_FIELDS, GOOD, strict=True))
+    fields.update(changes)
+    return [fields[name] for name in ipc.SEAL_FIELDS]
+
+
+@pytest.mark.parametrize(("bad", "reason"), [
+    (GOOD[:9], "a seal notice has the fields"),
+    ([*GOOD, 0], "a seal notice has the fields"),
+    (_with(first_block=-1), "first_block"),
+    (_with(first_block=BLOCKS), "first_block"),
+    (_with(block_count=0), "block_count"),
+    (_with(block_count=3), "block 2 is not granted"),
+    (_with(block_count=BLOCKS + 1), "block_count"),
+    (_with(topic="bad topic"), "invalid topic name"),
+    (_with(topic=""), "invalid topic name"),
+    (_with(topic=".."), "invalid topic name"),
+    (_with(topic=5), "invalid topic name"),
+    (_with(topic="x" * 250), "invalid topic name"),
+    (_with(partition=-1), "partition"),
+    (_with(partition="0"), "partition"),
+    (_with(partition=True), "partition"),
+    (_with(partition=2**31), "partition"),
+    (_with(record_count=0), "record_count"),
+    (_with(record_count=1.0), "record_count"),
+    (_with(record_count=5001), "record_count"),
+    (_with(length=0), "length"),
+    (_with(length=-5), "length"),
+    (_with(length=None), "length"),
+    (_with(length=2 * BLOCK + 1), "length"),
+    (_with(length=MAX_REQUEST_SIZE + 1), "larger than max.request.size"),
+    (_with(base_timestamp=-2), "base_timestamp"),
+    (_with(max_timestamp="now"), "max_timestamp"),
+    (_with(created_ms_ago=-1), "created_ms_ago"),
+    (_with(created_ms_ago=2**41), "created_ms_ago"),
+], ids=lambda value: str(value)[:40] if isinstance(value, str) else None)
+def test_seal_with_bad_fields_is_refused(env: Env, bad: list[Any], reason: str) -> None:
+    client = env.client()
+    client_id = client.hello()
+    assert client.blocks(2, contiguous=True) == [0, 1]
+    client.seal(bad)
+    text = client.error()
+    assert text.startswith("seal refused") and reason in text
+    assert env.core.accumulator.queued_batches() == 0
+    assert all(env.state(b)[0] != SEALED for b in range(BLOCKS))
+    env.front.after_iteration()
+    [report] = deliveries(client)
+    assert report[0] == 5 and report[3] == -1
+    assert isinstance(ipc.error_from_wire(report[5]), errors.InvalidRequestError)
+    # The client counts the batch as failed and will never use or release these blocks again:
+    # those it holds went back to the pool.
+    assert not any(env.state(b) == (OWNED, client_id) for b in range(max(bad[1], 0), min(bad[1] + bad[2], BLOCKS)))
+
+
+@pytest.mark.parametrize("bad", [{"batch_id": 5}, 5, None, [], ["5", *GOOD[1:]], [True, *GOOD[1:]]],
+                         ids=["map", "int", "nil", "empty", "text-id", "bool-id"])
+def test_seal_notice_without_a_batch_id_is_refused_without_report(env: Env, bad: Any) -> None:
+    client = env.client()
+    client_id = client.hello()
+    client.blocks(2, contiguous=True)
+    client.seal(bad)
+    assert client.error().startswith("seal refused")
+    env.front.after_iteration()
+    assert client.quiet()
+    assert env.core.accumulator.queued_batches() == 0
+    # Nothing says which batch failed, so the client may still use its blocks.
+    assert [env.state(0), env.state(1)] == [(OWNED, client_id), (OWNED, client_id)]
+
+
+@pytest.mark.parametrize("message", [[ipc.SEAL, {"1": notice()}], [ipc.SEAL, [notice()], "extra"], [ipc.SEAL]],
+                         ids=["not-a-list", "extra-field", "no-notices"])
+def test_malformed_seal_message_is_refused(env: Env, message: list[Any]) -> None:
+    client = env.client()
+    client.hello()
+    client.blocks(1)
+    client.send(*message)
+    env.pump()
+    client.error()
+    assert env.core.accumulator.queued_batches() == 0
+
+
+def test_one_bad_notice_does_not_spoil_the_others(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    assert client.blocks(3, contiguous=True) == [0, 1, 2]
+    client.seal(notice(batch_id=1, first=0), notice(batch_id=2, first=1, topic="no/slash"),
+                notice(batch_id=3, first=2, partition=1))
+    assert "invalid topic name" in client.error()
+    assert [b.origin[1] for b in env.queued("t", 0)] == [1]
+    assert [b.origin[1] for b in env.queued("t", 1)] == [3]
+    env.front.after_iteration()
+    assert [report[0] for report in deliveries(client)] == [2]
+
+
+def test_the_same_blocks_cannot_be_sealed_twice(env: Env) -> None:
+    client = env.client()
+    client_id = client.hello()
+    client.blocks(1, contiguous=True)
+    client.seal(notice(batch_id=1))
+    client.seal(notice(batch_id=2))
+    assert "not granted" in client.error()
+    assert len(env.queued()) == 1
+    assert env.state(0) == (SEALED, client_id)  # the first batch still holds it
+
+
+# -- delivery -------------------------------------------------------------------------------------
+
+
+def test_finished_batch_is_reported_after_the_iteration_and_its_blocks_come_back(env: Env) -> None:
+    client, other = env.client(), env.client()
+    client.hello()
+    other.hello()
+    run = client.blocks(2, contiguous=True)
+    client.seal(notice(batch_id=9, first=run[0], count=2, records=4, length=5000))
+    [batch] = env.queued()
+    batch.in_flight = True  # a request still holds the bytes
+    assert batch.done(42, -1, None)
+    assert client.quiet()  # reports go out after the loop iteration, batched
+    env.front.after_iteration()
+    assert deliveries(client) == [[9, 0, 4, 42, -1, None]]
+    assert other.quiet()
+    # The blocks stay sealed while a request may still write them to a socket.
+    assert env.state(run[0])[0] == SEALED
+    batch.in_flight = False
+    batch.maybe_release()
+    assert [env.state(b) for b in run] == [(FREE, 0), (FREE, 0)]
+    assert env.pool.free_blocks == BLOCKS
+
+
+def test_reports_are_batched_per_client_and_carry_errors(env: Env) -> None:
+    a, b = env.client(), env.client()
+    a.hello()
+    b.hello()
+    a.blocks(2, contiguous=True)
+    b_blocks = b.blocks(1)
+    a.seal(notice(batch_id=1, first=0), notice(batch_id=2, first=1, partition=1, records=2))
+    b.seal(notice(batch_id=1, first=b_blocks[0], partition=2))
+    env.queued("t", 0)[0].done(100, 1_700_000_000_123, None)
+    env.queued("t", 1)[0].done(-1, -1, errors.for_code(10, "batch too large"))
+    env.front.after_iteration()
+    reports = deliveries(a)
+    assert reports[0] == [1, 0, 1, 100, 1_700_000_000_123, None]
+    batch_id, first, count, base_offset, _, error = reports[1]
+    assert (batch_id, first, count, base_offset) == (2, 0, 2, -1)
+    failure = ipc.error_from_wire(error)
+    assert isinstance(failure, errors.RecordTooLargeError) and failure.code == 10
+    assert b.quiet()
+    env.front.after_iteration()
+    assert a.quiet()  # each report goes once
+    assert env.pool.free_blocks == BLOCKS - 1  # b's batch is still queued
+
+
+# -- sessions that end ----------------------------------------------------------------------------
+
+
+def _seal_two_keep_two(env: Env, client: Client) -> tuple[list[int], list[int]]:
+    run = client.blocks(4, contiguous=True)
+    client.seal(notice(batch_id=1, first=run[0], count=2, length=5000))
+    return run[:2], run[2:]
+
+
+def _check_ended(env: Env, client_id: int, sealed: list[int], unsealed: list[int]) -> None:
+    assert client_id not in {s.client_id for s in env.front.sessions.values()}
+    assert all(env.state(b) == (FREE, 0) for b in unsealed)
+    assert all(env.state(b) == (SEALED, client_id) for b in sealed)
+    [batch] = env.queued()
+    assert batch.origin[0] == client_id  # still sent for the client that went
+    batch.done(7, -1, None)
+    assert env.pool.free_blocks == BLOCKS
+
+
+def test_goodbye_reclaims_unsealed_blocks_and_keeps_sealed_batches(env: Env) -> None:
+    client = env.client()
+    client_id = client.hello()
+    sealed, unsealed = _seal_two_keep_two(env, client)
+    client.send(ipc.GOODBYE)
+    env.pump()
+    _check_ended(env, client_id, sealed, unsealed)
+    env.front.after_iteration()
+    assert client.quiet()  # nobody to report to
+    client.send(ipc.HEARTBEAT)
+    env.pump()
+    assert "send HELLO first" in client.error()
+
+
+def test_silent_client_is_ended_after_the_timeout(env: Env) -> None:
+    client, chatty = env.client(), env.client()
+    client_id = client.hello()
+    chatty_id = chatty.hello()
+    sealed, unsealed = _seal_two_keep_two(env, client)
+    env.clock.advance(TIMEOUT_MS)
+    chatty.send(ipc.HEARTBEAT)
+    env.pump()
+    env.front.after_iteration()
+    assert len(env.front.sessions) == 2  # exactly the timeout is not past it
+    env.clock.advance(1)
+    env.front.after_iteration()
+    _check_ended(env, client_id, sealed, unsealed)
+    assert [s.client_id for s in env.front.sessions.values()] == [chatty_id]
+
+
+def test_heartbeats_keep_a_session(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    for _ in range(5):
+        env.clock.advance(TIMEOUT_MS * 2 // 3)
+        client.send(ipc.HEARTBEAT)
+        env.pump()
+        env.front.after_iteration()
+    assert len(env.front.sessions) == 1
+    assert client.quiet()
+
+
+def _dead_child() -> tuple[int, list[str]]:
+    child = subprocess.Popen(["sleep", "30"])
+    identity = ipc.process_identity(child.pid)
+    child.kill()
+    child.wait()
+    assert identity is not None
+    return child.pid, identity
+
+
+def test_session_of_a_dead_process_is_ended(env: Env) -> None:
+    pid, identity = _dead_child()
+    client = env.client()
+    client.hello(pid=pid, process=identity)
+    blocks = client.blocks(2)
+    env.front.after_iteration()
+    assert env.front.sessions == {}
+    assert all(env.state(b) == (FREE, 0) for b in blocks)
+
+
+def test_session_is_ended_at_the_next_check_after_its_process_dies(env: Env) -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        client = env.client()
+        client.hello(pid=child.pid, process=ipc.process_identity(child.pid))
+        blocks = client.blocks(2)
+        env.front.after_iteration()  # checks at once, then every 500 ms
+        assert len(env.front.sessions) == 1
+    finally:
+        child.kill()
+        child.wait()
+    env.clock.advance(100)
+    env.front.after_iteration()
+    assert len(env.front.sessions) == 1  # not checked again yet
+    env.clock.advance(400)
+    env.front.after_iteration()
+    assert env.front.sessions == {}
+    assert all(env.state(b) == (FREE, 0) for b in blocks)
+
+
+def test_process_of_another_pid_namespace_is_not_checked(env: Env) -> None:
+    pid, identity = _dead_child()
+    client = env.client()
+    client.hello(pid=pid, process=["pid:[1]", identity[1]])
+    client.blocks(1)
+    env.front.after_iteration()
+    assert len(env.front.sessions) == 1  # its heartbeats decide, not /proc
+
+
+# -- pool pressure --------------------------------------------------------------------------------
+
+
+def test_exhausted_pool_asks_everyone_to_seal(env: Env) -> None:
+    a, b = env.client(), env.client()
+    a.hello()
+    b.hello()
+    held = a.blocks(BLOCKS)
+    b.send(ipc.BLOCKS, 77, 1, False, 1000)
+    env.pump()
+    assert b.quiet()  # waiting
+    assert env.front.next_timer_ms() <= 50
+    env.front.after_iteration()
+    assert a.recv() == [ipc.SEAL_NOW] and b.recv() == [ipc.SEAL_NOW]
+    assert env.core.accumulator.exhausted
+    env.front.after_iteration()
+    assert a.quiet() and b.quiet()  # not more often than every 50 ms
+    env.clock.advance(50)
+    env.front.after_iteration()
+    assert a.recv() == [ipc.SEAL_NOW] and b.recv() == [ipc.SEAL_NOW]
+    # a gives a block back: the waiting request is served, the pressure is off.
+    a.send(ipc.RELEASE, [held[3]])
+    env.pump()
+    env.front.after_iteration()
+    assert b.recv() == [ipc.GRANT, 77, [held[3]]]
+    assert not env.core.accumulator.exhausted
+    env.clock.advance(50)
+    env.front.after_iteration()
+    assert a.quiet() and b.quiet()
+
+
+def test_waiting_request_fails_at_its_timeout(env: Env) -> None:
+    a, b = env.client(), env.client()
+    a.hello()
+    b.hello()
+    a.blocks(BLOCKS)
+    b.send(ipc.BLOCKS, 5, 2, True, 300)
+    env.pump()
+    env.clock.advance(299)
+    env.front.after_iteration()
+    assert b.recv() == [ipc.SEAL_NOW]
+    env.clock.advance(1)
+    env.front.after_iteration()
+    kind, request_id, reason = b.recv()
+    assert (kind, request_id) == (ipc.GRANT_FAILED, 5) and "no 2 free block(s)" in reason
+    assert not env.pool.waiters and not env.core.accumulator.exhausted
+
+
+def test_expired_request_at_the_head_does_not_hold_back_the_next(env: Env) -> None:
+    a, b, c = env.client(), env.client(), env.client()
+    a.hello()
+    b.hello()
+    c.hello()
+    held = a.blocks(BLOCKS)
+    b.send(ipc.BLOCKS, 1, 4, True, 100)  # a run of four: cannot be served by one block
+    env.pump()
+    c.send(ipc.BLOCKS, 2, 1, False, 1000)
+    env.pump()
+    a.send(ipc.RELEASE, [held[0]])
+    env.pump()
+    env.clock.advance(100)
+    env.front.after_iteration()
+    assert b.recv()[:2] == [ipc.GRANT_FAILED, 1]
+    assert c.recv() == [ipc.GRANT, 2, [held[0]]]
+
+
+def test_blocks_granted_to_a_client_that_left_go_back(env: Env) -> None:
+    a, b = env.client(), env.client()
+    a.hello()
+    b.hello()
+    held = a.blocks(BLOCKS)
+    b.send(ipc.BLOCKS, 1, 1, False, 1000)
+    env.pump()
+    b.send(ipc.GOODBYE)
+    env.pump()
+    assert not env.pool.waiters  # its request left with it
+    a.send(ipc.RELEASE, held[:1])
+    env.pump()
+    env.front.after_iteration()
+    assert env.pool.free_blocks == 1
+
+
+def test_next_timer_follows_sessions_waiters_and_checks(env: Env) -> None:
+    assert env.front.next_timer_ms() == 0  # the first check of client processes is due
+    env.front.after_iteration()
+    assert env.front.next_timer_ms() == 500  # the next check; no session to time out
+    client = env.client()
+    client.hello()
+    env.clock.advance(400)
+    assert env.front.next_timer_ms() == 100
+    env.front.after_iteration()  # not due yet
+    env.clock.advance(100)
+    env.front.after_iteration()
+    client.blocks(BLOCKS)
+    client.send(ipc.BLOCKS, 9, 1, False, 30)
+    env.pump()
+    assert env.front.next_timer_ms() == 30  # the waiter's deadline comes before the SEAL_NOW repeat
+    env.clock.advance(40)
+    assert env.front.next_timer_ms() == 0
+
+
+# -- metadata -------------------------------------------------------------------------------------
+
+
+def metadata_response(topics: dict[str, list[int]], topic_errors: dict[str, int] | None = None
+                      ) -> m.MetadataResponse:
+    """``topics``: name -> the leader of each partition (-1: none)."""
+    R = m.MetadataResponse
+    out = [R.MetadataResponseTopic(name=name, partitions=[
+        R.MetadataResponseTopic.MetadataResponsePartition(partition_index=p, leader_id=leader, leader_epoch=0,
+                                                          replica_nodes=[1], isr_nodes=[1])
+        for p, leader in enumerate(leaders)]) for name, leaders in topics.items()]
+    out += [R.MetadataResponseTopic(name=name, error_code=code) for name, code in (topic_errors or {}).items()]
+    return R(brokers=[R.MetadataResponseBroker(node_id=1, host="127.0.0.1", port=9, rack=None)],
+             cluster_id="c", controller_id=1, topics=out)
+
+
+def test_topic_pushed_when_metadata_knows_it(env: Env) -> None:
+    client, other = env.client(), env.client()
+    client.hello()
+    other.hello()
+    env.front.after_iteration()
+    client.send(ipc.METADATA, "t")
+    env.pump()
+    assert client.quiet()  # not known yet
+    assert "t" in env.core.metadata.topics() and env.core.metadata.update_requested
+    env.core.metadata.update(metadata_response({"t": [1, 1, -1]}), env.clock())
+    env.front.after_iteration()
+    assert client.recv() == [ipc.TOPIC, "t", 3, [0, 1], None]
+    assert other.quiet()  # it did not ask
+    # The same again: nothing new to say.
+    env.core.metadata.update(metadata_response({"t": [1, 1, -1]}), env.clock())
+    env.front.after_iteration()
+    assert client.quiet()
+    # A leader appears.
+    env.core.metadata.update(metadata_response({"t": [1, 1, 1]}), env.clock())
+    env.front.after_iteration()
+    assert client.recv() == [ipc.TOPIC, "t", 3, [0, 1, 2], None]
+    # Asking for a known topic is answered at once.
+    other.send(ipc.METADATA, "t")
+    env.pump()
+    assert other.recv() == [ipc.TOPIC, "t", 3, [0, 1, 2], None]
+
+
+def test_topic_error_pushed_when_final(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    client.send(ipc.METADATA, "secret")
+    client.send(ipc.METADATA, "coming")
+    env.pump()
+    env.core.metadata.update(metadata_response({}, {"secret": 29, "coming": 3}), env.clock())
+    env.front.after_iteration()
+    kind, topic, count, available, error = client.recv()
+    assert (kind, topic, count, available) == (ipc.TOPIC, "secret", None, [])
+    failure = ipc.error_from_wire(error)
+    assert isinstance(failure, errors.AuthorizationError) and failure.name == "TOPIC_AUTHORIZATION_FAILED"
+    assert client.quiet()  # UNKNOWN_TOPIC_OR_PARTITION is retriable: the client keeps waiting
+
+
+def test_metadata_of_a_bad_topic_is_refused(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    client.send(ipc.METADATA, "a b")
+    env.pump()
+    assert "invalid topic name" in client.error()
+    assert "a b" not in env.core.metadata.topics()
+
+
+# -- robustness -----------------------------------------------------------------------------------
+
+
+def test_exception_in_a_handler_does_not_escape(env: Env, monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    def broken(front: SidecarFront, session: Any, message: list[Any]) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(SidecarFront._HANDLERS, ipc.HEARTBEAT, broken)
+    client = env.client()
+    client.hello()
+    client.send(ipc.HEARTBEAT)
+    client.send(ipc.BLOCKS, 1, 1, False, 100)
+    with caplog.at_level(logging.ERROR, logger="service.front"):
+        env.pump()
+    assert "error handling a client message" in caplog.text
+    # The next message was still handled.
+    assert client.recv()[:2] == [ipc.GRANT, 1]
+
+
+def test_exception_from_the_core_does_not_escape(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    def append(batch: ProducerBatch) -> None:
+        raise RuntimeError("the accumulator is broken")
+
+    monkeypatch.setattr(env.core, "append", append)
+    client = env.client()
+    client.hello()
+    client.blocks(1)
+    client.seal(notice())
+    client.send(ipc.HEARTBEAT)
+    env.pump()
+    assert len(env.front.sessions) == 1
+
+
+def test_closed_core_fails_sealed_batches_at_once(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    client.blocks(1, contiguous=True)
+    env.core.close(0)
+    client.seal(notice(batch_id=3))
+    env.front.after_iteration()
+    [[batch_id, _, _, _, _, error]] = deliveries(client)
+    assert batch_id == 3 and "closed" in str(ipc.error_from_wire(error))
+    assert env.pool.free_blocks == BLOCKS
+
+
+# -- the endpoint ---------------------------------------------------------------------------------
+
+
+def test_second_daemon_on_an_ipc_endpoint_is_refused(env: Env, tmp_path: Path) -> None:
+    from service.front import EndpointInUseError
+
+    path = tmp_path / "run" / "sidecar.sock"
+    endpoint = f"ipc://{path}"
+    first = SidecarFront(env.core, env.pool, endpoint, context=env.context)
+    try:
+        assert path.exists()  # the directory was made
+        with pytest.raises(EndpointInUseError, match="another kafka-sidecar daemon"):
+            SidecarFront(env.core, env.pool, endpoint, context=env.context)
+    finally:
+        first.close()
+    assert not path.exists()
+
+
+def test_stale_ipc_socket_file_is_replaced(env: Env, tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens: a daemon that died
+    front = SidecarFront(env.core, env.pool, f"ipc://{path}", context=env.context)
+    client = env.context.socket(zmq.DEALER)
+    try:
+        client.setsockopt(zmq.LINGER, 0)
+        client.connect(f"ipc://{path}")
+        client.send(ipc.pack(ipc.HEARTBEAT))
+        assert front.socket.poll(2000)
+        front.handle_readable()
+        assert client.poll(2000)
+        assert ipc.unpack(client.recv())[0] == ipc.ERROR
+    finally:
+        client.close()
+        front.close()
+
+
+def test_tcp_endpoint_in_use_is_an_error(env: Env) -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    probe.listen()
+    port = probe.getsockname()[1]
+    try:
+        with pytest.raises(zmq.ZMQError):
+            SidecarFront(env.core, env.pool, f"tcp://127.0.0.1:{port}", context=env.context)
+    finally:
+        probe.close()

@@ -1,0 +1,237 @@
+"""The client/daemon message schema: pack/unpack, topic names, errors on the wire, process identity."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from client_stub import errors, ipc
+
+# -- pack / unpack --------------------------------------------------------------------------------
+
+
+def test_message_types_are_distinct() -> None:
+    kinds = [ipc.HELLO, ipc.BLOCKS, ipc.SEAL, ipc.RELEASE, ipc.METADATA, ipc.HEARTBEAT, ipc.GOODBYE,
+             ipc.WELCOME, ipc.GRANT, ipc.GRANT_FAILED, ipc.DELIVERY, ipc.TOPIC, ipc.SEAL_NOW, ipc.ERROR]
+    assert len(set(kinds)) == len(kinds)
+    assert len(ipc.SEAL_FIELDS) == 10
+
+
+def test_pack_unpack_round_trip_of_real_messages() -> None:
+    messages = [
+        [ipc.HELLO, ipc.PROTOCOL_VERSION, 1234, "gunicorn worker", {"linger_ms": 5, "partitioner": "murmur2_random",
+                                                                   "process": ["pid:[4026531836]", "98765"]}],
+        [ipc.BLOCKS, 7, 3, True, 60000],
+        [ipc.SEAL, [[1, 0, 2, "orders", 3, 10, 5000, 1_700_000_000_000, 1_700_000_000_010, 4]]],
+        [ipc.RELEASE, [0, 5, 7]],
+        [ipc.WELCOME, 1, 3, "kafka-sidecar-1-ab", 16384, 2048, {"max_request_size": 1048576}, "f00d"],
+        [ipc.DELIVERY, [[1, 0, 10, 2**40, -1, None], [2, 0, 3, -1, -1, ["KafkaError", None, "X", "m", False]]]],
+        [ipc.TOPIC, "orders", 12, [0, 1, 2], None],
+        [ipc.SEAL_NOW],
+        [ipc.ERROR, "refused: ünïcode"],
+    ]
+    for message in messages:
+        data = ipc.pack(*message)
+        assert isinstance(data, bytes)
+        assert ipc.unpack(data) == message
+
+
+@given(st.integers(min_value=0, max_value=2**63 - 1),
+       st.lists(st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1),
+                          st.text(max_size=20), st.binary(max_size=20),
+                          st.lists(st.integers(min_value=-5, max_value=5), max_size=4)), max_size=6))
+def test_pack_unpack_round_trip(kind: int, fields: list[object]) -> None:
+    assert ipc.unpack(ipc.pack(kind, *fields)) == [kind, *fields]
+
+
+def test_bytes_stay_bytes_and_text_stays_text() -> None:
+    kind, blob, text = ipc.unpack(ipc.pack(1, b"\x00\xff", "\u00e9"))
+    assert blob == b"\x00\xff" and isinstance(blob, bytes)
+    assert text == "\u00e9" and isinstance(text, str)
+
+
+@pytest.mark.parametrize("data", [
+    b"",                                  # nothing
+    b"\xc1",                              # a byte msgpack never uses
+    b"\x93\x01\x02",                      # an array of 3 cut short
+    msgpack.packb([1, 2]) + b"\x01",      # trailing bytes
+    b"\xa5hel",                           # a string cut short
+    msgpack.packb([1, {1: 2}]),           # a map with non-string keys
+], ids=["empty", "reserved-byte", "truncated-array", "extra-data", "truncated-str", "int-map-key"])
+def test_unpack_refuses_what_is_not_msgpack(data: bytes) -> None:
+    with pytest.raises(ValueError, match="not a msgpack message"):
+        ipc.unpack(data)
+
+
+@pytest.mark.parametrize("value", [5, "HELLO", b"\x01", None, {"kind": 1}, 1.5], ids=repr)
+def test_unpack_refuses_what_is_not_an_array(value: object) -> None:
+    with pytest.raises(ValueError, match="an array that starts with its type"):
+        ipc.unpack(msgpack.packb(value))
+
+
+def test_unpack_refuses_an_empty_array() -> None:
+    with pytest.raises(ValueError, match="an array that starts with its type"):
+        ipc.unpack(msgpack.packb([]))
+
+
+@pytest.mark.parametrize("kind", ["1", b"\x01", 1.0, None, [1], {"a": 1}, True, False], ids=repr)
+def test_unpack_refuses_a_type_that_is_not_an_integer(kind: object) -> None:
+    # true would otherwise read as HELLO (1) and false as 0.
+    with pytest.raises(ValueError, match="an array that starts with its type"):
+        ipc.unpack(msgpack.packb([kind, 2]))
+
+
+@given(st.binary(max_size=40))
+def test_unpack_of_any_bytes_gives_a_message_or_value_error(data: bytes) -> None:
+    try:
+        message = ipc.unpack(data)
+    except ValueError:
+        return
+    assert isinstance(message, list) and message and type(message[0]) is int
+
+
+# -- topic names ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("topic", ["t", "Orders", "a.b_c-d", "0", "...", "-", "_", "x" * 249,
+                                   "__consumer_offsets", "A1.b2_C3-d4"])
+def test_check_topic_accepts_kafkas_names(topic: str) -> None:
+    assert ipc.check_topic(topic) == topic
+
+
+@pytest.mark.parametrize("topic", ["", ".", "..", "x" * 250, "a b", "a/b", "a:b", "a*", "caf\u00e9", "\u0663",
+                                   "t\n", "\nt", "t\x00", "a,b"],
+                         ids=lambda t: repr(t)[:20])
+def test_check_topic_refuses_what_kafka_refuses(topic: str) -> None:
+    with pytest.raises(ValueError, match="invalid topic name"):
+        ipc.check_topic(topic)
+
+
+@pytest.mark.parametrize("topic", [None, 5, b"bytes", ["t"]], ids=repr)
+def test_check_topic_refuses_non_strings(topic: object) -> None:
+    with pytest.raises(ValueError, match="invalid topic name"):
+        ipc.check_topic(topic)
+
+
+# -- errors on the wire ---------------------------------------------------------------------------
+
+
+def _error_classes() -> list[type[errors.KafkaError]]:
+    return [value for value in vars(errors).values()
+            if isinstance(value, type) and issubclass(value, errors.KafkaError)]
+
+
+def test_every_family_class_is_tried() -> None:
+    names = {cls.__name__ for cls in _error_classes()}
+    assert {"KafkaError", "RetriableError", "InvalidMetadataError", "BufferExhaustedError", "ConfigError",
+            "BrokerError", "ProducerStateError", "RecordTooLargeError"} <= names
+
+
+@pytest.mark.parametrize("cls", _error_classes(), ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("retriable", [True, False])
+def test_error_round_trip_of_every_class(cls: type[errors.KafkaError], retriable: bool) -> None:
+    error = cls("what happened", code=42, name="SOME_ERROR", retriable=retriable)
+    wire = ipc.error_to_wire(error)
+    # It crosses the socket as msgpack.
+    back = ipc.error_from_wire(ipc.unpack(ipc.pack(ipc.ERROR, wire))[1])
+    assert type(back) is cls
+    assert (back.message, back.code, back.name, back.retriable) == ("what happened", 42, "SOME_ERROR", retriable)
+    assert str(back) == str(error)
+
+
+def test_error_round_trip_of_every_kafka_error_code() -> None:
+    for code in errors.ERROR_CODES:
+        error = errors.for_code(code, f"message {code}")
+        back = ipc.error_from_wire(ipc.error_to_wire(error))
+        assert type(back) is type(error)
+        assert (back.code, back.name, back.retriable, back.message) == (code, error.name, error.retriable,
+                                                                        f"message {code}")
+
+
+def test_error_round_trip_without_a_code() -> None:
+    back = ipc.error_from_wire(ipc.error_to_wire(errors.BufferExhaustedError("no room")))
+    assert isinstance(back, errors.BufferExhaustedError) and isinstance(back, errors.RetriableError)
+    assert back.code is None and back.name == "BufferExhaustedError" and back.retriable
+
+
+@pytest.mark.parametrize("class_name", ["ProducerClosedError", "NoSuchError", "ErrorCode", "dataclass",
+                                        "Exception", "ValueError", "", 17])
+def test_error_of_an_unknown_class_arrives_as_kafka_error(class_name: object) -> None:
+    back = ipc.error_from_wire([class_name, 35, "UNSUPPORTED_VERSION", "from a newer daemon", True])
+    assert type(back) is errors.KafkaError
+    assert (back.code, back.name, back.message, back.retriable) == (35, "UNSUPPORTED_VERSION",
+                                                                    "from a newer daemon", True)
+
+
+def test_no_error_is_none_on_the_wire() -> None:
+    assert ipc.error_to_wire(None) is None
+    assert ipc.error_from_wire(None) is None
+
+
+# -- process identity -----------------------------------------------------------------------------
+
+
+def test_process_identity_of_this_process_is_stable() -> None:
+    identity = ipc.process_identity(os.getpid())
+    assert identity is not None
+    namespace, start_time = identity
+    assert namespace == os.readlink("/proc/self/ns/pid")
+    assert start_time.isdigit()
+    assert ipc.process_identity(os.getpid()) == identity
+    # It survives msgpack, as it travels in HELLO.
+    assert ipc.unpack(ipc.pack(ipc.HELLO, identity))[1] == identity
+
+
+def test_process_identity_of_a_child_differs_from_ours() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        identity = ipc.process_identity(child.pid)
+        assert identity is not None and identity != ipc.process_identity(os.getpid())
+        assert identity[0] == ipc.process_identity(os.getpid())[0]  # the same pid namespace
+    finally:
+        child.kill()
+        child.wait()
+    assert ipc.process_identity(child.pid) is None
+
+
+def test_process_identity_of_a_dead_process_is_none() -> None:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert ipc.process_identity(child.pid) is None
+
+
+def test_process_identity_of_a_zombie_is_none() -> None:
+    # A process that exited but is not reaped yet is dead all the same.
+    child = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with open(f"/proc/{child.pid}/stat", "rb") as stat:
+                if stat.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+            time.sleep(0.005)
+        else:
+            pytest.fail("the child did not exit")
+        assert ipc.process_identity(child.pid) is None
+    finally:
+        child.wait()
+
+
+@pytest.mark.parametrize("pid", [0, -1, 2**22 + 1])
+def test_process_identity_of_no_process_is_none(pid: int) -> None:
+    assert ipc.process_identity(pid) is None
+
+
+def test_default_endpoint_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ipc.ENDPOINT_ENV, raising=False)
+    assert ipc.default_endpoint() == ipc.DEFAULT_ENDPOINT
+    monkeypatch.setenv(ipc.ENDPOINT_ENV, "tcp://127.0.0.1:5555")
+    assert ipc.default_endpoint() == "tcp://127.0.0.1:5555"
+    monkeypatch.setenv(ipc.ENDPOINT_ENV, "")
+    assert ipc.default_endpoint() == ipc.DEFAULT_ENDPOINT
