@@ -77,6 +77,10 @@ class SidecarUnavailableError(KafkaError):
     """No sender daemon answered at the endpoint."""
 
 
+class ProducerClosedError(KafkaError):
+    """The producer (the client's, or the daemon's on shutdown) closed before the record was delivered."""
+
+
 class RecordTooLargeError(KafkaError):
     """A record or batch is larger than the broker or the producer accepts."""
 

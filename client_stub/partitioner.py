@@ -24,7 +24,6 @@ _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
 
 
-@functools.lru_cache(maxsize=8192)
 def murmur2(data: bytes) -> int:
     """Kafka's murmur2 (Utils.murmur2) of ``data`` as an unsigned 32-bit value."""
     length = len(data)
@@ -50,9 +49,16 @@ def murmur2(data: bytes) -> int:
     return h
 
 
+# Keys repeat (user ids, device ids): remember the hashes of short ones.
+_murmur2_short = functools.lru_cache(maxsize=16384)(murmur2)
+_SHORT_KEY = 64
+
+
 def murmur2_partition(key: bytes, partitions: int) -> int:
     """``toPositive(murmur2(key)) % partitions``, the Java producer's choice for a key."""
-    return (murmur2(bytes(key)) & 0x7FFFFFFF) % partitions
+    key = bytes(key)
+    hashed = _murmur2_short(key) if len(key) <= _SHORT_KEY else murmur2(key)
+    return (hashed & 0x7FFFFFFF) % partitions
 
 
 def crc32_partition(key: bytes, partitions: int) -> int:

@@ -28,7 +28,14 @@ from typing import Any, NamedTuple
 import zmq
 
 from . import ipc
-from .errors import BufferExhaustedError, KafkaError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
+from .errors import (
+    BufferExhaustedError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerClosedError,
+    RecordTooLargeError,
+    SidecarUnavailableError,
+)
 from .partitioner import Partitioner
 from .records import Header, encode_record
 from .shm import Segment
@@ -519,7 +526,7 @@ class Producer:
         _producers.discard(self)
 
     def _fail_unconfirmed(self) -> None:
-        error = KafkaTimeoutError("the producer closed before the delivery of this record was confirmed")
+        error = ProducerClosedError("the producer closed before the delivery of this record was confirmed")
         with self._lock:
             futures = [f for batch in self._sealed.values() for f in batch.futures if not f.done()]
             self._sealed.clear()

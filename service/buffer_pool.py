@@ -53,7 +53,11 @@ class BufferPool:
         # The table in shared memory is for recovery and tools; these mirror it for speed.
         self._state = bytearray(block_count)
         self._owner = [0] * block_count
-        self._free = set(range(block_count))
+        self._free_count = block_count
+        # Free blocks, most recently freed last: reusing those keeps the pages in use few and
+        # warm (a client's PSS counts every page it has touched). Entries of blocks since
+        # taken by a contiguous run may linger; the state table is the truth.
+        self._stack = list(range(block_count - 1, -1, -1))
         self.waiters: deque[Waiter] = deque()
 
     @property
@@ -66,7 +70,7 @@ class BufferPool:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        return self._free_count
 
     @property
     def exhausted(self) -> bool:
@@ -110,16 +114,20 @@ class BufferPool:
         self.waiters = deque(w for w in self.waiters if w.client_id != client_id)
 
     def _allocate(self, client_id: int, count: int, contiguous: bool) -> list[int] | None:
-        if len(self._free) < (count if contiguous else 1):
+        if self._free_count < (count if contiguous else 1):
             return None
         if contiguous and count > 1:
             first = self._state.find(bytes(count))
             if first < 0:
                 return None
             blocks = list(range(first, first + count))
-            self._free.difference_update(blocks)
         else:
-            blocks = [self._free.pop() for _ in range(min(count, len(self._free)))]
+            blocks = []
+            while len(blocks) < count and self._free_count > len(blocks):
+                block = self._stack.pop()
+                if self._state[block] == FREE:
+                    blocks.append(block)
+        self._free_count -= len(blocks)
         for block in blocks:
             self._set(block, OWNED, client_id)
         return blocks
@@ -154,7 +162,10 @@ class BufferPool:
     def free(self, blocks: list[int] | range) -> None:
         for block in blocks:
             self._set(block, FREE, 0)
-        self._free.update(blocks)
+        self._stack.extend(blocks)
+        self._free_count += len(blocks)
+        if len(self._stack) > 2 * self.block_count:
+            self._stack = [b for b in self._stack if self._state[b] == FREE]
 
     def free_unsealed(self, client_id: int, first: int, count: int) -> int:
         """Free those of blocks first..first+count-1 that ``client_id`` holds unsealed; leave the others."""

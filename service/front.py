@@ -23,11 +23,12 @@ from typing import Any
 import zmq
 
 from client_stub import ipc
-from client_stub.errors import InvalidRequestError, error_code
+from client_stub.errors import InvalidRequestError, KafkaError, error_code
 
 from .buffer_pool import BlockError, BufferPool
 from .producer.batch import ProducerBatch, TopicPartition
 from .producer.core import ProducerCore
+from .protocol.record_batch import HEADER_SIZE as RECORD_BATCH_OVERHEAD
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,12 @@ class SidecarFront:
             except (ValueError, TypeError, BlockError) as exc:
                 self._refuse_notice(session, notice, exc)
                 continue
-            self.core.append(batch)
+            try:
+                self.core.append(batch)
+            except Exception as exc:
+                # A bug, not the client's fault: fail this batch, free its blocks, go on with the rest.
+                log.exception("could not queue a sealed batch")
+                batch.abort(KafkaError(f"the daemon could not queue the batch: {exc}"))
 
     def _refuse_notice(self, session: ClientSession, notice: Any, exc: Exception) -> None:
         """An ERROR, a failed DELIVERY entry for the batch, and the sender's unsealed blocks of it freed."""
@@ -241,8 +247,8 @@ class SidecarFront:
         _check_int(max_ts, "max_timestamp", -1, 2**63 - 1)
         _check_int(ago, "created_ms_ago", 0, 2**40)
         ipc.check_topic(topic)
-        if length > self.core.config["max.request.size"]:
-            raise ValueError(f"a batch of {length} bytes is larger than max.request.size")
+        if length + RECORD_BATCH_OVERHEAD > self.core.config["max.request.size"]:
+            raise ValueError(f"a batch of {length} bytes (and its header) is larger than max.request.size")
         view = self.pool.seal(session.client_id, first, count, length, records)
         blocks = range(first, first + count)
         return ProducerBatch(TopicPartition(topic, partition), view, records, base_timestamp=base_ts,

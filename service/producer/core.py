@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from client_stub.errors import KafkaError, KafkaTimeoutError
+from client_stub.errors import KafkaError, ProducerClosedError
 
 from ..config import ProducerConfig
 from ..network.client import NetworkClient, monotonic_ms
@@ -27,10 +27,6 @@ from .transaction_manager import TransactionManager
 log = logging.getLogger(__name__)
 
 _CLOSE_LINGER_MS = 2000
-
-
-class ProducerClosedError(KafkaError):
-    """The producer was closed before the batch could be delivered."""
 
 
 class ProducerCore:
@@ -105,7 +101,7 @@ class ProducerCore:
         if timeout_ms is None or timeout_ms > 0:
             self._run_until_complete(timeout_ms)
         if self.accumulator.has_incomplete():
-            error = KafkaTimeoutError(f"the producer closed after {timeout_ms} ms with batches not yet delivered")
+            error = ProducerClosedError(f"the producer closed after {timeout_ms} ms before this batch was delivered")
             aborted = self.sender.abort_incomplete(error)
             log.warning("closing: %d batch(es) failed undelivered", aborted)
         # A short linger lets the brokers read the last acks=0 requests before the sockets go;
