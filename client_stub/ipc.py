@@ -24,7 +24,8 @@ Daemon -> client::
     [DELIVERY, [[batch_id, first_record, record_count, base_offset, log_append_time_ms, error], ...]]
     [TOPIC, topic, partition_count, available_partitions, error]
     [SEAL_NOW]                                            the pool is exhausted: seal what you hold
-    [ERROR, message]                                      the last message was refused
+    [ERROR, code, message]                                the last message was refused; code is one
+                                                          of the ERROR_* strings below
 
 ``error`` is None or an :func:`error_to_wire` list.
 """
@@ -58,6 +59,12 @@ DELIVERY = 104
 TOPIC = 105
 SEAL_NOW = 106
 ERROR = 107
+
+# ERROR codes: a handshake of another version; a message from a client the daemon does not
+# know (it restarted, or ended the session), which should say HELLO again; anything else.
+ERROR_VERSION = "version_mismatch"
+ERROR_UNKNOWN_CLIENT = "unknown_client"
+ERROR_REFUSED = "refused"
 
 # A seal notice's fields, in order.
 SEAL_FIELDS = ("batch_id", "first_block", "block_count", "topic", "partition", "record_count", "length",

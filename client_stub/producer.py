@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 # Spare blocks kept at hand so that opening a batch needs no round trip.
 _SPARE_LOW = 4
 _BLOCKS_PER_GRANT = 8
+# A batch not reported this long after the daemon's delivery.timeout.ms is given up on.
+_REPORT_GRACE_MS = 30_000
 # The batch header the daemon writes around a block's records (counted against max.request.size).
 _BATCH_OVERHEAD = 61
 
@@ -140,7 +142,7 @@ class _Batch:
     """A batch being written into this process's blocks, then sealed and awaiting its report."""
 
     __slots__ = ("batch_id", "topic", "partition", "first_block", "block_count", "view", "pos", "base_ts",
-                 "max_ts", "created", "futures", "reported")
+                 "max_ts", "created", "sealed", "futures", "reported")
 
     def __init__(self, batch_id: int, topic: str, partition: int, first_block: int, block_count: int,
                  view: memoryview, timestamp_ms: int) -> None:
@@ -154,6 +156,7 @@ class _Batch:
         self.base_ts = timestamp_ms
         self.max_ts = timestamp_ms
         self.created = time.monotonic()
+        self.sealed = 0.0
         self.futures: list[RecordFuture] = []
         self.reported = 0
 
@@ -232,6 +235,8 @@ class Producer:
         self._topics: dict[str, _Topic] = {}
         self._requests: dict[int, _BlockRequest] = {}
         self._outbox: deque[bytes] = deque()
+        self._hello_sent = False
+        self._lost: list[tuple[RecordFuture, RecordMetadata | None, KafkaError | None]] = []
         self._next_batch_id = 1
         self._next_request_id = 1
         self._outstanding = 0
@@ -488,7 +493,8 @@ class Producer:
             self._post(ipc.RELEASE, list(range(batch.first_block, batch.first_block + batch.block_count)))
             return
         self._sealed[batch.batch_id] = batch
-        ago = int((time.monotonic() - batch.created) * 1000)
+        batch.sealed = time.monotonic()
+        ago = int((batch.sealed - batch.created) * 1000)
         self._post(ipc.SEAL, [[batch.batch_id, batch.first_block, batch.block_count, batch.topic, batch.partition,
                                len(batch.futures), batch.pos, batch.base_ts, batch.max_ts, ago]])
 
@@ -558,9 +564,7 @@ class Producer:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        sock.send(ipc.pack(ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), self._client_name,
-                           {"linger_ms": self.linger_ms, "partitioner": self._partitioner_name,
-                            "process": ipc.process_identity(os.getpid())}))
+        sock.send(ipc.pack(*self._hello()))
         next_heartbeat = time.monotonic() + 1.0
         try:
             while True:
@@ -570,11 +574,15 @@ class Producer:
                     _drain(self._wake_r)
                 if sock in events:
                     self._receive_all(sock)
+                if self._lost:
+                    lost, self._lost = self._lost, []
+                    _complete_all(lost)
                 self._seal_lingered()
                 while self._outbox:
                     sock.send(self._outbox.popleft())
                 if time.monotonic() >= next_heartbeat:
                     sock.send(ipc.pack(ipc.HEARTBEAT))
+                    self._expire_unreported()
                     interval = (self._welcome or {}).get("settings", {}).get("heartbeat_interval_ms", 1000)
                     next_heartbeat = time.monotonic() + interval / 1000
                 if self._stopping and not self._outbox:
@@ -601,6 +609,22 @@ class Producer:
 
     def _linger_s(self) -> float:
         return self.linger_ms / 1000
+
+    def _expire_unreported(self) -> None:
+        """Fail batches the daemon has not reported on long after its delivery.timeout.ms: it is gone."""
+        settings = (self._welcome or {}).get("settings", {})
+        limit = (settings.get("delivery_timeout_ms", 120_000) + _REPORT_GRACE_MS) / 1000
+        now = time.monotonic()
+        with self._lock:
+            overdue = [b for b in self._sealed.values() if now - b.sealed > limit]
+            for batch in overdue:
+                del self._sealed[batch.batch_id]
+                self._outstanding -= len(batch.futures) - batch.reported
+            self._cond.notify_all()
+        if overdue:
+            error = KafkaTimeoutError(f"no delivery report from the kafka-sidecar daemon at {self.endpoint} "
+                                      f"{limit:.0f} s after sealing: is it running?")
+            _complete_all([(f, None, error) for b in overdue for f in b.futures if not f.done()])
 
     def _next_linger_deadline(self) -> float:
         with self._lock:
@@ -665,21 +689,58 @@ class Producer:
                     self._post(ipc.RELEASE, self._spare)
                     self._spare = []
             elif kind == ipc.ERROR:
-                self._refused(message[1])
+                self._refused(message[1], message[2])
             self._cond.notify_all()
 
     def _welcomed(self, message: list[Any]) -> None:
         _, version, client_id, segment, block_size, block_count, settings, daemon_id = message
+        if self._welcome is not None:
+            self._forget_session()
         self._segment = Segment(segment)
         self._welcome = {"client_id": client_id, "block_size": block_size, "block_count": block_count,
                          "settings": settings, "daemon_id": daemon_id}
+        self._hello_sent = False
         log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, client_id)
 
-    def _refused(self, text: str) -> None:
-        log.error("the kafka-sidecar daemon refused a message: %s", text)
+    def _refused(self, code: str, text: str) -> None:
         if self._welcome is None:
             # Refused before the welcome: the handshake itself (e.g. a version mismatch).
+            log.error("the kafka-sidecar daemon refused the handshake: %s", text)
             self._session_error = SidecarUnavailableError(f"kafka-sidecar at {self.endpoint}: {text}")
+        elif code == ipc.ERROR_UNKNOWN_CLIENT:
+            # The daemon restarted, or ended the session (it took this process for dead): start again.
+            if not self._hello_sent:
+                log.warning("the kafka-sidecar daemon does not know this client any more: connecting again")
+                self._hello_sent = True
+                self._post(*self._hello())
+        else:
+            log.error("the kafka-sidecar daemon refused a message: %s", text)
+
+    def _forget_session(self) -> None:
+        """A new session (lock held): what the old one held is gone, and its records' fate unknown."""
+        error = SidecarUnavailableError("the kafka-sidecar daemon lost this client's session (it restarted, or "
+                                        "took the client for dead): the delivery of this record is unknown")
+        lost = [f for batch in [*self._open.values(), *self._sealed.values()] for f in batch.futures
+                if not f.done()]
+        for batch in self._open.values():
+            batch.view.release()
+        self._open.clear()
+        self._sealed.clear()
+        self._spare.clear()
+        self._requests.clear()
+        self._outstanding -= len(lost)
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
+        if lost:
+            log.error("%d record(s) handed to the lost session are failed as unknown", len(lost))
+            # Completed on the I/O thread after the lock is released, as deliveries are.
+            self._lost = [(f, None, error) for f in lost]
+
+    def _hello(self) -> tuple[Any, ...]:
+        return (ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), self._client_name,
+                {"linger_ms": self.linger_ms, "partitioner": self._partitioner_name,
+                 "process": ipc.process_identity(os.getpid())})
 
     def _deliver(self, reports: list[list[Any]]) -> None:
         # Only the bookkeeping holds the lock: send() must not wait while futures complete.

@@ -38,6 +38,8 @@ MAX_BLOCK_WAIT_MS = 3_600_000
 _LOG_INTERVAL_S = 5.0
 # How often to look for client processes that died (they cannot say goodbye).
 _PROCESS_CHECK_INTERVAL_MS = 500
+# A silent client's blocks are reused after this many sidecar.client.timeout.ms at the latest.
+_QUARANTINE_FACTOR = 10
 # How often to repeat SEAL_NOW while the pool stays exhausted.
 _SEAL_NOW_INTERVAL_MS = 50
 
@@ -83,6 +85,8 @@ class SidecarFront:
         self._metadata_version = -1
         self._seal_now_sent_ms = 0
         self._processes_checked_ms = 0
+        # ROUTER identity -> (client id, when its blocks may be reused) of silent clients.
+        self._quarantine: dict[bytes, tuple[int, int]] = {}
         self._last_complaint = 0.0
         self.messages_refused = 0
 
@@ -122,13 +126,13 @@ class SidecarFront:
         except zmq.Again:
             log.debug("client queue full, dropped a %s message", message[0])
 
-    def _complain(self, identity: bytes, message: str) -> None:
+    def _complain(self, identity: bytes, message: str, code: str = ipc.ERROR_REFUSED) -> None:
         self.messages_refused += 1
         now = time.monotonic()
         if now - self._last_complaint >= _LOG_INTERVAL_S:
             self._last_complaint = now
             log.warning("refused a client message (%d so far): %s", self.messages_refused, message)
-        self._send(identity, ipc.ERROR, message)
+        self._send(identity, ipc.ERROR, code, message)
 
     # -- incoming --------------------------------------------------------------------------------
 
@@ -158,7 +162,8 @@ class SidecarFront:
                 self._hello(identity, session, message)
                 return
             if session is None:
-                raise ValueError("unknown client: send HELLO first")
+                self._complain(identity, "unknown client: send HELLO first", ipc.ERROR_UNKNOWN_CLIENT)
+                return
             session.last_seen_ms = self.clock()
             handler = self._HANDLERS.get(kind)
             if handler is None:
@@ -171,11 +176,14 @@ class SidecarFront:
         # The version first: another version's HELLO may well have other fields.
         version = message[1] if len(message) > 1 else None
         if version != ipc.PROTOCOL_VERSION:
-            raise ValueError(f"protocol version mismatch: the client speaks {version!r}, this daemon speaks "
-                             f"{ipc.PROTOCOL_VERSION}; upgrade kafka-sidecar on one side")
+            self._complain(identity, f"protocol version mismatch: the client speaks {version!r}, this daemon "
+                                     f"speaks {ipc.PROTOCOL_VERSION}; upgrade kafka-sidecar on one side",
+                           ipc.ERROR_VERSION)
+            return
         _, version, pid, name, options = _fields(message, 5, "HELLO")
         if session is not None:
             self._end_session(session)
+        self._release_quarantine(identity)
         _check_int(pid, "pid", 1, 2**32)
         process = options.get("process") if isinstance(options, dict) else None
         mine = ipc.process_identity(os.getpid())
@@ -189,6 +197,7 @@ class SidecarFront:
         settings = {"max_request_size": self.core.config["max.request.size"],
                     "linger_ms": self.core.config["linger.ms"],
                     "max_block_ms": self.core.config["max.block.ms"],
+                    "delivery_timeout_ms": self.core.config["delivery.timeout.ms"],
                     "buffer_memory": self.pool.block_count * self.pool.block_size,
                     "heartbeat_interval_ms": max(self.client_timeout_ms // 10, 100)}
         self._send(session, ipc.WELCOME, ipc.PROTOCOL_VERSION, session.client_id, self.pool.name,
@@ -282,14 +291,30 @@ class SidecarFront:
         ipc.HEARTBEAT: _heartbeat, ipc.GOODBYE: _goodbye,
     }
 
-    def _end_session(self, session: ClientSession) -> None:
-        """Forget a client: its unsealed blocks return to the pool; its sealed batches still go."""
+    def _end_session(self, session: ClientSession, *, alive: bool = False) -> None:
+        """Forget a client: its unsealed blocks return to the pool; its sealed batches still go.
+
+        A client that went silent may still be ``alive`` (stopped, starved): it could
+        write into the blocks it holds when it wakes up, before it learns that its
+        session ended. Those blocks are quarantined rather than given to anyone else,
+        until the client says HELLO again or a long grace period has passed.
+        """
         session.gone = True
         self.sessions.pop(session.identity, None)
         self._by_id.pop(session.client_id, None)
+        if alive:
+            self._quarantine[session.identity] = (session.client_id,
+                                                  self.clock() + _QUARANTINE_FACTOR * self.client_timeout_ms)
+            return
         reclaimed = self.pool.reclaim(session.client_id)
         if reclaimed:
             log.info("reclaimed %d unsealed block(s) of client %s", reclaimed, session.client_id)
+
+    def _release_quarantine(self, identity: bytes) -> None:
+        entry = self._quarantine.pop(identity, None)
+        if entry is not None:
+            reclaimed = self.pool.reclaim(entry[0])
+            log.info("reclaimed %d quarantined block(s) of client %s", reclaimed, entry[0])
 
     # -- outgoing --------------------------------------------------------------------------------
 
@@ -328,7 +353,10 @@ class SidecarFront:
             if now - session.last_seen_ms > self.client_timeout_ms:
                 log.warning("client %s (pid %s) silent for %d ms: ending its session", session.client_id,
                             session.pid, now - session.last_seen_ms)
-                self._end_session(session)
+                self._end_session(session, alive=True)
+        for identity, (_, until) in list(self._quarantine.items()):
+            if until <= now:
+                self._release_quarantine(identity)
         if now - self._processes_checked_ms >= _PROCESS_CHECK_INTERVAL_MS:
             self._processes_checked_ms = now
             self._end_sessions_of_dead_processes()

@@ -358,3 +358,23 @@ def test_bad_input_gets_clear_errors(broker, topic_factory, sidecar) -> None:
         assert result.serialized_key_size == 1 and result.serialized_value_size == 4
     with pytest.raises(Exception, match="closed"):
         producer.send(topic, b"after close")
+
+
+def test_daemon_restart_fails_what_it_held_and_the_client_carries_on(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(2)
+    daemon = sidecar(broker.bootstrap, settings={"sidecar.client.timeout.ms": 2000})
+    with Producer(daemon.endpoint, linger_ms=600_000) as producer:
+        held = [producer.send(topic, f"held-{n}".encode(), partition=1) for n in range(10)]
+        daemon.kill()
+        daemon.start()
+        # The next heartbeat meets a daemon that does not know the client: it says HELLO again and
+        # fails what the lost session held (whether it was delivered is unknown), instead of hanging.
+        for future in held:
+            with pytest.raises(SidecarUnavailableError, match="lost this client's session"):
+                future.result(30)
+        assert len(producer) == 0
+        after = producer.send(topic, b"after", partition=0)
+        assert producer.flush(30) == 0
+        assert after.result().offset >= 0
+    values = [r.value for r in read_topic(broker.bootstrap, topic, expected=1)]
+    assert b"after" in values and not any(v.startswith(b"held-") for v in values)

@@ -43,11 +43,12 @@ class SidecarProcess:
         return self.process.pid
 
     def start(self) -> Self:
+        """Start the daemon (again, after kill(), on the same endpoint) and wait for its WELCOME."""
         command = [sys.executable, "-m", "service.cli", "run", "--bootstrap-servers", self.bootstrap,
                    "--endpoint", self.endpoint]
         for key, value in self.settings.items():
             command += ["-X", f"{key}={value}"]
-        self._log = self.log_path.open("wb")
+        self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, cwd=Path(__file__).parents[2])
         try:
@@ -81,6 +82,13 @@ class SidecarProcess:
     def segment_name(self) -> str:
         assert self.welcome is not None
         return str(self.welcome[3])
+
+    def kill(self) -> None:
+        """SIGKILL: the daemon gets no chance to finish anything."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+        self.process = None
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None

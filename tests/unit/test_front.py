@@ -88,9 +88,13 @@ class Client:
         self.env.pump()
 
     def error(self) -> str:
+        """The text of the next message, which must be an ERROR."""
+        return self.error_with_code()[1]
+
+    def error_with_code(self) -> tuple[str, str]:
         message = self.recv()
         assert message[0] == ipc.ERROR, message
-        return message[1]
+        return message[1], message[2]
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -166,7 +170,8 @@ def test_hello_gets_a_welcome_with_the_segment(env: Env) -> None:
     assert (kind, version, segment, block_size, block_count) == (ipc.WELCOME, ipc.PROTOCOL_VERSION, env.pool.name,
                                                                  BLOCK, BLOCKS)
     assert settings == {"max_request_size": MAX_REQUEST_SIZE, "linger_ms": 5, "max_block_ms": 60000,
-                        "buffer_memory": BLOCKS * BLOCK, "heartbeat_interval_ms": TIMEOUT_MS // 10}
+                        "delivery_timeout_ms": 120000, "buffer_memory": BLOCKS * BLOCK,
+                        "heartbeat_interval_ms": TIMEOUT_MS // 10}
     assert daemon_id == env.front.daemon_id
     session = env.front.sessions[next(iter(env.front.sessions))]
     assert (session.client_id, session.pid, session.name) == (client_id, os.getpid(), "worker-1")
@@ -557,8 +562,27 @@ def test_silent_client_is_ended_after_the_timeout(env: Env) -> None:
     assert len(env.front.sessions) == 2  # exactly the timeout is not past it
     env.clock.advance(1)
     env.front.after_iteration()
-    _check_ended(env, client_id, sealed, unsealed)
     assert [s.client_id for s in env.front.sessions.values()] == [chatty_id]
+    # It may only be stopped, and write into its blocks when it wakes: nobody else gets them yet.
+    assert all(env.state(b) == (OWNED, client_id) for b in unsealed)
+    client.send(ipc.HEARTBEAT)
+    env.pump()
+    assert client.error_with_code() == (ipc.ERROR_UNKNOWN_CLIENT, "unknown client: send HELLO first")
+    # Its HELLO starts a new session: it has dropped the old one's blocks, they go back.
+    client.hello()
+    _check_ended(env, client_id, sealed, unsealed)
+
+
+def test_silent_clients_blocks_come_back_after_the_quarantine(env: Env) -> None:
+    client = env.client()
+    client_id = client.hello()
+    sealed, unsealed = _seal_two_keep_two(env, client)
+    env.clock.advance(TIMEOUT_MS + 1)
+    env.front.after_iteration()
+    assert all(env.state(b) == (OWNED, client_id) for b in unsealed)
+    env.clock.advance(10 * TIMEOUT_MS)
+    env.front.after_iteration()
+    _check_ended(env, client_id, sealed, unsealed)
 
 
 def test_heartbeats_keep_a_session(env: Env) -> None:
