@@ -236,6 +236,8 @@ class Producer:
         self._requests: dict[int, _BlockRequest] = {}
         self._outbox: deque[bytes] = deque()
         self._hello_sent = False
+        self._linger_s = (self._linger_ms if self._linger_ms is not None else 5) / 1000
+        self._io_wakes_at = 0.0
         self._lost: list[tuple[RecordFuture, RecordMetadata | None, KafkaError | None]] = []
         self._next_batch_id = 1
         self._next_request_id = 1
@@ -391,7 +393,8 @@ class Producer:
         batch = _Batch(self._next_batch_id, topic, partition, blocks[0], len(blocks), view, timestamp_ms)
         self._next_batch_id += 1
         self._open[(topic, partition)] = batch
-        self._wake()  # the I/O thread's linger timer must know of the new batch
+        if batch.created + self._linger_s < self._io_wakes_at:
+            self._wake()  # the I/O thread must wake sooner than it planned, for this batch's linger
         return batch
 
     def _take_blocks(self, count: int, deadline: float) -> list[int] | None:
@@ -568,8 +571,12 @@ class Producer:
         next_heartbeat = time.monotonic() + 1.0
         try:
             while True:
-                timeout = self._next_linger_deadline() - time.monotonic()
-                events = dict(poller.poll(max(min(timeout, next_heartbeat - time.monotonic()), 0) * 1000))
+                wake_at = min(self._seal_lingered(), next_heartbeat)
+                while self._outbox:
+                    sock.send(self._outbox.popleft())
+                if self._stopping and not self._outbox:
+                    break
+                events = dict(poller.poll(max(wake_at - time.monotonic(), 0) * 1000))
                 if self._wake_r in events:
                     _drain(self._wake_r)
                 if sock in events:
@@ -577,16 +584,11 @@ class Producer:
                 if self._lost:
                     lost, self._lost = self._lost, []
                     _complete_all(lost)
-                self._seal_lingered()
-                while self._outbox:
-                    sock.send(self._outbox.popleft())
                 if time.monotonic() >= next_heartbeat:
                     sock.send(ipc.pack(ipc.HEARTBEAT))
                     self._expire_unreported()
                     interval = (self._welcome or {}).get("settings", {}).get("heartbeat_interval_ms", 1000)
                     next_heartbeat = time.monotonic() + interval / 1000
-                if self._stopping and not self._outbox:
-                    break
         finally:
             sock.close()
             self._context.term()
@@ -607,9 +609,6 @@ class Producer:
         """This producer's max_block_ms, else the daemon's max.block.ms (60000 until it has said)."""
         return self._setting(self._max_block_ms, "max_block_ms", 60000)
 
-    def _linger_s(self) -> float:
-        return self.linger_ms / 1000
-
     def _expire_unreported(self) -> None:
         """Fail batches the daemon has not reported on long after its delivery.timeout.ms: it is gone."""
         settings = (self._welcome or {}).get("settings", {})
@@ -626,18 +625,20 @@ class Producer:
                                       f"{limit:.0f} s after sealing: is it running?")
             _complete_all([(f, None, error) for b in overdue for f in b.futures if not f.done()])
 
-    def _next_linger_deadline(self) -> float:
-        with self._lock:
-            oldest = min((b.created for b in self._open.values()), default=None)
-        return time.monotonic() + 1.0 if oldest is None else oldest + self._linger_s()
-
-    def _seal_lingered(self) -> None:
+    def _seal_lingered(self) -> float:
+        """Seal the batches that have waited linger_ms; returns when the next one will have."""
         now = time.monotonic()
-        limit = self._linger_s()
+        linger = self._linger_s
+        next_due = now + 1.0
         with self._lock:
             for batch in list(self._open.values()):
-                if now - batch.created >= limit:
+                due = batch.created + linger
+                if due <= now:
                     self._seal(batch)
+                elif due < next_due:
+                    next_due = due
+            self._io_wakes_at = next_due
+        return next_due
 
     def _receive_all(self, sock: zmq.Socket) -> None:
         while True:
@@ -700,6 +701,7 @@ class Producer:
         self._welcome = {"client_id": client_id, "block_size": block_size, "block_count": block_count,
                          "settings": settings, "daemon_id": daemon_id}
         self._hello_sent = False
+        self._linger_s = self.linger_ms / 1000
         log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, client_id)
 
     def _refused(self, code: str, text: str) -> None:
