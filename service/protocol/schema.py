@@ -94,10 +94,8 @@ class Struct:
     _defaults: ClassVar[dict[str, Callable[[], Any]]] = {}
 
     def __init__(self, **values: Any) -> None:
-        for name in self._fields:
-            setattr(self, name, values.pop(name) if name in values else self._defaults[name]())
-        if values:
-            raise TypeError(f"{type(self).__name__} has no field {', '.join(sorted(values))}")
+        # Replaced in every generated class by a compiled keyword-only __init__ (see _make_init).
+        raise TypeError("Struct is abstract")
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -376,7 +374,26 @@ def _make_struct_class(name: str, fields: tuple[Field, ...], base: type[Struct])
             setattr(cls, f.element, _make_struct_class(f.element, f.fields, Struct))
         defaults[f.name] = _default_factory(f, {f.element: getattr(cls, f.element, None)})
     cls._defaults = defaults
+    cls.__init__ = _make_init(cls)  # type: ignore[method-assign]
     return cls
+
+
+_UNSET: Any = object()
+
+
+def _make_init(cls: type[Struct]) -> Callable[..., None]:
+    """A keyword-only __init__ for ``cls``, compiled: requests are built per send, so it is hot."""
+    if not cls._fields:
+        return lambda self: None
+    namespace: dict[str, Any] = {"_UNSET": _UNSET, "_defaults": cls._defaults}
+    params = ", ".join(f"{name}=_UNSET" for name in cls._fields)
+    body = "\n".join(f"    self.{name} = _defaults[{name!r}]() if {name} is _UNSET else {name}"
+                     for name in cls._fields)
+    exec(compile(f"def __init__(self, *, {params}):\n{body}\n", f"<kafka-sidecar {cls.__name__}>", "exec"),
+         namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__name__}.__init__"
+    return init
 
 
 def message(name: str, api_key: int, valid_versions: str, flexible_versions: str,
