@@ -50,6 +50,11 @@ _BLOCKS_PER_GRANT = 8
 _REPORT_GRACE_MS = 30_000
 # The batch header the daemon writes around a block's records (counted against max.request.size).
 _BATCH_OVERHEAD = 61
+# Sealed batches of a partition awaiting their reports beyond which its open batch is not sealed at
+# linger_ms: it keeps filling until full (or flush), as a Java batch that is ready but not yet drained
+# does. Without it, many clients each sealing a batch every linger_ms queue more batches per partition
+# than the daemon can send (one per partition per request), and the queue only grows.
+_SEALED_PER_PARTITION = 1
 
 Serializer = Callable[[Any], "bytes | None"]
 DeliveryCallback = Callable[["KafkaError | None", "RecordMetadata | None"], None]
@@ -233,6 +238,8 @@ class Producer:
         self._spare: list[int] = []
         self._open: dict[tuple[str, int], _Batch] = {}
         self._sealed: dict[int, _Batch] = {}
+        # Per (topic, partition): how many of the sealed batches await their reports.
+        self._unreported: dict[tuple[str, int], int] = {}
         self._topics: dict[str, _Topic] = {}
         self._requests: dict[int, _BlockRequest] = {}
         self._outbox: deque[bytes] = deque()
@@ -395,7 +402,8 @@ class Producer:
         batch = _Batch(self._next_batch_id, topic, partition, blocks[0], len(blocks), view, timestamp_ms)
         self._next_batch_id += 1
         self._open[(topic, partition)] = batch
-        if batch.created + self._linger_s < self._io_wakes_at:
+        if (batch.created + self._linger_s < self._io_wakes_at
+                and self._unreported.get((topic, partition), 0) < _SEALED_PER_PARTITION):
             self._wake()  # the I/O thread must wake sooner than it planned, for this batch's linger
         return batch
 
@@ -498,6 +506,8 @@ class Producer:
             self._post(ipc.RELEASE, list(range(batch.first_block, batch.first_block + batch.block_count)))
             return
         self._sealed[batch.batch_id] = batch
+        key = (batch.topic, batch.partition)
+        self._unreported[key] = self._unreported.get(key, 0) + 1
         batch.sealed = time.monotonic()
         ago = int((batch.sealed - batch.created) * 1000)
         # Notices wait for the I/O thread, which sends all it finds in one SEAL message.
@@ -510,6 +520,20 @@ class Producer:
     def _seal_all(self) -> None:
         for batch in list(self._open.values()):
             self._seal(batch)
+
+    def _forget_sealed(self, batch: _Batch) -> None:
+        """A sealed batch is reported in full, or given up on (lock held)."""
+        del self._sealed[batch.batch_id]
+        key = (batch.topic, batch.partition)
+        left = self._unreported[key] - 1
+        if left:
+            self._unreported[key] = left
+        else:
+            del self._unreported[key]
+
+    def _clear_sealed(self) -> None:
+        self._sealed.clear()
+        self._unreported.clear()
 
     def flush(self, timeout: float | None = None) -> int:
         """Seal everything and wait for the outcomes; returns how many records are still undelivered."""
@@ -545,7 +569,7 @@ class Producer:
         error = ProducerClosedError("the producer closed before the delivery of this record was confirmed")
         with self._lock:
             futures = [f for batch in self._sealed.values() for f in batch.futures if not f.done()]
-            self._sealed.clear()
+            self._clear_sealed()
             self._outstanding = 0
         _complete_all([(future, None, error) for future in futures])
 
@@ -627,7 +651,7 @@ class Producer:
         with self._lock:
             overdue = [b for b in self._sealed.values() if now - b.sealed > limit]
             for batch in overdue:
-                del self._sealed[batch.batch_id]
+                self._forget_sealed(batch)
                 self._outstanding -= len(batch.futures) - batch.reported
             self._cond.notify_all()
         if overdue:
@@ -641,12 +665,17 @@ class Producer:
         Sealing the younger batches too is what the Java producer does in effect (a
         ready node takes the first batch of each of its partitions, lingered or not),
         and it puts them all in one SEAL message, one wake-up of the I/O thread.
+        Batches of partitions with _SEALED_PER_PARTITION batches awaiting reports
+        stay open: a report wakes the I/O thread, which looks again then.
         """
         now = time.monotonic()
         with self._lock:
-            oldest = min((b.created for b in self._open.values()), default=None)
+            unreported = self._unreported
+            due = [b for key, b in self._open.items() if unreported.get(key, 0) < _SEALED_PER_PARTITION]
+            oldest = min((b.created for b in due), default=None)
             if oldest is not None and oldest + self._linger_s <= now:
-                self._seal_all()
+                for batch in due:
+                    self._seal(batch)
                 oldest = None
             next_due = now + 1.0 if oldest is None else oldest + self._linger_s
             self._io_wakes_at = next_due
@@ -744,7 +773,7 @@ class Producer:
         for batch in self._open.values():
             batch.view.release()
         self._open.clear()
-        self._sealed.clear()
+        self._clear_sealed()
         self._spare.clear()
         self._requests.clear()
         self._outstanding -= len(lost)
@@ -772,7 +801,7 @@ class Producer:
                 futures = batch.futures[first:first + count]
                 batch.reported += len(futures)
                 if batch.reported >= len(batch.futures):
-                    del self._sealed[batch_id]
+                    self._forget_sealed(batch)
                 self._outstanding -= len(futures)
                 outcomes.append((batch.topic, batch.partition, futures, base_offset, first, log_append_time,
                                  error_wire))

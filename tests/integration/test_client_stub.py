@@ -197,6 +197,28 @@ def test_exhausted_pool_raises_after_max_block_ms_and_recovers(proxied_broker, s
     assert values.count(b"v" * 8000) == len(futures)
 
 
+def test_a_slow_broker_makes_batches_bigger_not_more_numerous(proxied_broker, sidecar) -> None:
+    # As in the Java producer, a batch that has lingered but cannot be sent yet keeps filling: a
+    # client does not seal a batch every linger_ms while the partition's previous one awaits its report.
+    tansu, proxy = proxied_broker
+    tansu.create_topic("slow", 1)
+    daemon = sidecar(proxy.address, settings={"linger.ms": 5})
+    with Producer(daemon.endpoint) as producer:
+        producer.send("slow", b"warm").result(30)
+        proxy.delay(300)
+        before = proxy.requests_forwarded.get(0, 0)
+        futures = []
+        for n in range(200):
+            futures.append(producer.send("slow", b"%d" % n))
+            time.sleep(0.005)  # 200 records over about 1 s: a batch per record if each sealed at linger
+        offsets = [f.result(60).offset for f in futures]
+        produce_requests = proxy.requests_forwarded.get(0, 0) - before
+    assert offsets == list(range(offsets[0], offsets[0] + 200))
+    assert produce_requests <= 20, f"{produce_requests} produce requests for 200 records"
+    values = [r.value for r in read_topic(proxy.address, "slow", expected=201)]
+    assert values == [b"warm"] + [b"%d" % n for n in range(200)]
+
+
 def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_factory, sidecar) -> None:
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap, transport="tcp")
