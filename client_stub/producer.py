@@ -86,15 +86,17 @@ class RecordFuture(Future):
     the Condition to be notified on or the result already set.
     """
 
+    # Until completion sets them on the instance: one store fewer each per send().
+    _result = None
+    _exception: BaseException | None = None
+    _cond: threading.Condition | None = None
+
     def __init__(self, on_delivery: DeliveryCallback | None, timestamp_ms: int, key_size: int,
                  value_size: int) -> None:
         # Future.__init__ is skipped on purpose: it makes the Condition.
         self._state = RUNNING
-        self._result = None
-        self._exception: BaseException | None = None
         self._waiters: list = []
         self._done_callbacks: list = []
-        self._cond: threading.Condition | None = None
         self.on_delivery = on_delivery
         self.timestamp_ms = timestamp_ms
         self.key_size = key_size

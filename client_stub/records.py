@@ -133,19 +133,24 @@ def encode_record(offset_delta: int, timestamp_delta: int, key: Buffer | None,
     the small varints coming from a table, so the record's own bytes are the only
     sizeable allocation.
     """
-    ts = varint(timestamp_delta)
-    od = varint(offset_delta)
+    # The table lookups are varint() inlined: this runs once per record.
+    small, limit = _SMALL_VARINTS, _SMALL_LIMIT
+    ts = small[timestamp_delta + limit] if -limit <= timestamp_delta < limit else varint(timestamp_delta)
+    od = small[offset_delta + limit] if -limit <= offset_delta < limit else varint(offset_delta)
     if key is None:
         key_len, key = _NULL, b""
     else:
-        key_len = varint(len(key))
+        n = len(key)
+        key_len = small[n + limit] if n < limit else varint(n)
     if value is None:
         value_len, value = _NULL, b""
     else:
-        value_len = varint(len(value))
+        n = len(value)
+        value_len = small[n + limit] if n < limit else varint(n)
     if not headers:
         size = 2 + len(ts) + len(od) + len(key_len) + len(key) + len(value_len) + len(value)
-        return b"".join((varint(size), _ZERO, ts, od, key_len, key, value_len, value, _ZERO))
+        return b"".join((small[size + limit] if size < limit else varint(size),
+                         _ZERO, ts, od, key_len, key, value_len, value, _ZERO))
     pieces: list[Buffer] = [_ZERO, ts, od, key_len, key, value_len, value, varint(len(headers))]
     for hkey, hvalue in headers:
         pieces += (varint(len(hkey)), hkey)

@@ -44,6 +44,9 @@ class SidecarProcess:
 
     def start(self) -> Self:
         """Start the daemon (again, after kill(), on the same endpoint) and wait for its WELCOME."""
+        if self.is_running():
+            # A second daemon would orphan the first (`with SidecarProcess(...).start()` starts twice).
+            raise RuntimeError(f"the daemon at {self.endpoint} is already running")
         command = [sys.executable, "-m", "service.cli", "run", "--bootstrap-servers", self.bootstrap,
                    "--endpoint", self.endpoint]
         for key, value in self.settings.items():
