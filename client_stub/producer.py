@@ -71,6 +71,8 @@ class RecordMetadata(NamedTuple):
     serialized_value_size: int
 
 
+_new_tuple = tuple.__new__
+
 # Guards the first use of a RecordFuture's Condition against its completion.
 _CONDITION_LOCK = threading.Lock()
 
@@ -142,8 +144,11 @@ def _complete_all(outcomes: list[tuple[RecordFuture, RecordMetadata | None, Kafk
                 watched.append(outcome)
     for future, result, error in watched:
         future._notify(result, error)
-    for future, result, error in quiet:
-        future._run_callback(result, error)
+    for future, result, error in quiet:  # _run_callback inlined: once per record
+        try:
+            future.on_delivery(error, result)  # type: ignore[misc]
+        except Exception:
+            log.exception("error in an on_delivery callback")
 
 
 class _Batch:
@@ -817,9 +822,10 @@ class Producer:
             offset = base_offset + first if base_offset >= 0 else -1
             step = 1 if base_offset >= 0 else 0
             for future in futures:
-                done.append((future, RecordMetadata(topic, partition, offset,
-                                                    log_append_time if log_append_time >= 0 else future.timestamp_ms,
-                                                    future.key_size, future.value_size), None))
+                # RecordMetadata(...) without the NamedTuple's Python-level __new__: once per record.
+                done.append((future, _new_tuple(RecordMetadata, (
+                    topic, partition, offset, log_append_time if log_append_time >= 0 else future.timestamp_ms,
+                    future.key_size, future.value_size)), None))
                 offset += step
         _complete_all(done)
 
