@@ -48,6 +48,10 @@ _SPARE_LOW = 4
 _BLOCKS_PER_GRANT = 8
 # A batch not reported this long after the daemon's delivery.timeout.ms is given up on.
 _REPORT_GRACE_MS = 30_000
+# pyzmq's flags are enum.Flag members, whose & runs Python code: plain ints for the per-message calls.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
 # The batch header the daemon writes around a block's records (counted against max.request.size).
 _BATCH_OVERHEAD = 61
 # Sealed batches of a partition awaiting their reports beyond which its open batch is not sealed at
@@ -697,8 +701,8 @@ class Producer:
 
     def _receive_all(self, sock: zmq.Socket) -> None:
         # Asking for the events is cheaper than raising zmq.Again at the end of every batch.
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            data = sock.recv(zmq.NOBLOCK)
+        while sock.getsockopt(_EVENTS) & _POLLIN:
+            data = sock.recv(_NOBLOCK)
             try:
                 message = ipc.unpack(data)
                 self._handle(message)

@@ -42,6 +42,10 @@ _PROCESS_CHECK_INTERVAL_MS = 500
 _QUARANTINE_FACTOR = 10
 # How often to repeat SEAL_NOW while the pool stays exhausted.
 _SEAL_NOW_INTERVAL_MS = 50
+# pyzmq's flags are enum.Flag members, whose | runs Python code: once per message here, so plain ints.
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+_RCVMORE = int(zmq.RCVMORE)
 
 
 @dataclass(eq=False, slots=True)
@@ -121,8 +125,11 @@ class SidecarFront:
 
     def _send(self, session: ClientSession | bytes, *message: Any) -> None:
         identity = session if isinstance(session, bytes) else session.identity
+        payload = ipc.pack(*message)
         try:
-            self.socket.send_multipart([identity, ipc.pack(*message)], flags=zmq.NOBLOCK)
+            # send_multipart() without its per-frame type checks and flag arithmetic.
+            self.socket.send(identity, _NOBLOCK | _SNDMORE)
+            self.socket.send(payload, _NOBLOCK)
         except zmq.Again:
             log.debug("client queue full, dropped a %s message", message[0])
 
@@ -140,7 +147,9 @@ class SidecarFront:
         """Handle every message waiting on the socket."""
         while True:
             try:
-                frames = self.socket.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+                frames = [self.socket.recv(_NOBLOCK)]
+                while self.socket.getsockopt(_RCVMORE):
+                    frames.append(self.socket.recv(_NOBLOCK))
             except zmq.Again:
                 return
             try:

@@ -34,6 +34,10 @@ _SIZE = struct.Struct(">i")
 _MAX_IOV = 512
 _RECV_CHUNK = 256 * 1024
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)
+# pyzmq's flags are enum.Flag members, whose | and & run Python code: the loop uses plain ints.
+_POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
+_READABLE = _POLLIN | int(zmq.POLLERR)
 
 
 class Transport(Protocol):
@@ -325,9 +329,9 @@ class Selector:
             if not channel.connected:
                 self._finish_connect(channel)
                 continue
-            if event & (zmq.POLLIN | zmq.POLLERR):
+            if event & _READABLE:
                 self._read(channel)
-            if channel.node_id in self._channels and event & zmq.POLLOUT and channel.send is not None:
+            if channel.node_id in self._channels and event & _POLLOUT and channel.send is not None:
                 self._write(channel)
 
     def _finish_connect(self, channel: KafkaChannel) -> None:
@@ -348,9 +352,9 @@ class Selector:
     def _update_interest(self) -> None:
         for fd, channel in self._by_fd.items():
             if not channel.connected:
-                flags = zmq.POLLOUT
+                flags = _POLLOUT
             else:
-                flags = zmq.POLLIN | (zmq.POLLOUT if channel.send is not None else 0)
+                flags = _POLLIN | (_POLLOUT if channel.send is not None else 0)
             if self._interest.get(fd) != flags:
                 self._poller.register(fd, flags)
                 self._interest[fd] = flags
