@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import functools
 import random
 import struct
 import zlib
@@ -49,16 +48,28 @@ def murmur2(data: bytes) -> int:
     return h
 
 
-# Keys repeat (user ids, device ids): remember the hashes of short ones.
-_murmur2_short = functools.lru_cache(maxsize=16384)(murmur2)
+# Keys repeat (user ids, device ids): the partitions of short ones are remembered, per partition
+# count. A dict of small ints costs a slot per key, a quarter of what an lru_cache entry costs: it
+# is every producing process that pays.
+_partitions_of: dict[int, dict[bytes, int]] = {}
 _SHORT_KEY = 64
+_REMEMBERED_KEYS = 16384
 
 
 def murmur2_partition(key: bytes, partitions: int) -> int:
     """``toPositive(murmur2(key)) % partitions``, the Java producer's choice for a key."""
     key = bytes(key)
-    hashed = _murmur2_short(key) if len(key) <= _SHORT_KEY else murmur2(key)
-    return (hashed & 0x7FFFFFFF) % partitions
+    known = _partitions_of.get(partitions)
+    if known is None:
+        known = _partitions_of[partitions] = {}
+    partition = known.get(key)
+    if partition is None:
+        partition = (murmur2(key) & 0x7FFFFFFF) % partitions
+        if len(key) <= _SHORT_KEY:
+            if len(known) >= _REMEMBERED_KEYS:
+                known.clear()
+            known[key] = partition
+    return partition
 
 
 def crc32_partition(key: bytes, partitions: int) -> int:
