@@ -18,7 +18,6 @@ import select
 import socket
 import struct
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -39,14 +38,23 @@ _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 _READABLE = _POLLIN | int(zmq.POLLERR)
 
+# What a transport's handshake waits for (see Transport.handshake).
+WANT_READ = _POLLIN
+WANT_WRITE = _POLLOUT
+
 
 class Transport(Protocol):
     """What a channel reads and writes through: plain TCP now, TLS behind the same seam later."""
 
     sock: socket.socket
 
-    def handshake(self) -> bool:
-        """Advance the transport's own handshake; True once data may flow."""
+    def handshake(self) -> int:
+        """Advance the transport's own handshake once the TCP connection is up.
+
+        Returns 0 once data may flow; else what the handshake waits for, WANT_READ and/or
+        WANT_WRITE (as Java's TransportLayer sets its interest ops), and the channel is polled
+        for that alone until the next call: a handshake waiting for the peer does not spin.
+        """
 
     def send(self, buffers: list[Buffer]) -> int:
         """Write as much of ``buffers`` as the socket takes; returns the bytes written."""
@@ -61,8 +69,8 @@ class PlaintextTransport:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
 
-    def handshake(self) -> bool:
-        return True
+    def handshake(self) -> int:
+        return 0
 
     def send(self, buffers: list[Buffer]) -> int:
         return self.sock.sendmsg(buffers)
@@ -74,8 +82,9 @@ class PlaintextTransport:
 @dataclass(slots=True)
 class _Send:
     tag: Any
-    buffers: deque[memoryview]
+    buffers: list[memoryview]
     remaining: int
+    first: int = 0  # buffers[first:] are still to be written, buffers[first] maybe in part
 
 
 @dataclass(slots=True)
@@ -85,6 +94,8 @@ class KafkaChannel:
     node_id: int
     transport: Transport
     connected: bool = False
+    # Until connected: the poll events awaited, the TCP connect's first, then the handshake's.
+    connect_interest: int = _POLLOUT
     send: _Send | None = None
     inbuf: bytearray = field(default_factory=bytearray)
 
@@ -225,15 +236,16 @@ class Selector:
             raise ValueError(f"node {node_id} is not connected")
         if channel.send is not None:
             raise ValueError(f"node {node_id} still has a send in progress")
-        views = deque(memoryview(b).cast("B") for b in buffers if len(b))
+        views = [memoryview(b).cast("B") for b in buffers if len(b)]
         channel.send = _Send(tag, views, sum(v.nbytes for v in views))
 
     def _write(self, channel: KafkaChannel) -> None:
         send = channel.send
         assert send is not None
+        buffers = send.buffers
         while send.remaining:
             try:
-                written = channel.transport.send(list(send.buffers)[:_MAX_IOV])
+                written = channel.transport.send(buffers[send.first:send.first + _MAX_IOV])
             except _WOULD_BLOCK:
                 return
             except OSError as exc:
@@ -241,12 +253,12 @@ class Selector:
                 return
             send.remaining -= written
             while written:
-                head = send.buffers[0]
+                head = buffers[send.first]
                 if written >= head.nbytes:
                     written -= head.nbytes
-                    send.buffers.popleft()
+                    send.first += 1
                 else:
-                    send.buffers[0] = head[written:]
+                    buffers[send.first] = head[written:]
                     written = 0
         channel.send = None
         self.completed_sends.append((channel.node_id, send.tag))
@@ -254,38 +266,72 @@ class Selector:
     # -- receiving -----------------------------------------------------------------------------
 
     def _read(self, channel: KafkaChannel) -> None:
-        failure = None
         while True:
             try:
                 chunk = channel.transport.recv(_RECV_CHUNK)
             except _WOULD_BLOCK:
-                break
+                return
             except OSError as exc:
                 failure = f"receive failed: {exc}"
                 break
             if not chunk:
                 failure = "connection closed by peer"
                 break
-            channel.inbuf += chunk
-            if len(chunk) < _RECV_CHUNK:
-                break
-        # Responses read before the connection ended are delivered, as after Java's graceful close.
-        self._extract_frames(channel)
-        if failure is not None and self._channels.get(channel.node_id) is channel:
-            self._fail(channel, failure)
+            # Responses read before the connection ends are delivered, as after Java's graceful close.
+            if not self._extract_frames(channel, chunk) or len(chunk) < _RECV_CHUNK:
+                return
+        self._fail(channel, failure)
 
-    def _extract_frames(self, channel: KafkaChannel) -> None:
-        buf = channel.inbuf
-        while len(buf) >= 4:
-            (size,) = _SIZE.unpack_from(buf, 0)
+    def _extract_frames(self, channel: KafkaChannel, data: bytes) -> bool:
+        """Report the frames that ``data`` completes; keep the start of an incomplete one pending.
+
+        Frames that lie whole in ``data``, most of them, are sliced out of it: one copy each, and
+        nothing is shifted per frame. False if an invalid size closed the connection.
+        """
+        pos = 0
+        pending = channel.inbuf
+        if pending:
+            # First the frame an earlier read began.
+            if len(pending) < 4:
+                pos = 4 - len(pending)
+                pending += data[:pos]
+                if len(pending) < 4:
+                    return True
+            (size,) = _SIZE.unpack_from(pending, 0)
             if size < 0 or size > self.max_receive_size:
-                self._fail(channel, f"invalid receive of {size} bytes from node {channel.node_id} "
-                                    f"(receive.message.max.bytes is {self.max_receive_size})")
-                return
-            if len(buf) < 4 + size:
-                return
-            self.completed_receives.append((channel.node_id, bytes(buf[4:4 + size])))
-            del buf[:4 + size]
+                return self._invalid_size(channel, size)
+            missing = 4 + size - len(pending)
+            with memoryview(data) as view:
+                pending += view[pos:pos + missing]
+            pos += missing
+            if pos > len(data):
+                return True
+            with memoryview(pending) as view:
+                self.completed_receives.append((channel.node_id, bytes(view[4:])))
+            pending.clear()
+        # Locals: this loop runs once per response of every broker.
+        end = len(data)
+        unpack, limit = _SIZE.unpack_from, self.max_receive_size
+        append, node_id = self.completed_receives.append, channel.node_id
+        while end - pos >= 4:
+            (size,) = unpack(data, pos)
+            if size < 0 or size > limit:
+                return self._invalid_size(channel, size)
+            if end - pos - 4 < size:
+                break
+            pos += 4
+            append((node_id, data[pos:pos + size]))
+            pos += size
+        if pos < end:
+            with memoryview(data) as view:
+                pending += view[pos:]
+        return True
+
+    def _invalid_size(self, channel: KafkaChannel, size: int) -> bool:
+        """Close the connection over a frame size out of bounds; False, for _extract_frames to return."""
+        self._fail(channel, f"invalid receive of {size} bytes from node {channel.node_id} "
+                            f"(receive.message.max.bytes is {self.max_receive_size})")
+        return False
 
     # -- ZeroMQ and other sockets polled with the brokers ---------------------------------------
 
@@ -341,18 +387,20 @@ class Selector:
             self._fail(channel, f"connect failed: {errno.errorcode.get(err, err)}")
             return
         try:
-            done = channel.transport.handshake()
+            interest = channel.transport.handshake()
         except OSError as exc:
             self._fail(channel, f"handshake failed: {exc}")
             return
-        if done:
-            channel.connected = True
-            self.connected.append(channel.node_id)
+        if interest:
+            channel.connect_interest = interest
+            return
+        channel.connected = True
+        self.connected.append(channel.node_id)
 
     def _update_interest(self) -> None:
         for fd, channel in self._by_fd.items():
             if not channel.connected:
-                flags = _POLLOUT
+                flags = channel.connect_interest
             else:
                 flags = _POLLIN | (_POLLOUT if channel.send is not None else 0)
             if self._interest.get(fd) != flags:

@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from service.network.selector import Selector
+from service.network.selector import WANT_READ, PlaintextTransport, Selector
 
 NODE = 1
 
@@ -138,6 +140,58 @@ def test_refused_connect_is_reported(selector: Selector) -> None:
     assert not selector.has_channel(NODE)
 
 
+class ReadyWordTransport(PlaintextTransport):
+    """A toy handshake, as a TLS client's waits for the server: data flows once the peer has said b"ready"."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock)
+        self.heard = b""
+        self.calls = 0
+
+    def handshake(self) -> int:
+        self.calls += 1
+        try:
+            self.heard += self.sock.recv(5 - len(self.heard))
+        except BlockingIOError:
+            pass
+        return 0 if self.heard == b"ready" else WANT_READ
+
+
+def test_a_handshake_waiting_for_the_peer_does_not_spin(listener: socket.socket) -> None:
+    transports: list[ReadyWordTransport] = []
+
+    def factory(sock: socket.socket) -> ReadyWordTransport:
+        transports.append(ReadyWordTransport(sock))
+        return transports[-1]
+
+    selector = Selector(transport_factory=factory)
+    try:
+        selector.connect(NODE, *listener.getsockname())
+        peer, _ = listener.accept()
+        with peer:
+            (transport,) = transports
+            poll_until(selector, lambda: transport.calls == 1)  # the TCP connect completed
+            # The socket is writable all along: polled for that, every poll would retry the handshake at once.
+            for _ in range(20):
+                selector.poll(10)
+            assert transport.calls == 1
+            assert not selector.is_connected(NODE)
+
+            peer.sendall(b"rea")
+            poll_until(selector, lambda: transport.calls == 2)
+            assert not selector.is_connected(NODE)
+            peer.sendall(b"dy")
+            poll_until(selector, lambda: selector.is_connected(NODE))
+            assert selector.connected == [NODE] and transport.calls == 3
+
+            # Then the connection carries frames as any other.
+            selector.send(NODE, [frame(b"request")])
+            poll_until(selector, lambda: selector.completed_sends != [])
+            assert receive_exactly(peer, 11) == frame(b"request")
+    finally:
+        selector.close_all()
+
+
 def test_peer_close_is_reported(selector: Selector, peer: socket.socket) -> None:
     peer.close()
     poll_until(selector, lambda: NODE in selector.disconnected)
@@ -201,6 +255,28 @@ def test_responses_split_at_every_boundary(selector: Selector, peer: socket.sock
         peer.sendall(data[cut:])
         got += poll_collect(selector, 3 - len(got))
         assert got == [b"first response", b"second", b""], f"cut at {cut}"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payloads=st.lists(st.binary(max_size=300), min_size=1, max_size=40), data=st.data())
+def test_frames_survive_any_cut_into_reads(listener: socket.socket, payloads: list[bytes], data: st.DataObject) -> None:
+    stream = b"".join(frame(p) for p in payloads)
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(stream) - 1), max_size=12), label="cuts"))
+    selector = Selector()
+    try:
+        with connect(selector, listener) as peer:
+            sock = channel_socket(selector)
+            got: list[bytes] = []
+            for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+                # One read per piece: wait for it to arrive, and for the selector to take it.
+                peer.sendall(stream[start:end])
+                _wait_for_arrival(sock, end - start)
+                poll_until(selector, lambda: not _pending(sock), poll_ms=0)
+                got += [f for _, f in selector.completed_receives]
+            assert got == payloads
+            assert selector.channels() == [NODE]
+    finally:
+        selector.close_all()
 
 
 def test_large_response_over_many_reads(selector: Selector, peer: socket.socket) -> None:
