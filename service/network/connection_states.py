@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import random
 from dataclasses import dataclass
 
@@ -26,22 +27,28 @@ class ConnectionState(enum.Enum):
 
 
 class ExponentialBackoff:
-    """``initial * multiplier**attempts`` capped at ``maximum``, spread by +-jitter (as Kafka's)."""
+    """``initial * multiplier**attempts`` spread by +-jitter and capped at ``maximum``, as Kafka's.
+
+    As Java's ExponentialBackoff, the exponent stops growing once the term reaches the maximum,
+    and the cap applies after the jitter: a backoff never exceeds ``maximum``.
+    """
 
     def __init__(self, initial_ms: int, multiplier: float, maximum_ms: int, jitter: float,
                  rng: random.Random | None = None) -> None:
         self.initial_ms = initial_ms
         self.multiplier = multiplier
-        self.maximum_ms = max(maximum_ms, initial_ms)
+        self.maximum_ms = maximum_ms
         self.jitter = jitter
         self._rng = rng or random.Random()
+        self._max_exponent = (math.log(maximum_ms / max(initial_ms, 1)) / math.log(multiplier)
+                              if maximum_ms > initial_ms else 0.0)
 
     def backoff(self, attempts: int) -> int:
-        if self.maximum_ms <= self.initial_ms:
+        if self._max_exponent == 0:
             return self.initial_ms
-        term = self.initial_ms * self.multiplier ** min(attempts, 64)
-        spread = 1.0 + self.jitter * (2 * self._rng.random() - 1) if self.jitter else 1.0
-        return int(min(term, self.maximum_ms) * spread)
+        term = self.initial_ms * self.multiplier ** min(attempts, self._max_exponent)
+        spread = self._rng.uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else 1.0
+        return min(int(term * spread), self.maximum_ms)
 
 
 @dataclass(slots=True)
@@ -58,9 +65,9 @@ class NodeConnectionState:
 class ClusterConnectionStates:
     """Per node: DISCONNECTED -> CONNECTING -> [AUTHENTICATING] -> CHECKING_API_VERSIONS -> READY.
 
-    A node that disconnected may be tried again once its reconnect backoff,
-    which doubles with every failed attempt up to ``reconnect.backoff.max.ms``
-    (with 20% jitter), has passed.
+    A node that disconnected may be tried again once its reconnect backoff has
+    passed: ``reconnect.backoff.ms`` doubled with every failed attempt, with 20%
+    jitter, and never more than ``reconnect.backoff.max.ms``.
     """
 
     def __init__(self, reconnect_backoff_ms: int, reconnect_backoff_max_ms: int,

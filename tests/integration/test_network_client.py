@@ -299,11 +299,12 @@ def test_a_silent_broker_times_out_and_is_reconnected_after_backoff(
     assert client.connection_states.state(-1) is ConnectionState.DISCONNECTED
     assert client.selector.channels() == []
 
-    # Not before the backoff has passed ...
+    # Not before the backoff (reconnect.backoff.ms = max: 10 s exactly) has passed ...
+    assert 0 < client.connection_delay(-1, clock()) <= 10_000
     for _ in range(5):
         client.poll(5)
     assert silent_listener.connections_accepted == 1
     # ... then the refresh, still due, connects again.
-    clock.advance(12_001)
+    clock.advance(10_000)
     run_until(client, lambda: client.in_flight_request_count(-1) == 1)
     run_until(client, lambda: silent_listener.connections_accepted == 2)

@@ -78,8 +78,8 @@ def test_backoff_doubles_up_to_the_maximum_with_jitter() -> None:
         now += delays[-1]
     for attempt, delay in enumerate(delays):
         expected = min(50 * 2**attempt, 1000)
-        assert 0.8 * expected <= delay <= 1.2 * expected, (attempt, delays)
-    assert len(set(delays[-4:])) > 1  # jitter spreads the capped ones
+        assert 0.8 * expected <= delay <= min(1.2 * expected, 1000), (attempt, delays)
+    assert len(set(delays[-4:])) > 1  # jitter spreads the capped ones, below the maximum
 
 
 def test_ready_resets_the_backoff() -> None:
@@ -129,8 +129,18 @@ def test_exponential_backoff(seed: int) -> None:
     backoff = ExponentialBackoff(100, 2, 5000, 0.2, random.Random(seed))
     for attempts in range(12):
         expected = min(100 * 2**attempts, 5000)
-        assert 0.8 * expected <= backoff.backoff(attempts) <= 1.2 * expected
-    assert 0.8 * 5000 <= backoff.backoff(10_000) <= 1.2 * 5000  # huge attempt counts are fine
+        assert 0.8 * expected <= backoff.backoff(attempts) <= min(1.2 * expected, 5000)
+    assert 0.8 * 5000 <= backoff.backoff(10_000) <= 5000  # huge attempt counts are fine
+
+
+def test_jitter_never_takes_the_backoff_above_the_maximum() -> None:
+    # As Java's ExponentialBackoff: the jitter applies first, then the cap.
+    backoff = ExponentialBackoff(50, 2, 1000, 0.2, random.Random(11))
+    capped = [backoff.backoff(attempts) for attempts in range(5, 10) for _ in range(200)]
+    assert max(capped) == 1000  # the jitter above the maximum is cut off ...
+    assert min(capped) >= 800 and len(set(capped)) > 100  # ... the jitter below it spreads the attempts
+    # Below the cap, +-20% around the doubled term: 50 * 2**3 = 400.
+    assert {320 <= backoff.backoff(3) <= 480 for _ in range(200)} == {True}
 
 
 def test_exponential_backoff_without_jitter_or_room_to_grow() -> None:
