@@ -10,6 +10,7 @@ the responses that completed (or failed: disconnected, timed out, unsupported).
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import random
 import time
@@ -36,7 +37,17 @@ UNSUPPORTED_VERSION = 35
 _UNANSWERED_KEPT = 1024
 
 SOFTWARE_NAME = "kafka-sidecar"
-SOFTWARE_VERSION = "0.1.0"
+
+
+def software_version() -> str:
+    """The installed kafka-sidecar's version, for ApiVersions; "unknown" (as Java's) from an uninstalled tree."""
+    try:
+        return importlib.metadata.version(SOFTWARE_NAME)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+SOFTWARE_VERSION = software_version()
 
 
 def monotonic_ms() -> int:
@@ -130,7 +141,8 @@ class NetworkClient:
         self._rng = rng or random.Random()
         self._api_versions: dict[int, NodeApiVersions] = {}
         self._correlation_id = 0
-        self._metadata_in_flight = False
+        # The client's own metadata refresh while it is out: only its answer updates the metadata.
+        self._metadata_request: ClientRequest | None = None
         self._pending: list[ClientResponse] = []
         # Correlation ids of recent requests sent without expecting a response, per node.
         self._unanswered: dict[int, deque[int]] = {}
@@ -246,6 +258,8 @@ class NetworkClient:
                                                                             request.max_version)
             except UnsupportedError as exc:
                 log.error("cannot send %s to node %s: %s", APIS[request.api_key].name, node_id, exc)
+                if request is self._metadata_request:
+                    self._metadata_refresh_failed(now)
                 self._pending.append(ClientResponse(request, now, error=exc))
                 return
         self._correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
@@ -326,7 +340,7 @@ class NetworkClient:
                     is ConnectionState.CHECKING_API_VERSIONS:
                 self._handle_api_versions(node_id, request, body, now)
                 continue
-            if request.api_key == m.METADATA:
+            if request is self._metadata_request:
                 self._handle_metadata(body, now)
             responses.append(ClientResponse(request, now, body))
 
@@ -375,9 +389,8 @@ class NetworkClient:
             log.warning("connection to node %s failed (%s): %s", node_id, state.value, reason)
         out = self._pending if responses is None else responses
         for request in self.in_flight.clear_all(node_id):
-            if request.api_key == m.METADATA:
-                self._metadata_in_flight = False
-                self.metadata.failed_update(now)
+            if request is self._metadata_request:
+                self._metadata_refresh_failed(now)
             error = NetworkError(f"disconnected from node {node_id}: {reason}",
                                  code=13, name="NETWORK_EXCEPTION")
             out.append(ClientResponse(request, now, disconnected=True, timed_out=timed_out, error=error))
@@ -428,11 +441,11 @@ class NetworkClient:
     # -- metadata --------------------------------------------------------------------------------
 
     def _metadata_update_due(self, now: int) -> bool:
-        return not self._metadata_in_flight and self.metadata.time_to_next_update(now) == 0
+        return self._metadata_request is None and self.metadata.time_to_next_update(now) == 0
 
     def _maybe_update_metadata(self, now: int) -> int:
         """Send a metadata request if one is due; returns how long the poll may sleep for it."""
-        if self._metadata_in_flight:
+        if self._metadata_request is not None:
             return self.request_timeout_ms
         delay = self.metadata.time_to_next_update(now)
         if delay > 0:
@@ -441,16 +454,22 @@ class NetworkClient:
         if node is None:
             return self.reconnect_backoff_ms
         if self.can_send_request(node.id):
-            request = ClientRequest(node.id, self.metadata.build_request(now), now)
-            self._metadata_in_flight = True
-            self._do_send(request, now)
-            return self.request_timeout_ms
+            self._metadata_request = ClientRequest(node.id, self.metadata.build_request(now), now)
+            self._do_send(self._metadata_request, now)
+            # Not sent (no common version): this poll returns the error without waiting, and the
+            # refresh is tried again after the refresh backoff.
+            return self.request_timeout_ms if self._metadata_request is not None else 0
         if self.connection_states.can_connect(node.id, now):
             self._initiate_connect(node, now)
         return self.reconnect_backoff_ms
 
+    def _metadata_refresh_failed(self, now: int) -> None:
+        self._metadata_request = None
+        self.metadata.failed_update(now)
+
     def _handle_metadata(self, body: m.MetadataResponse, now: int) -> None:
-        self._metadata_in_flight = False
+        """The answer to the client's own refresh (answers to callers' Metadata requests are theirs alone)."""
+        self._metadata_request = None
         if not body.brokers:
             # Kafka answers with no brokers while it starts; keep what we know and retry.
             log.debug("metadata response without brokers, ignored")

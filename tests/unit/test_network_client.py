@@ -8,6 +8,7 @@ tests move forward; wall-clock waits are only generous upper bounds.
 from __future__ import annotations
 
 import fcntl
+import importlib.metadata
 import logging
 import random
 import socket
@@ -22,7 +23,15 @@ import pytest
 
 from client_stub.errors import NetworkError, UnsupportedError
 from client_stub.records import encode_record
-from service.network.client import ClientRequest, ClientResponse, NetworkClient, NodeApiVersions, monotonic_ms
+from service.network.client import (
+    SOFTWARE_VERSION,
+    ClientRequest,
+    ClientResponse,
+    NetworkClient,
+    NodeApiVersions,
+    monotonic_ms,
+    software_version,
+)
 from service.network.connection_states import ConnectionState
 from service.network.metadata import Metadata, Node
 from service.network.selector import Selector
@@ -57,8 +66,10 @@ def make_client(clock: Clock) -> Iterator[Callable[..., NetworkClient]]:
     """``make_client(*brokers, **settings)``: a client bootstrapped from ``brokers``, closed at teardown."""
     clients: list[NetworkClient] = []
 
-    def make(*brokers: FakeBroker, receive_buffer_bytes: int = -1, **settings: Any) -> NetworkClient:
-        metadata = Metadata([b.address for b in brokers], refresh_backoff_ms=10)
+    def make(*brokers: FakeBroker, receive_buffer_bytes: int = -1, metadata_max_age_ms: int = 300_000,
+             **settings: Any) -> NetworkClient:
+        metadata = Metadata([b.address for b in brokers], refresh_backoff_ms=10,
+                            metadata_max_age_ms=metadata_max_age_ms)
         metadata.add_topic(TOPIC, clock())
         client = NetworkClient(Selector(receive_buffer_bytes=receive_buffer_bytes), metadata, clock=clock,
                                rng=random.Random(7), **settings)
@@ -398,6 +409,51 @@ def test_a_broker_without_api_versions_is_not_used(fake_broker: Callable[..., Fa
     assert client.connection_states.state(-1) is ConnectionState.DISCONNECTED
 
 
+def test_a_metadata_version_the_broker_lacks_fails_the_refresh_which_is_tried_again(
+        fake_broker: Callable[..., FakeBroker], make_client: Callable[..., NetworkClient], clock: Clock) -> None:
+    # A broker that only speaks a Metadata version the codec does not have (a future Kafka).
+    broker = fake_broker(1, topics={TOPIC: 1}, api_versions={**codec_api_versions(), m.METADATA: (13, 13)})
+    client = make_client(broker)
+    seen: list[ClientResponse] = []
+
+    def failed_refreshes() -> list[ClientResponse]:
+        return [r for r in seen if r.request.api_key == m.METADATA]
+
+    run_until(client, lambda: len(failed_refreshes()) == 1, seen)
+    (failure,) = failed_refreshes()
+    assert isinstance(failure.error, UnsupportedError) and "Metadata" in str(failure.error)
+    assert broker.requests_of(m.METADATA) == []  # nothing was sent
+    # The refresh is tried again after the refresh backoff (10 ms), and fails again.
+    clock.advance(10)
+    run_until(client, lambda: len(failed_refreshes()) >= 2, seen)
+    assert client.metadata.cluster.is_bootstrap
+
+    # Once the broker speaks a version it shares (an upgrade, a reconnect), metadata arrives.
+    broker.api_versions = codec_api_versions()
+    broker.close_connections()
+    run_until(client, lambda: not client.metadata.cluster.is_bootstrap)
+    assert client.metadata.cluster.partition_count(TOPIC) == 1
+
+
+def test_api_versions_names_the_sidecar_and_its_version(fake_broker: Callable[..., FakeBroker],
+                                                        make_client: Callable[..., NetworkClient],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    broker = fake_broker(1, topics={TOPIC: 1})
+    wait_ready(make_client(broker), 1)
+    _, request = broker.requests_of(m.API_VERSIONS)[0]
+    assert request.client_software_name == "kafka-sidecar"
+    assert request.client_software_version == SOFTWARE_VERSION == importlib.metadata.version("kafka-sidecar")
+
+    # From a source tree that is not installed, as the Java client says.
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert software_version() == "unknown"
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.8.7")
+    assert software_version() == "9.8.7"
+
+
 def test_latest_usable_version() -> None:
     versions = NodeApiVersions({m.PRODUCE: (3, 9), m.METADATA: (0, 20), m.INIT_PRODUCER_ID: (0, 1)})
     assert versions.latest_usable_version(m.PRODUCE) == 9
@@ -440,13 +496,13 @@ def test_request_timeout_disconnects_and_fails_everything_in_flight(
 
     # Backing off: no reconnect until the backoff has passed on the loop's clock.
     assert client.connection_states.is_blacked_out(1, clock())
-    assert 0 < client.connection_delay(1, clock()) <= 12_000
+    assert 0 < client.connection_delay(1, clock()) <= 10_000  # reconnect.backoff.ms = max: no growth, no jitter
     assert not client.ready(target, clock())
     for _ in range(5):
         client.poll(5)
     assert broker.connections_accepted == accepted
 
-    clock.advance(12_001)  # past the backoff, jitter included
+    clock.advance(10_000)  # past the backoff
     run_until(client, lambda: client.ready(target, clock()))
     assert broker.connections_accepted == accepted + 1
 
@@ -478,7 +534,8 @@ def test_a_failed_connection_backs_off_exponentially(make_client: Callable[..., 
         clock.advance(delays[-1])
     for attempt, delay in enumerate(delays):
         expected = min(1000 * 2**attempt, 8000)
-        assert 0.8 * expected - 50 <= delay <= 1.2 * expected, (attempt, delays)
+        # +-20% jitter, never above reconnect.backoff.max.ms (50 ms: real time passing in the loop).
+        assert 0.8 * expected - 50 <= delay <= min(1.2 * expected, 8000), (attempt, delays)
 
 
 # -- brokers that move or leave ------------------------------------------------------------------
@@ -559,6 +616,82 @@ def test_a_broker_never_connected_to_leaves_quietly(fake_broker: Callable[..., F
     assert [r.getMessage() for r in caplog.records if "node 2" in r.getMessage()] == []
     assert not client.metadata.update_requested
     assert client.is_ready(1, client.clock())
+
+
+# -- the metadata refresh ------------------------------------------------------------------------
+
+
+def test_metadata_is_refreshed_at_max_age_unasked(fake_broker: Callable[..., FakeBroker],
+                                                  make_client: Callable[..., NetworkClient], clock: Clock) -> None:
+    broker = fake_broker(1, topics={TOPIC: 1})
+    client = make_client(broker, metadata_max_age_ms=60_000)
+    wait_ready(client, 1)
+    refreshes = len(broker.requests_of(m.METADATA))
+    refreshed_at = client.metadata.last_successful_refresh_ms
+    for _ in range(10):
+        client.poll(5)
+    assert len(broker.requests_of(m.METADATA)) == refreshes  # nothing asks for one, and it is not old
+
+    clock.advance(60_000)
+    run_until(client, lambda: len(broker.requests_of(m.METADATA)) == refreshes + 1)
+    run_until(client, lambda: client.metadata.last_successful_refresh_ms >= refreshed_at + 60_000)
+    assert not client.metadata.update_requested
+    (_, request), = broker.requests_of(m.METADATA)[-1:]
+    assert [t.name for t in request.topics] == [TOPIC]
+
+
+def test_a_callers_metadata_answer_does_not_change_the_clients_view(
+        fake_broker: Callable[..., FakeBroker], make_client: Callable[..., NetworkClient]) -> None:
+    broker = fake_broker(1, topics={TOPIC: 2, "other": 1})
+    client = make_client(broker)
+    wait_ready(client, 1)
+    version = client.metadata.update_version
+
+    # A caller asks about another topic only, and gets its answer ...
+    body = m.MetadataRequest(topics=[m.MetadataRequest.MetadataRequestTopic(name="other")])
+    request = ClientRequest(1, body, client.clock())
+    (response,) = answers(client, [request], send_all(client, [request]))
+    assert [t.name for t in response.body.topics] == ["other"]
+    # ... which is not the client's refresh: the leaders of the topic it uses are still known.
+    assert client.metadata.update_version == version
+    assert client.metadata.cluster.partition_count(TOPIC) == 2
+    assert client.metadata.cluster.leader_for(TOPIC, 1).id == 1
+    assert client.metadata.cluster.partition_count("other") is None
+
+
+def test_a_callers_metadata_answer_does_not_end_the_clients_refresh(
+        fake_broker: Callable[..., FakeBroker], make_client: Callable[..., NetworkClient]) -> None:
+    one = fake_broker(1, topics={TOPIC: 1})
+    two = fake_broker(2, topics={TOPIC: 1})
+    for broker in (one, two):
+        broker.set_brokers([(1, one.host, one.port), (2, two.host, two.port)])
+    client = make_client(one)
+    wait_ready(client, 1)
+    wait_ready(client, 2)
+
+    def metadata_requests() -> int:
+        return len(one.requests_of(m.METADATA)) + len(two.requests_of(m.METADATA))
+
+    # The client's own refresh (of its topic) goes unanswered; a caller's (of no topic) is answered.
+    for broker in (one, two):
+        broker.set_handler(m.METADATA, lambda header, request, broker=broker: (
+            None if request.topics else broker.default_response(header, request)))
+    before, before_one = metadata_requests(), len(one.requests_of(m.METADATA))
+    client.metadata.request_update()
+    run_until(client, lambda: metadata_requests() == before + 1)
+    refreshed = 1 if len(one.requests_of(m.METADATA)) > before_one else 2
+    other = 3 - refreshed
+
+    request = ClientRequest(other, m.MetadataRequest(topics=[]), client.clock())
+    (response,) = answers(client, [request], send_all(client, [request]))
+    assert response.body.topics == []
+    # The refresh is still out: asked for another, the client waits for it rather than start a second.
+    client.metadata.request_update()
+    for _ in range(20):
+        client.poll(5)
+    assert metadata_requests() == before + 2
+    assert client.in_flight_request_count(refreshed) == 1
+    assert client.metadata.cluster.partition_count(TOPIC) == 1
 
 
 # -- least loaded node ---------------------------------------------------------------------------
