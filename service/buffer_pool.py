@@ -6,6 +6,13 @@ records into them. A request that cannot be served waits in a FIFO until blocks
 come back or its timeout (the client's max_block_ms) passes; while anyone waits
 the pool is exhausted, and the daemon asks clients to seal what they hold.
 Records larger than a block get a run of consecutive blocks.
+
+No client may take the pool from the others: a client holds at most
+``max_blocks_per_client`` blocks, granted or sealed (the daemon's default, from
+:func:`client_block_limit`, is half the pool), and has at most one request for
+spare blocks and one for a run waiting at a time. A request that would take its
+client past the limit waits for the client's own blocks to come back, without
+holding back the requests of others.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from client_stub.shm import FREE, HEADER, LAYOUT_VERSION, MAGIC, OWNED, SEALED, 
 
 log = logging.getLogger(__name__)
 
+# The most the segment's permissions allow (the umask may take more away): the daemon's user and group.
+SEGMENT_MODE = 0o660
+
 
 @dataclass(slots=True)
 class Waiter:
@@ -34,25 +44,46 @@ class Waiter:
 
 
 class BlockError(ValueError):
-    """A client named blocks that are not its to use."""
+    """A client named blocks that are not its to use, or asked for more than it may have."""
+
+
+def client_block_limit(total_bytes: int, block_size: int, max_request_size: int) -> int:
+    """The blocks one client may hold: half the pool, but at least a run for the largest batch allowed.
+
+    Half leaves the other clients together as much as the greediest one can take. A host
+    with one busy producing process may want a larger buffer.memory than a Java producer's.
+    """
+    block_count = total_bytes // block_size
+    largest_batch = -(-max_request_size // block_size)
+    return max(min(block_count, max(block_count // 2, largest_batch)), 1)
 
 
 class BufferPool:
     """The shared-memory segment, its block states, and the FIFO of waiting requests."""
 
-    def __init__(self, total_bytes: int, block_size: int, *, name: str | None = None) -> None:
+    def __init__(self, total_bytes: int, block_size: int, *, name: str | None = None,
+                 max_blocks_per_client: int | None = None) -> None:
         block_count = total_bytes // block_size
         if block_count < 1:
             raise ValueError(f"buffer.memory ({total_bytes}) must hold at least one batch.size ({block_size}) block")
+        if max_blocks_per_client is not None and max_blocks_per_client < 1:
+            raise ValueError(f"a client must be allowed at least one block, not {max_blocks_per_client}")
         self.layout = Layout(block_size, block_count)
+        self.max_blocks_per_client = min(max_blocks_per_client or block_count, block_count)
         self.name = name or f"kafka-sidecar-{os.getpid()}-{secrets.token_hex(4)}"
         self._shm = shared_memory.SharedMemory(self.name, create=True, size=self.layout.size)
+        # SharedMemory makes the segment 0600: only the daemon's user could map it. The clients of
+        # the daemon's group may (systemd/kafka-sidecar.service: UMask=0007 gives 0660, as for the
+        # socket of the ipc endpoint); others never, whatever the umask: every client's records are here.
+        os.fchmod(self._shm._fd, SEGMENT_MODE & ~_umask())
         self.buf = self._shm.buf
         HEADER.pack_into(self.buf, 0, MAGIC, LAYOUT_VERSION, block_size, block_count, TABLE_OFFSET,
                          self.layout.data_offset, os.getpid())
         # The table in shared memory is for recovery and tools; these mirror it for speed.
         self._state = bytearray(block_count)
         self._owner = [0] * block_count
+        # Per client id, the blocks it holds (granted or sealed): what max_blocks_per_client limits.
+        self._held: dict[int, int] = {}
         self._free_count = block_count
         # Free blocks, most recently freed last: reusing those keeps the pages in use few and
         # warm (a client's PSS counts every page it has touched). Entries of blocks since
@@ -74,32 +105,55 @@ class BufferPool:
 
     @property
     def exhausted(self) -> bool:
-        """Someone is waiting for memory (the accumulator's ``exhausted``)."""
-        return bool(self.waiters)
+        """Someone is waiting for memory of the pool (not only for blocks of its own to come back)."""
+        return any(not self._over_limit(w) for w in self.waiters)
+
+    def held_by(self, client_id: int) -> int:
+        """Blocks granted to or sealed by a client and not back in the pool."""
+        return self._held.get(client_id, 0)
+
+    def clients_at_limit(self) -> set[int]:
+        """Clients with a request waiting because they hold as many blocks as they may."""
+        return {w.client_id for w in self.waiters if self._over_limit(w)}
 
     # -- allocation ------------------------------------------------------------------------------
 
     def request(self, client_id: int, request_id: int, count: int, contiguous: bool,
                 deadline_ms: int) -> list[int] | None:
-        """Blocks now, or None: the request waits in the FIFO (served by :meth:`serve_waiters`)."""
+        """Blocks now, or None: the request waits in the FIFO (served by :meth:`serve_waiters`).
+
+        A request for spare blocks may get fewer than ``count``: what is free, within the
+        client's limit. BlockError if the request can never be served, or if the client
+        already has a request of the same kind waiting.
+        """
         if count < 1 or count > self.block_count:
             raise BlockError(f"cannot grant {count} blocks: the pool has {self.block_count}")
-        if not self.waiters:
-            blocks = self._allocate(client_id, count, contiguous)
+        if contiguous and count > self.max_blocks_per_client:
+            raise BlockError(f"cannot grant a run of {count} blocks: a client may hold "
+                             f"{self.max_blocks_per_client} of the pool's {self.block_count}")
+        for other in self.waiters:
+            if other.client_id == client_id and other.contiguous == contiguous:
+                raise BlockError(f"request {other.request_id} for {'a run of' if contiguous else 'spare'} blocks "
+                                 "is still waiting: a client may have one such request waiting at a time")
+        waiter = Waiter(client_id, request_id, count, contiguous, deadline_ms)
+        # Behind those who wait for the pool, in FIFO order; not behind those who wait at their limit.
+        if not self._over_limit(waiter) and not self.exhausted:
+            blocks = self._grant(waiter)
             if blocks is not None:
                 return blocks
-        self.waiters.append(Waiter(client_id, request_id, count, contiguous, deadline_ms))
+        self.waiters.append(waiter)
         return None
 
     def serve_waiters(self) -> list[tuple[Waiter, list[int]]]:
-        """Serve waiting requests in order while blocks allow."""
+        """Serve waiting requests in order while blocks allow (skipping those of clients at their limit)."""
         served = []
-        while self.waiters:
-            waiter = self.waiters[0]
-            blocks = self._allocate(waiter.client_id, waiter.count, waiter.contiguous)
+        for waiter in list(self.waiters):
+            if self._over_limit(waiter):
+                continue  # it waits for its own blocks, not for the pool: no reason to hold back the others
+            blocks = self._grant(waiter)
             if blocks is None:
                 break
-            self.waiters.popleft()
+            self.waiters.remove(waiter)
             served.append((waiter, blocks))
         return served
 
@@ -113,6 +167,17 @@ class BufferPool:
     def forget_waiters(self, client_id: int) -> None:
         self.waiters = deque(w for w in self.waiters if w.client_id != client_id)
 
+    def _over_limit(self, waiter: Waiter) -> bool:
+        needed = waiter.count if waiter.contiguous else 1
+        return self._held.get(waiter.client_id, 0) + needed > self.max_blocks_per_client
+
+    def _grant(self, waiter: Waiter) -> list[int] | None:
+        """Blocks for a request within its client's limit, or None if the pool has too few free."""
+        count = waiter.count
+        if not waiter.contiguous:
+            count = min(count, self.max_blocks_per_client - self._held.get(waiter.client_id, 0))
+        return self._allocate(waiter.client_id, count, waiter.contiguous)
+
     def _allocate(self, client_id: int, count: int, contiguous: bool) -> list[int] | None:
         if self._free_count < (count if contiguous else 1):
             return None
@@ -121,15 +186,20 @@ class BufferPool:
             if first < 0:
                 return None
             blocks = list(range(first, first + count))
+            for block in blocks:
+                self._set(block, OWNED, client_id)
         else:
             blocks = []
-            while len(blocks) < count and self._free_count > len(blocks):
-                block = self._stack.pop()
+            stack = self._stack
+            while len(blocks) < count and stack:
+                block = stack.pop()
+                # Each block is taken as it is found, so a block listed twice is granted once.
                 if self._state[block] == FREE:
+                    self._set(block, OWNED, client_id)
                     blocks.append(block)
+            if not blocks:
+                return None
         self._free_count -= len(blocks)
-        for block in blocks:
-            self._set(block, OWNED, client_id)
         return blocks
 
     # -- ownership -------------------------------------------------------------------------------
@@ -154,18 +224,28 @@ class BufferPool:
         return self.buf[start:start + length]
 
     def give_back(self, client_id: int, blocks: list[int]) -> None:
-        """A client returns blocks it was granted and did not use."""
+        """A client returns blocks it was granted and did not use (all of them are checked first)."""
+        if len(set(blocks)) != len(blocks):
+            raise BlockError("a block is named more than once")
         for block in blocks:
             self.check_owned(client_id, block, 1)
         self.free(blocks)
 
-    def free(self, blocks: list[int] | range) -> None:
+    def free(self, blocks: list[int] | range) -> int:
+        """Return blocks to the pool; returns how many were not free already (only those count)."""
+        freed = 0
         for block in blocks:
+            if self._state[block] == FREE:
+                # Whatever a client sends is checked before it gets here: this is a bug of the daemon.
+                log.error("block %d is freed but was free already: ignored", block)
+                continue
             self._set(block, FREE, 0)
-        self._stack.extend(blocks)
-        self._free_count += len(blocks)
+            self._stack.append(block)
+            freed += 1
+        self._free_count += freed
         if len(self._stack) > 2 * self.block_count:
             self._stack = [b for b in self._stack if self._state[b] == FREE]
+        return freed
 
     def free_unsealed(self, client_id: int, first: int, count: int) -> int:
         """Free those of blocks first..first+count-1 that ``client_id`` holds unsealed; leave the others."""
@@ -182,6 +262,15 @@ class BufferPool:
         return len(blocks)
 
     def _set(self, block: int, state: int, owner: int) -> None:
+        held = self._held
+        if self._state[block] != FREE:
+            previous = self._owner[block]
+            if held[previous] == 1:
+                del held[previous]
+            else:
+                held[previous] -= 1
+        if state != FREE:
+            held[owner] = held.get(owner, 0) + 1
         self._state[block] = state
         self._owner[block] = owner
         TABLE_ENTRY.pack_into(self.buf, self.layout.entry_offset(block), state, owner, 0, 0)
@@ -194,3 +283,17 @@ class BufferPool:
         except BufferError:
             log.warning("shared memory still in use at close: leaving the mapping to the process exit")
         self._shm.unlink()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask can only set it)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -11,9 +11,10 @@ import gc
 import logging
 import signal
 import threading
+import time
 from types import FrameType
 
-from .buffer_pool import BufferPool
+from .buffer_pool import BufferPool, client_block_limit
 from .config import ProducerConfig
 from .front import SidecarFront
 from .producer.core import ProducerCore
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 
 # The loop wakes at least this often even when nothing happens (timers are checked then).
 _MAX_SLEEP_MS = 1000
+# An error that recurs at every iteration is logged with its traceback at most this often.
+_ERROR_LOG_INTERVAL_S = 5.0
 
 
 class SidecarDaemon:
@@ -31,7 +34,9 @@ class SidecarDaemon:
         self.config = config
         self.endpoint = endpoint
         self.core = ProducerCore(config)
-        self.pool = BufferPool(config["buffer.memory"], config["batch.size"])
+        memory, block_size = config["buffer.memory"], config["batch.size"]
+        self.pool = BufferPool(memory, block_size, max_blocks_per_client=client_block_limit(
+            memory, block_size, config["max.request.size"]))
         try:
             self.front = SidecarFront(self.core, self.pool, endpoint,
                                       client_timeout_ms=config["sidecar.client.timeout.ms"])
@@ -39,6 +44,8 @@ class SidecarDaemon:
             self.pool.close()
             raise
         self._stop = threading.Event()
+        self.iteration_errors = 0
+        self._error_logged = -_ERROR_LOG_INTERVAL_S
 
     def stop(self) -> None:
         """Ask the loop to finish (safe from signal handlers and other threads)."""
@@ -54,9 +61,9 @@ class SidecarDaemon:
 
     def run(self) -> None:
         """Serve until :meth:`stop`, then deliver what is queued within close.timeout.ms and exit."""
-        log.info("kafka-sidecar serving %s for %s (BufferPool %s: %d blocks of %d bytes)", self.endpoint,
-                 ",".join(self.config["bootstrap.servers"]), self.pool.name, self.pool.block_count,
-                 self.pool.block_size)
+        log.info("kafka-sidecar serving %s for %s (BufferPool %s: %d blocks of %d bytes, at most %d per client)",
+                 self.endpoint, ",".join(self.config["bootstrap.servers"]), self.pool.name, self.pool.block_count,
+                 self.pool.block_size, self.pool.max_blocks_per_client)
         # The loop makes short-lived objects by the thousand (batches, requests, reports) and
         # keeps few: a full collection over everything alive would stall every client's
         # deliveries. Start-up objects are frozen out of the collections; young ones are
@@ -74,7 +81,15 @@ class SidecarDaemon:
         self.core.run_once(min(self.front.next_timer_ms(), _MAX_SLEEP_MS))
         if self.front.socket in self.core.selector.external_ready:
             self.front.handle_readable()
-        self.front.after_iteration()
+        try:
+            self.front.after_iteration()
+        except Exception:
+            # A bug met while serving one client's request must not stop the daemon for all of them.
+            self.iteration_errors += 1
+            now = time.monotonic()
+            if now - self._error_logged >= _ERROR_LOG_INTERVAL_S:
+                self._error_logged = now
+                log.exception("error after a loop iteration (%d so far)", self.iteration_errors)
 
     def shutdown(self) -> None:
         """Send what is queued (up to sidecar.close.timeout.ms), report outcomes, release everything."""

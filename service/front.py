@@ -5,7 +5,9 @@ client is a session: the blocks granted to it, the batches it sealed that are
 not finished, the delivery reports waiting to go back, the topics it follows.
 Everything a client sends is checked before it touches the pool or the
 accumulator; a malformed or hostile message is logged (rate-limited) and
-answered with an error, and never affects another client.
+answered with an error, and never affects another client. A well-formed but
+greedy client is held to its share: the BufferPool's limits on blocks and
+waiting requests per client, and :data:`MAX_TOPICS_PER_CLIENT`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ log = logging.getLogger(__name__)
 
 # A client asks for at most this long for blocks (its max_block_ms is capped by it).
 MAX_BLOCK_WAIT_MS = 3_600_000
+# Topics one client may produce to: each is in the daemon's metadata requests for as long as it runs
+# (and with allow.auto.create.topics, asking for a topic creates it).
+MAX_TOPICS_PER_CLIENT = 1000
 # Errors caused by clients are logged at most this often (a flood must not flood the log).
 _LOG_INTERVAL_S = 5.0
 # How often to look for client processes that died (they cannot say goodbye).
@@ -215,10 +220,16 @@ class SidecarFront:
     def _blocks(self, session: ClientSession, message: list[Any]) -> None:
         _, request_id, count, contiguous, timeout_ms = _fields(message, 5, "BLOCKS")
         _check_int(request_id, "request_id")
-        _check_int(count, "count", 1, self.pool.block_count)
-        _check_int(timeout_ms, "timeout_ms", 0, 2**62)
-        deadline = self.clock() + min(timeout_ms, MAX_BLOCK_WAIT_MS)
-        blocks = self.pool.request(session.client_id, request_id, count, bool(contiguous), deadline)
+        try:
+            _check_int(count, "count", 1, self.pool.block_count)
+            _check_int(timeout_ms, "timeout_ms", 0, 2**62)
+            deadline = self.clock() + min(timeout_ms, MAX_BLOCK_WAIT_MS)
+            blocks = self.pool.request(session.client_id, request_id, count, bool(contiguous), deadline)
+        except ValueError as exc:
+            # The client waits for an answer to this request: it fails now rather than at its timeout.
+            self._complain(session.identity, str(exc))
+            self._send(session, ipc.GRANT_FAILED, request_id, f"the daemon refused the request: {exc}")
+            return
         if blocks is not None:
             self._send(session, ipc.GRANT, request_id, blocks)
 
@@ -265,6 +276,10 @@ class SidecarFront:
         _check_int(max_ts, "max_timestamp", -1, 2**63 - 1)
         _check_int(ago, "created_ms_ago", 0, 2**40)
         ipc.check_topic(topic)
+        self._follow(session, topic)
+        partitions = self.core.metadata.cluster.partition_count(topic)
+        if partitions is not None and partition >= partitions:
+            raise ValueError(f"partition {partition} of topic {topic} does not exist: it has {partitions}")
         if length + RECORD_BATCH_OVERHEAD > self.core.config["max.request.size"]:
             raise ValueError(f"a batch of {length} bytes (and its header) is larger than max.request.size")
         view = self.pool.seal(session.client_id, first, count, length, records)
@@ -275,18 +290,33 @@ class SidecarFront:
 
     def _release(self, session: ClientSession, message: list[Any]) -> None:
         _, blocks = _fields(message, 2, "RELEASE")
-        if not isinstance(blocks, list) or not all(isinstance(b, int) for b in blocks):
+        if not isinstance(blocks, list) or not all(_is_int(b) for b in blocks):
             raise ValueError("RELEASE carries a list of block numbers")
         self.pool.give_back(session.client_id, blocks)
 
     def _metadata(self, session: ClientSession, message: list[Any]) -> None:
         _, topic = _fields(message, 2, "METADATA")
         ipc.check_topic(topic)
-        session.topics[topic] = ()
+        try:
+            self._follow(session, topic)
+        except ValueError as exc:
+            # The client's send() waits for this topic's metadata: it fails now rather than at its timeout.
+            self._complain(session.identity, str(exc))
+            self._send(session, ipc.TOPIC, topic, None, [], ipc.error_to_wire(InvalidRequestError(str(exc))))
+            return
+        session.topics[topic] = ()  # the state it was last told: none, so it hears the current one now
         self.core.metadata.add_topic(topic, self.clock())
         if self.core.metadata.cluster.partition_count(topic) is None:
             self.core.metadata.request_update()
         self._push_topic(session, topic)
+
+    def _follow(self, session: ClientSession, topic: str) -> None:
+        """Count a topic among those the client produces to; ValueError past MAX_TOPICS_PER_CLIENT."""
+        if topic not in session.topics:
+            if len(session.topics) >= MAX_TOPICS_PER_CLIENT:
+                raise ValueError(f"topic {topic} refused: a client may produce to at most {MAX_TOPICS_PER_CLIENT} "
+                                 "topics")
+            session.topics[topic] = ()
 
     def _heartbeat(self, session: ClientSession, message: list[Any]) -> None:
         pass  # last_seen_ms is updated for every message
@@ -314,6 +344,7 @@ class SidecarFront:
         if alive:
             self._quarantine[session.identity] = (session.client_id,
                                                   self.clock() + _QUARANTINE_FACTOR * self.client_timeout_ms)
+            self.pool.forget_waiters(session.client_id)  # nobody would take what they are granted
             return
         reclaimed = self.pool.reclaim(session.client_id)
         if reclaimed:
@@ -350,11 +381,15 @@ class SidecarFront:
                 self.pool.free(blocks)
             else:
                 self._send(session, ipc.GRANT, waiter.request_id, blocks)
-        self.core.accumulator.exhausted = self.pool.exhausted
-        if self.pool.exhausted and now - self._seal_now_sent_ms >= _SEAL_NOW_INTERVAL_MS:
+        # Sealed batches are always ready to send here: the pressure is for the clients, to seal what they hold.
+        if self.pool.waiters and now - self._seal_now_sent_ms >= _SEAL_NOW_INTERVAL_MS:
             self._seal_now_sent_ms = now
+            # Everyone holds what the pool lacks; a client at its limit waits only for its own blocks.
+            exhausted = self.pool.exhausted
+            at_limit = self.pool.clients_at_limit()
             for session in self.sessions.values():
-                self._send(session, ipc.SEAL_NOW)
+                if exhausted or session.client_id in at_limit:
+                    self._send(session, ipc.SEAL_NOW)
         for session in list(self.sessions.values()):
             if session.reports:
                 reports, session.reports = session.reports, []
@@ -385,7 +420,7 @@ class SidecarFront:
         """How long the loop may sleep before :meth:`after_iteration` has work (waiters, timeouts)."""
         now = self.clock()
         due = [w.deadline_ms - now for w in self.pool.waiters]
-        if self.pool.exhausted:
+        if self.pool.waiters:
             due.append(_SEAL_NOW_INTERVAL_MS)
         due.append(self._processes_checked_ms + _PROCESS_CHECK_INTERVAL_MS - now)
         due.append(min((s.last_seen_ms + self.client_timeout_ms - now for s in self.sessions.values()),

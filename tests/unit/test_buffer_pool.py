@@ -1,17 +1,21 @@
 """BufferPool: grants, the FIFO of waiting requests, expiry, contiguous runs, seal checks, the
-zero-copy view, freeing and reclaiming, and the block table in shared memory."""
+zero-copy view, freeing and reclaiming, the limits per client, the books kept under abuse, and the
+block table in shared memory and its permissions."""
 
 from __future__ import annotations
 
 import logging
 import os
+import random
+import stat
+import subprocess
 from collections.abc import Iterator
 from multiprocessing import shared_memory
 
 import pytest
 
 from client_stub.shm import FREE, HEADER, LAYOUT_VERSION, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET, Segment
-from service.buffer_pool import BlockError, BufferPool
+from service.buffer_pool import BlockError, BufferPool, client_block_limit
 
 BLOCK = 4096
 BLOCKS = 8
@@ -212,7 +216,7 @@ def test_forget_waiters_of_one_client(pool: BufferPool) -> None:
     take_all(pool)
     pool.request(B, 1, 1, False, 100)
     pool.request(C, 2, 1, False, 100)
-    pool.request(B, 3, 1, False, 100)
+    pool.request(B, 3, 2, True, 100)
     pool.forget_waiters(B)
     assert [w.request_id for w in pool.waiters] == [2]
 
@@ -364,6 +368,189 @@ def test_reclaim_frees_unsealed_blocks_and_keeps_sealed_ones(pool: BufferPool, s
     assert pool.free_blocks == 6
 
 
+def test_give_back_of_a_block_named_twice_is_refused(pool: BufferPool, segment: Segment) -> None:
+    blocks = pool.request(A, 1, 2, False, 0)
+    assert blocks is not None
+    with pytest.raises(BlockError, match="named more than once"):
+        pool.give_back(A, [blocks[0], blocks[1], blocks[0]])
+    assert pool.free_blocks == BLOCKS - 2
+    assert [entry(segment, b)[:2] for b in blocks] == [(OWNED, A), (OWNED, A)]
+
+
+def test_free_counts_only_blocks_that_were_not_free(pool: BufferPool, segment: Segment,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    take_all(pool)
+    with caplog.at_level(logging.ERROR, logger="service.buffer_pool"):
+        assert pool.free([3, 3, 5]) == 2
+        assert pool.free([3]) == 0
+    assert "block 3 is freed but was free already" in caplog.text
+    assert pool.free_blocks == 2
+    # Each free block is granted once, however often it was named.
+    assert sorted(pool.request(B, 1, BLOCKS, False, 0) or []) == [3, 5]
+    assert pool.free_blocks == 0
+    assert pool.request(C, 2, 1, False, 100) is None
+    assert [entry(segment, b)[:2] for b in (3, 5)] == [(OWNED, B), (OWNED, B)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_use_and_abuse_keeps_the_books(seed: int) -> None:
+    """Grants, seals, deliveries, reclaims and expiries mixed with abuse (blocks named twice, blocks
+    of others, sealed or free blocks given back or sealed): the pool's books stay exact."""
+    rng = random.Random(seed)
+    limit = 5
+    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_client=limit)
+    segment = Segment(pool.name)
+    model: dict[int, tuple[int, int]] = {}  # block -> (state, owner) of the blocks not free
+    sealed: list[range] = []
+    now = 0
+    try:
+        for step in range(400):
+            client = rng.choice((A, B, C))
+            op = rng.randrange(6)
+            grants: list[tuple[int, list[int]]] = []
+            if op == 0:
+                count, contiguous = rng.randrange(1, BLOCKS + 1), rng.random() < 0.4
+                may_refuse = (contiguous and count > limit) or any(
+                    w.client_id == client and w.contiguous == contiguous for w in pool.waiters)
+                try:
+                    blocks = pool.request(client, step, count, contiguous, now + rng.randrange(50))
+                except BlockError:
+                    assert may_refuse
+                else:
+                    assert not may_refuse
+                    if blocks is not None:
+                        grants.append((client, blocks))
+            elif op == 1:
+                grants += [(w.client_id, blocks) for w, blocks in pool.serve_waiters()]
+            elif op == 2:
+                named = [rng.randrange(BLOCKS) for _ in range(rng.randrange(1, 4))]
+                legit = len(set(named)) == len(named) and all(model.get(b) == (OWNED, client) for b in named)
+                try:
+                    pool.give_back(client, named)
+                except BlockError:
+                    assert not legit
+                else:
+                    assert legit
+                    for block in named:
+                        del model[block]
+            elif op == 3:
+                run = range(rng.randrange(BLOCKS), rng.randrange(BLOCKS) + 1)
+                legit = len(run) > 0 and all(model.get(b) == (OWNED, client) for b in run)
+                try:
+                    pool.seal(client, run.start, len(run), 1, 1).release()
+                except BlockError:
+                    assert not legit
+                else:
+                    assert legit
+                    model.update((b, (SEALED, client)) for b in run)
+                    sealed.append(run)
+            elif op == 4 and sealed:  # a batch is delivered
+                run = sealed.pop(rng.randrange(len(sealed)))
+                assert pool.free(run) == len(run)
+                for block in run:
+                    del model[block]
+            elif op == 5:
+                mine = [b for b, held in model.items() if held == (OWNED, client)]
+                assert pool.reclaim(client) == len(mine)
+                for block in mine:
+                    del model[block]
+            else:
+                now += 20
+                pool.expire_waiters(now)
+            for owner, blocks in grants:
+                assert len(set(blocks)) == len(blocks), f"a block granted twice: {blocks}"
+                for block in blocks:
+                    assert block not in model, f"block {block} granted while {model[block]}"
+                    model[block] = (OWNED, owner)
+            assert pool.free_blocks == BLOCKS - len(model)
+            assert states(segment) == [model.get(b, (FREE, 0)) for b in range(BLOCKS)]
+            for owner in (A, B, C):
+                assert pool.held_by(owner) == sum(held[1] == owner for held in model.values()) <= limit
+    finally:
+        segment.close()
+        pool.close()
+
+
+# -- limits per client ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def capped() -> Iterator[BufferPool]:
+    """A pool of which a client may hold at most 5 blocks."""
+    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_client=5)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def test_a_client_holds_at_most_its_limit(capped: BufferPool) -> None:
+    mine = capped.request(A, 1, BLOCKS, False, 0)
+    assert mine == [0, 1, 2, 3, 4]  # spare blocks: as many as the limit allows
+    assert capped.held_by(A) == 5 and capped.free_blocks == 3
+    # More waits, for A's own blocks: the pool is not exhausted, and nobody else is held back.
+    assert capped.request(A, 2, 2, True, 1000) is None
+    assert capped.clients_at_limit() == {A} and not capped.exhausted
+    assert capped.request(B, 3, 2, True, 1000) == [5, 6]
+    assert capped.serve_waiters() == []
+    # Sealed blocks are still A's until their batch is finished.
+    capped.seal(A, 0, 2, 100, 1).release()
+    assert capped.held_by(A) == 5 and capped.serve_waiters() == []
+    capped.free(range(0, 2))
+    assert capped.held_by(A) == 3
+    assert [(w.request_id, blocks) for w, blocks in capped.serve_waiters()] == [(2, [0, 1])]
+    assert capped.held_by(A) == 5 and not capped.waiters
+
+
+def test_a_client_at_its_limit_waits_behind_nobody(capped: BufferPool) -> None:
+    assert capped.request(A, 1, 5, True, 0) == [0, 1, 2, 3, 4]
+    assert capped.request(A, 2, 1, False, 1000) is None  # at its limit
+    assert capped.request(B, 3, 3, False, 1000) == [5, 6, 7]
+    assert capped.request(B, 4, 1, True, 1000) is None  # the pool is empty: B waits for the pool
+    assert capped.exhausted and capped.clients_at_limit() == {A}
+    capped.give_back(A, [2])
+    # A is below its limit again and first in line.
+    assert [(w.request_id, blocks) for w, blocks in capped.serve_waiters()] == [(2, [2])]
+    assert capped.clients_at_limit() == set() and capped.exhausted
+
+
+def test_a_run_larger_than_the_limit_is_refused(capped: BufferPool) -> None:
+    with pytest.raises(BlockError, match="a run of 6 blocks: a client may hold 5 of the pool's 8"):
+        capped.request(A, 1, 6, True, 1000)
+    assert not capped.waiters and capped.free_blocks == BLOCKS
+
+
+def test_one_waiting_request_of_each_kind_per_client(pool: BufferPool) -> None:
+    take_all(pool, C)
+    assert pool.request(A, 1, 1, False, 100) is None
+    with pytest.raises(BlockError, match="request 1 for spare blocks is still waiting"):
+        pool.request(A, 2, 1, False, 100)
+    assert pool.request(A, 3, 2, True, 100) is None
+    with pytest.raises(BlockError, match="request 3 for a run of blocks is still waiting"):
+        pool.request(A, 4, 1, True, 100)
+    assert pool.request(B, 5, 1, False, 100) is None  # others are not limited by A's requests
+    assert [w.request_id for w in pool.waiters] == [1, 3, 5]
+    # Once served, A may ask again.
+    pool.free(range(BLOCKS))
+    assert [w.request_id for w, _ in pool.serve_waiters()] == [1, 3, 5]
+    assert pool.request(A, 6, 1, False, 100) is not None
+
+
+@pytest.mark.parametrize(("memory", "batch", "max_request", "limit"), [
+    (32 * 1024 * 1024, 16384, 1024 * 1024, 1024),  # the defaults: half the pool
+    (4 * 16384, 16384, 1024 * 1024, 4),            # a tiny pool: all of it, for one large record
+    (256 * 16384, 16384, 3 * 1024 * 1024, 192),    # at least the run of the largest batch
+    (16384, 16384, 100, 1),
+])
+def test_client_block_limit(memory: int, batch: int, max_request: int, limit: int) -> None:
+    assert client_block_limit(memory, batch, max_request) == limit
+
+
+def test_limit_must_allow_a_block() -> None:
+    with pytest.raises(ValueError, match="at least one block"):
+        BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_client=0)
+
+
 def test_table_mirrors_every_state_change(pool: BufferPool, segment: Segment) -> None:
     blocks = pool.request(A, 1, 4, True, 0)
     assert blocks == [0, 1, 2, 3]
@@ -378,6 +565,47 @@ def test_table_mirrors_every_state_change(pool: BufferPool, segment: Segment) ->
     pool.reclaim(B)
     assert states(segment) == [(FREE, 0)] * BLOCKS
     assert pool.free_blocks == BLOCKS
+
+
+# -- permissions ----------------------------------------------------------------------------------
+
+
+def _pool_under_umask(umask: int) -> BufferPool:
+    previous = os.umask(umask)
+    try:
+        return BufferPool(BLOCK, BLOCK)
+    finally:
+        os.umask(previous)
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o007, 0o660), (0o002, 0o660), (0o022, 0o640), (0o077, 0o600),
+                                             (0o000, 0o660)])
+def test_segment_is_for_the_daemons_group_as_the_umask_allows(umask: int, mode: int) -> None:
+    pool = _pool_under_umask(umask)
+    try:
+        assert stat.S_IMODE(os.stat(f"/dev/shm/{pool.name}").st_mode) == mode
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_user_of_the_daemons_group_can_map_the_segment() -> None:
+    """The systemd unit's case: the daemon's user, UMask=0007, and an application of another user."""
+    pool = _pool_under_umask(0o007)
+    path = f"/dev/shm/{pool.name}"
+    group = os.stat(path).st_gid
+
+    def open_read_write(gid: int) -> subprocess.CompletedProcess[str]:
+        # What shm_open(O_RDWR) does on Linux, as user nobody.
+        return subprocess.run(["/bin/sh", "-c", f"exec 3<>{path}"], user=65534, group=gid, extra_groups=[],
+                              capture_output=True, text=True, timeout=30)
+
+    try:
+        assert open_read_write(group).returncode == 0
+        denied = open_read_write(65534)
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr
+    finally:
+        pool.close()
 
 
 # -- close ----------------------------------------------------------------------------------------

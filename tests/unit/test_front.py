@@ -19,7 +19,8 @@ from client_stub import errors, ipc
 from client_stub.shm import FREE, OWNED, SEALED, TABLE_ENTRY, Segment
 from service.buffer_pool import BufferPool
 from service.config import ProducerConfig
-from service.front import SidecarFront
+from service.daemon import SidecarDaemon
+from service.front import MAX_TOPICS_PER_CLIENT, SidecarFront
 from service.producer.batch import ProducerBatch, TopicPartition
 from service.producer.core import ProducerCore
 from service.protocol import messages as m
@@ -101,11 +102,11 @@ class Client:
 
 
 class Env:
-    def __init__(self) -> None:
+    def __init__(self, max_blocks_per_client: int | None = None) -> None:
         self.clock = FakeClock()
         self.core = ProducerCore(ProducerConfig({"bootstrap.servers": "127.0.0.1:9",
                                                  "max.request.size": MAX_REQUEST_SIZE}), clock=self.clock)
-        self.pool = BufferPool(BLOCKS * BLOCK, BLOCK)
+        self.pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_client=max_blocks_per_client)
         self.context = zmq.Context()
         self.endpoint = f"inproc://front-{uuid.uuid4().hex}"
         self.front = SidecarFront(self.core, self.pool, self.endpoint, client_timeout_ms=TIMEOUT_MS,
@@ -272,18 +273,83 @@ def test_blocks_are_granted(env: Env) -> None:
     assert env.pool.free_blocks == BLOCKS - 5
 
 
-@pytest.mark.parametrize("message", [
-    [ipc.BLOCKS, 1, 0, False, 100], [ipc.BLOCKS, 1, BLOCKS + 1, False, 100], [ipc.BLOCKS, 1, "2", False, 100],
-    [ipc.BLOCKS, -1, 1, False, 100], [ipc.BLOCKS, 1, 1, False, -5], [ipc.BLOCKS, 1, 1, False],
-    [ipc.BLOCKS, 1, True, False, 100],
+@pytest.mark.parametrize(("message", "answered"), [
+    ([ipc.BLOCKS, 1, 0, False, 100], True), ([ipc.BLOCKS, 1, BLOCKS + 1, False, 100], True),
+    ([ipc.BLOCKS, 1, "2", False, 100], True), ([ipc.BLOCKS, -1, 1, False, 100], False),
+    ([ipc.BLOCKS, 1, 1, False, -5], True), ([ipc.BLOCKS, 1, 1, False], False),
+    ([ipc.BLOCKS, 1, True, False, 100], True),
 ], ids=["zero", "too-many", "text", "negative-id", "negative-timeout", "missing-field", "bool-count"])
-def test_bad_block_requests_are_refused(env: Env, message: list[Any]) -> None:
+def test_bad_block_requests_are_refused(env: Env, message: list[Any], answered: bool) -> None:
     client = env.client()
     client.hello()
     client.send(*message)
     env.pump()
-    client.error()
+    text = client.error()
+    if answered:
+        # The request itself fails too, so that the client does not wait for it until its timeout.
+        assert client.recv() == [ipc.GRANT_FAILED, 1, f"the daemon refused the request: {text}"]
+    assert client.quiet()
     assert env.pool.free_blocks == BLOCKS and not env.pool.waiters
+
+
+def test_one_waiting_request_of_each_kind_per_client(env: Env) -> None:
+    a, b = env.client(), env.client()
+    a.hello()
+    b.hello()
+    held = a.blocks(BLOCKS)
+    b.send(ipc.BLOCKS, 1, 1, False, 1000)
+    b.send(ipc.BLOCKS, 2, 1, False, 1000)
+    b.send(ipc.BLOCKS, 3, 2, True, 1000)
+    b.send(ipc.BLOCKS, 4, 2, True, 1000)
+    env.pump()
+    assert "request 1 for spare blocks is still waiting" in b.error()
+    assert b.recv()[:2] == [ipc.GRANT_FAILED, 2]
+    assert "request 3 for a run of blocks is still waiting" in b.error()
+    assert b.recv()[:2] == [ipc.GRANT_FAILED, 4]
+    assert [w.request_id for w in env.pool.waiters] == [1, 3]
+    a.send(ipc.RELEASE, held)
+    env.pump()
+    env.front.after_iteration()
+    assert b.recv()[:2] == [ipc.GRANT, 1]
+    assert b.recv()[:2] == [ipc.GRANT, 3]
+
+
+def test_a_client_at_its_limit_is_asked_to_seal_and_the_others_are_served() -> None:
+    env = Env(max_blocks_per_client=4)
+    try:
+        a, b = env.client(), env.client()
+        a_id = a.hello()
+        b.hello()
+        held = a.blocks(BLOCKS)
+        assert len(held) == 4 and all(env.state(x) == (OWNED, a_id) for x in held)
+        a.send(ipc.BLOCKS, 9, 1, False, 1000)
+        env.pump()
+        env.front.after_iteration()
+        # A waits for its own blocks: only A is asked to seal, and B is served at once.
+        assert a.recv() == [ipc.SEAL_NOW]
+        assert b.quiet()
+        assert len(b.blocks(BLOCKS)) == 4
+        a.send(ipc.RELEASE, held[:1])
+        env.pump()
+        env.front.after_iteration()
+        assert a.recv() == [ipc.GRANT, 9, held[:1]]
+        assert env.pool.held_by(a_id) == 4
+    finally:
+        env.close()
+
+
+def test_a_run_larger_than_a_client_may_hold_fails_at_once() -> None:
+    env = Env(max_blocks_per_client=4)
+    try:
+        client = env.client()
+        client.hello()
+        client.send(ipc.BLOCKS, 3, 5, True, 60_000)
+        env.pump()
+        assert "a client may hold 4 of the pool's 8" in client.error()
+        assert client.recv()[:2] == [ipc.GRANT_FAILED, 3]
+        assert not env.pool.waiters
+    finally:
+        env.close()
 
 
 def test_release_gives_blocks_back(env: Env) -> None:
@@ -301,11 +367,50 @@ def test_release_gives_blocks_back(env: Env) -> None:
     env.pump()
     assert "not granted to this client" in a.error()
     assert env.state(mine[2]) == (OWNED, a_id) and env.state(theirs[0])[0] == OWNED
-    for bad in ([ipc.RELEASE, "0"], [ipc.RELEASE, [0.5]], [ipc.RELEASE, [BLOCKS]]):
+    for bad in ([ipc.RELEASE, "0"], [ipc.RELEASE, [0.5]], [ipc.RELEASE, [BLOCKS]], [ipc.RELEASE, [True]]):
         a.send(*bad)
         env.pump()
         a.error()
     assert env.pool.free_blocks == BLOCKS - 2
+
+
+def test_release_of_a_block_named_twice_is_refused(env: Env) -> None:
+    client = env.client()
+    client_id = client.hello()
+    [block] = client.blocks(1)
+    client.send(ipc.RELEASE, [block, block])
+    env.pump()
+    assert "named more than once" in client.error()
+    assert env.state(block) == (OWNED, client_id)
+    assert env.pool.free_blocks == BLOCKS - 1
+
+
+def test_abuse_of_its_own_blocks_cannot_make_the_daemon_grant_a_block_twice(env: Env) -> None:
+    """The sequence that crashed the daemon: a block released three times, then requests that the
+    pool, believing it had more free blocks than it had, served with one block twice."""
+    hostile, good = env.client(), env.client()
+    hostile_id = hostile.hello()
+    good_id = good.hello()
+    [block] = hostile.blocks(1)
+    hostile.send(ipc.RELEASE, [block, block, block])
+    env.pump()
+    assert "named more than once" in hostile.error()
+    mine = good.blocks(BLOCKS)
+    assert sorted(mine) == sorted(set(range(BLOCKS)) - {block})
+    hostile.send(ipc.BLOCKS, 20, 2, True, 1)
+    hostile.send(ipc.BLOCKS, 21, 1, False, 60_000)
+    env.pump()
+    env.clock.advance(10)
+    env.front.after_iteration()
+    assert hostile.recv()[:2] == [ipc.GRANT_FAILED, 20]
+    assert hostile.recv() == good.recv() == [ipc.SEAL_NOW]  # the spare request waits for the pool
+    good.send(ipc.RELEASE, mine[:1])
+    env.pump()
+    env.front.after_iteration()
+    assert hostile.recv() == [ipc.GRANT, 21, mine[:1]]
+    assert env.state(block) == env.state(mine[0]) == (OWNED, hostile_id)
+    assert all(env.state(b) == (OWNED, good_id) for b in mine[1:])
+    assert env.pool.free_blocks == 0 and not env.pool.waiters
 
 
 # -- seal -----------------------------------------------------------------------------------------
@@ -585,6 +690,31 @@ def test_silent_clients_blocks_come_back_after_the_quarantine(env: Env) -> None:
     _check_ended(env, client_id, sealed, unsealed)
 
 
+def test_silent_clients_waiting_request_goes_with_its_session(env: Env) -> None:
+    a, silent = env.client(), env.client()
+    a.hello()
+    silent.hello()
+    held = a.blocks(BLOCKS)
+    silent.send(ipc.BLOCKS, 1, 1, False, 10 * TIMEOUT_MS)
+    env.pump()
+    env.front.after_iteration()
+    assert a.recv() == [ipc.SEAL_NOW]
+    env.clock.advance(TIMEOUT_MS + 1)
+    a.send(ipc.HEARTBEAT)
+    env.pump()
+    env.front.after_iteration()
+    assert a.recv() == [ipc.SEAL_NOW]  # in the iteration that ended the silent session
+    # Nobody would take what the request is granted: it is dropped, and nobody is asked to seal for it.
+    assert not env.pool.waiters and not env.pool.exhausted
+    env.clock.advance(50)
+    env.front.after_iteration()
+    assert a.quiet()
+    a.send(ipc.RELEASE, held[:1])
+    env.pump()
+    env.front.after_iteration()
+    assert env.state(held[0]) == (FREE, 0)
+
+
 def test_heartbeats_keep_a_session(env: Env) -> None:
     client = env.client()
     client.hello()
@@ -659,7 +789,7 @@ def test_exhausted_pool_asks_everyone_to_seal(env: Env) -> None:
     assert env.front.next_timer_ms() <= 50
     env.front.after_iteration()
     assert a.recv() == [ipc.SEAL_NOW] and b.recv() == [ipc.SEAL_NOW]
-    assert env.core.accumulator.exhausted
+    assert env.pool.exhausted
     env.front.after_iteration()
     assert a.quiet() and b.quiet()  # not more often than every 50 ms
     env.clock.advance(50)
@@ -670,7 +800,7 @@ def test_exhausted_pool_asks_everyone_to_seal(env: Env) -> None:
     env.pump()
     env.front.after_iteration()
     assert b.recv() == [ipc.GRANT, 77, [held[3]]]
-    assert not env.core.accumulator.exhausted
+    assert not env.pool.exhausted
     env.clock.advance(50)
     env.front.after_iteration()
     assert a.quiet() and b.quiet()
@@ -690,7 +820,7 @@ def test_waiting_request_fails_at_its_timeout(env: Env) -> None:
     env.front.after_iteration()
     kind, request_id, reason = b.recv()
     assert (kind, request_id) == (ipc.GRANT_FAILED, 5) and "no 2 free block(s)" in reason
-    assert not env.pool.waiters and not env.core.accumulator.exhausted
+    assert not env.pool.waiters and not env.pool.exhausted
 
 
 def test_expired_request_at_the_head_does_not_hold_back_the_next(env: Env) -> None:
@@ -813,6 +943,57 @@ def test_metadata_of_a_bad_topic_is_refused(env: Env) -> None:
     assert "a b" not in env.core.metadata.topics()
 
 
+def test_seal_of_a_partition_the_topic_does_not_have_is_refused(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    client.send(ipc.METADATA, "t")
+    env.pump()
+    env.core.metadata.update(metadata_response({"t": [1, 1, 1]}), env.clock())
+    env.front.after_iteration()
+    assert client.recv() == [ipc.TOPIC, "t", 3, [0, 1, 2], None]
+    assert client.blocks(2, contiguous=True) == [0, 1]
+    client.seal(notice(batch_id=1, first=0, partition=3), notice(batch_id=2, first=1, partition=2))
+    assert "partition 3 of topic t does not exist: it has 3" in client.error()
+    assert env.queued("t", 3) == [] and [b.origin[1] for b in env.queued("t", 2)] == [2]
+    env.front.after_iteration()
+    [report] = deliveries(client)
+    assert report[0] == 1 and isinstance(ipc.error_from_wire(report[5]), errors.InvalidRequestError)
+    assert env.state(0) == (FREE, 0)
+
+
+def test_a_client_produces_to_a_limited_number_of_topics(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    for n in range(MAX_TOPICS_PER_CLIENT):
+        client.send(ipc.METADATA, f"topic-{n}")
+    env.pump()
+    assert client.quiet()
+    client.send(ipc.METADATA, "one-too-many")
+    env.pump()
+    assert f"a client may produce to at most {MAX_TOPICS_PER_CLIENT} topics" in client.error()
+    # The client's send() waits for the topic: it learns at once that it will not come.
+    kind, topic, count, available, error = client.recv()
+    assert (kind, topic, count, available) == (ipc.TOPIC, "one-too-many", None, [])
+    failure = ipc.error_from_wire(error)
+    assert isinstance(failure, errors.InvalidRequestError) and "at most" in str(failure)
+    assert "one-too-many" not in env.core.metadata.topics()
+    # Nor can a seal notice name another topic (it would enter the daemon's metadata too).
+    client.blocks(2, contiguous=True)
+    client.seal(notice(batch_id=1, first=0, topic="one-too-many"), notice(batch_id=2, first=1, topic="topic-7"))
+    assert "at most" in client.error()
+    assert env.queued("one-too-many") == [] and len(env.queued("topic-7")) == 1
+    assert "one-too-many" not in env.core.metadata.topics()
+    # Asking again for a topic it has is no new topic; another client counts its own.
+    client.send(ipc.METADATA, "topic-7")
+    env.pump()
+    assert client.quiet()
+    other = env.client()
+    other.hello()
+    other.send(ipc.METADATA, "one-too-many")
+    env.pump()
+    assert other.quiet() and "one-too-many" in env.core.metadata.topics()
+
+
 # -- robustness -----------------------------------------------------------------------------------
 
 
@@ -845,6 +1026,38 @@ def test_exception_from_the_core_does_not_escape(env: Env, monkeypatch: pytest.M
     client.send(ipc.HEARTBEAT)
     env.pump()
     assert len(env.front.sessions) == 1
+
+
+def test_daemon_loop_survives_an_error_after_an_iteration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    endpoint = f"ipc://{tmp_path}/sidecar.sock"
+    daemon = SidecarDaemon(ProducerConfig({"bootstrap.servers": "127.0.0.1:9", "buffer.memory": BLOCKS * BLOCK,
+                                           "batch.size": BLOCK}), endpoint)
+    context = zmq.Context()
+    client = context.socket(zmq.DEALER)
+    try:
+        def broken() -> None:
+            raise IndexError("pop from empty list")
+
+        with monkeypatch.context() as patch, caplog.at_level(logging.ERROR, logger="service.daemon"):
+            patch.setattr(daemon.front, "after_iteration", broken)
+            daemon.run_once()
+            daemon.run_once()
+        assert daemon.iteration_errors == 2
+        assert caplog.text.count("error after a loop iteration") == 1  # not at every iteration
+        # It still serves.
+        client.setsockopt(zmq.LINGER, 0)
+        client.connect(endpoint)
+        client.send(ipc.pack(ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), "after", {}))
+        for _ in range(20):
+            daemon.run_once()
+            if client.poll(0):
+                break
+        assert ipc.unpack(client.recv(zmq.NOBLOCK))[0] == ipc.WELCOME
+    finally:
+        client.close()
+        context.term()
+        daemon.shutdown()
 
 
 def test_closed_core_fails_sealed_batches_at_once(env: Env) -> None:
