@@ -21,7 +21,7 @@ from client_stub.errors import KafkaError
 
 from ..network.metadata import Cluster, Node
 from .batch import ProducerBatch, TopicPartition
-from .transaction_manager import TransactionManager
+from .transaction_manager import TransactionManager, sequence_after
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class RecordAccumulator:
         self.closed = False
         # Set by the BufferPool while someone waits for memory.
         self.exhausted = False
+        # No queued batch expires before this (it may be early: batches drained since are not taken out).
         self.next_batch_expiry_ms = FOREVER
 
     # -- queues ----------------------------------------------------------------------------------
@@ -64,6 +65,9 @@ class RecordAccumulator:
             raise RuntimeError("the accumulator is closed")
         self._batches.setdefault(batch.tp, deque()).append(batch)
         self.incomplete.add(batch)
+        self._track_expiry(batch)
+
+    def _track_expiry(self, batch: ProducerBatch) -> None:
         self.next_batch_expiry_ms = min(self.next_batch_expiry_ms, batch.created_ms + self.delivery_timeout_ms)
 
     def reenqueue(self, batch: ProducerBatch, now: int) -> None:
@@ -74,13 +78,15 @@ class RecordAccumulator:
             self._insert_in_sequence_order(queue, batch)
         else:
             queue.appendleft(batch)
+        self._track_expiry(batch)
 
     @staticmethod
     def _insert_in_sequence_order(queue: deque[ProducerBatch], batch: ProducerBatch) -> None:
-        # Retried batches sit at the head, ordered by sequence, before any batch without one.
+        # Retried batches sit at the head, ordered by sequence (across the wrap to 0), before any
+        # batch without one.
         index = 0
         for queued in queue:
-            if not queued.has_sequence or queued.base_sequence > batch.base_sequence:
+            if not queued.has_sequence or sequence_after(queued.base_sequence, batch.base_sequence):
                 break
             index += 1
         queue.insert(index, batch)
@@ -91,6 +97,7 @@ class RecordAccumulator:
         queue = self._batches.setdefault(batch.tp, deque())
         for part in reversed(parts):
             self.incomplete.add(part)
+            self._track_expiry(part)
             part.last_attempt_ms = now
             if self.transaction_manager is not None and part.has_sequence:
                 self.transaction_manager.add_in_flight_batch(part)
@@ -112,6 +119,15 @@ class RecordAccumulator:
 
     def queued_for(self, tp: TopicPartition) -> list[ProducerBatch]:
         return list(self._batches.get(tp, ()))
+
+    def queued_by_leader(self, cluster: Cluster) -> dict[int, int]:
+        """Per leader node id, the batches queued for the partitions it leads."""
+        counts: dict[int, int] = {}
+        for tp, queue in self._batches.items():
+            leader = cluster.leader_for(tp.topic, tp.partition) if queue else None
+            if leader is not None:
+                counts[leader.id] = counts.get(leader.id, 0) + len(queue)
+        return counts
 
     def has_undrained(self) -> bool:
         return any(self._batches.values())
@@ -216,17 +232,26 @@ class RecordAccumulator:
     # -- expiry and abort ------------------------------------------------------------------------
 
     def expired_batches(self, now: int) -> list[ProducerBatch]:
-        """Queued batches whose delivery timeout has passed, removed from their queues."""
+        """Queued batches whose delivery timeout has passed, removed from their queues.
+
+        A queue is not in creation order (several clients, each batch with its own age, feed a
+        partition), so every batch is looked at; but only once the next-expiry bound is reached.
+        """
+        if now < self.next_batch_expiry_ms:
+            return []
         expired: list[ProducerBatch] = []
         self.next_batch_expiry_ms = FOREVER
         for queue in self._batches.values():
-            while queue:
-                batch = queue[0]
-                if not batch.has_reached_delivery_timeout(self.delivery_timeout_ms, now):
-                    self.next_batch_expiry_ms = min(self.next_batch_expiry_ms,
-                                                    batch.created_ms + self.delivery_timeout_ms)
-                    break
-                expired.append(queue.popleft())
+            kept: list[ProducerBatch] = []
+            for batch in queue:
+                if batch.has_reached_delivery_timeout(self.delivery_timeout_ms, now):
+                    expired.append(batch)
+                else:
+                    kept.append(batch)
+                    self._track_expiry(batch)
+            if len(kept) < len(queue):
+                queue.clear()
+                queue.extend(kept)
         return expired
 
     def drain_all(self) -> list[ProducerBatch]:

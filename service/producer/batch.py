@@ -127,8 +127,11 @@ class ProducerBatch:
 
         The payload is the record buffer itself when uncompressed; compressed, it
         is computed once and kept for retries. The header is rebuilt only when the
-        producer state changes.
+        producer state changes. A released batch has none: its buffer may hold
+        other records by now.
         """
+        if self._released:
+            raise RuntimeError(f"{self} was released: it cannot be sent")
         if self._payload is None or self._payload[0] is not compression:
             payload = self.records if compression is CompressionType.NONE else \
                 compress(compression, self.records, level)

@@ -56,6 +56,7 @@ class ProducerCore:
         self.metrics = SenderMetrics()
         self.sender = Sender(self.client, self.metadata, self.accumulator, config, self.transaction_manager,
                              self.metrics, clock)
+        self.metrics.gauges = self.sender.gauges
         self.closed = False
 
     def append(self, batch: ProducerBatch) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -27,6 +28,17 @@ class Stat:
 
     def snapshot(self) -> dict[str, float]:
         return {"count": self.count, "avg": self.avg, "max": self.max}
+
+
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    """Figures of the moment, read when a snapshot is taken (Java's gauges), overall and per node id."""
+
+    requests_in_flight: int = 0
+    batches_queued: int = 0
+    node_requests_in_flight: dict[int, int] = field(default_factory=dict)
+    # Batches queued for the partitions each node leads.
+    node_queue_size: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -56,6 +68,8 @@ class SenderMetrics:
     request_latency_ms: Stat = field(default_factory=Stat)
     queue_time_ms: Stat = field(default_factory=Stat)
     nodes: defaultdict[int, NodeMetrics] = field(default_factory=lambda: defaultdict(NodeMetrics))
+    # Reads the gauges; the sender that owns what they measure sets it.
+    gauges: Callable[[], Gauges] = field(default=Gauges, repr=False, compare=False)
 
     def record_request(self, node_id: int, batches: int, records: int, size: int) -> None:
         self.requests_sent += 1
@@ -73,11 +87,19 @@ class SenderMetrics:
         node.request_latency_ms.record(latency_ms)
 
     def snapshot(self) -> dict[str, Any]:
-        data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "gauges"}
         data["request_latency_ms"] = self.request_latency_ms.snapshot()
         data["queue_time_ms"] = self.queue_time_ms.snapshot()
-        data["nodes"] = {node_id: {"requests_sent": n.requests_sent, "bytes_sent": n.bytes_sent,
-                                   "responses_received": n.responses_received,
-                                   "request_latency_ms": n.request_latency_ms.snapshot()}
-                         for node_id, n in self.nodes.items()}
+        gauges = self.gauges()
+        data["requests_in_flight"] = gauges.requests_in_flight
+        data["batches_queued"] = gauges.batches_queued
+        node_ids = self.nodes.keys() | gauges.node_requests_in_flight.keys() | gauges.node_queue_size.keys()
+        data["nodes"] = {}
+        for node_id in sorted(node_ids):
+            n = self.nodes.get(node_id) or NodeMetrics()
+            data["nodes"][node_id] = {"requests_sent": n.requests_sent, "bytes_sent": n.bytes_sent,
+                                      "responses_received": n.responses_received,
+                                      "request_latency_ms": n.request_latency_ms.snapshot(),
+                                      "requests_in_flight": gauges.node_requests_in_flight.get(node_id, 0),
+                                      "queue_size": gauges.node_queue_size.get(node_id, 0)}
         return data

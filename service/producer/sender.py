@@ -22,7 +22,7 @@ from ..protocol import messages as m
 from ..protocol.compression import CompressionType
 from .accumulator import FOREVER, RecordAccumulator
 from .batch import ProducerBatch, TopicPartition
-from .metrics import SenderMetrics
+from .metrics import Gauges, SenderMetrics
 from .transaction_manager import State, TransactionManager
 
 log = logging.getLogger(__name__)
@@ -62,9 +62,14 @@ class Sender:
             CompressionType.LZ4: config["compression.lz4.level"],
             CompressionType.ZSTD: config["compression.zstd.level"],
         }.get(self.compression)
-        # Without idempotence only one request per connection keeps a partition in order.
-        self.guarantee_message_order = config["max.in.flight.requests.per.connection"] == 1
+        # Sequence numbers keep an idempotent producer's partitions in order with several batches in
+        # flight. Without them a retry would overtake the batches sent after it: the partition is
+        # muted while it has a batch in flight (Java does so only with max.in.flight 1).
+        self.guarantee_message_order = (config["max.in.flight.requests.per.connection"] == 1
+                                        or not config.idempotent)
         self._in_flight_batches: dict[TopicPartition, list[ProducerBatch]] = {}
+        # No batch in flight expires before this (early once batches have completed).
+        self._next_in_flight_expiry_ms = FOREVER
         self._init_producer_id_in_flight = False
         self._init_producer_id_retry_ms = 0
 
@@ -137,42 +142,68 @@ class Sender:
         for batches in drained.values():
             for batch in batches:
                 self._in_flight_batches.setdefault(batch.tp, []).append(batch)
+                self._next_in_flight_expiry_ms = min(self._next_in_flight_expiry_ms,
+                                                     batch.created_ms + self.accumulator.delivery_timeout_ms)
                 if self.guarantee_message_order:
                     self.accumulator.mute(batch.tp)
         self._expire(now)
         poll_timeout = min(result.next_ready_check_delay_ms, not_ready_timeout,
-                           self.accumulator.next_batch_expiry_ms - now)
+                           self.accumulator.next_batch_expiry_ms - now, self._next_in_flight_expiry_ms - now)
         if drained:
             # More may be drainable at once: one batch per partition goes per request.
             poll_timeout = 0
         for node_id, batches in drained.items():
-            self._send_produce_request(node_id, batches, now)
+            # A batch that expired as it was drained is final and its buffer is gone: it stays home.
+            sendable = []
+            for batch in batches:
+                if not batch.is_done:
+                    sendable.append(batch)
+                elif self.guarantee_message_order:
+                    self.accumulator.unmute(batch.tp)
+            if sendable:
+                self._send_produce_request(node_id, sendable, now)
         return max(poll_timeout, 0)
 
     # -- expiry ----------------------------------------------------------------------------------
 
     def _expire(self, now: int) -> None:
         expired = self.accumulator.expired_batches(now)
-        timeout = self.accumulator.delivery_timeout_ms
-        for tp, batches in list(self._in_flight_batches.items()):
-            while batches and batches[0].has_reached_delivery_timeout(timeout, now):
-                batch = batches.pop(0)
-                if not batch.is_done:
-                    expired.append(batch)
-            if batches:
-                self.accumulator.next_batch_expiry_ms = min(self.accumulator.next_batch_expiry_ms,
-                                                            batches[0].created_ms + timeout)
-            else:
-                del self._in_flight_batches[tp]
+        if now >= self._next_in_flight_expiry_ms:
+            expired += self._expired_in_flight_batches(now)
         for batch in expired:
-            message = (f"Expiring {batch.record_count} record(s) for {batch.tp}: "
+            # Java's Sender's words, to the character: users search their logs for them.
+            message = (f"Expiring {batch.record_count} record(s) for {batch.tp}:"
                        f"{now - batch.created_ms} ms has passed since batch creation")
             self.metrics.batches_expired += 1
             self.metrics.records_expired += batch.record_count
             self._fail_batch(batch, KafkaTimeoutError(message), adjust_sequences=False)
             if self.transaction_manager is not None and batch.has_sequence:
-                # It was sent at least once: the broker may have it. Hold the partition until known.
+                # The broker may have it (or, drained and never sent, its sequence is a gap): hold
+                # the partition until its sequences are known.
                 self.transaction_manager.mark_sequence_unresolved(batch)
+
+    def _expired_in_flight_batches(self, now: int) -> list[ProducerBatch]:
+        """In-flight batches past delivery.timeout.ms, taken out of the in-flight lists.
+
+        The lists are not in creation order (batches of a partition come from several clients, each
+        with its own age, and retries go to the tail), so every batch is looked at.
+        """
+        timeout = self.accumulator.delivery_timeout_ms
+        expired: list[ProducerBatch] = []
+        self._next_in_flight_expiry_ms = FOREVER
+        for tp, batches in list(self._in_flight_batches.items()):
+            kept: list[ProducerBatch] = []
+            for batch in batches:
+                if not batch.has_reached_delivery_timeout(timeout, now):
+                    kept.append(batch)
+                    self._next_in_flight_expiry_ms = min(self._next_in_flight_expiry_ms, batch.created_ms + timeout)
+                elif not batch.is_done:
+                    expired.append(batch)
+            if kept:
+                self._in_flight_batches[tp] = kept
+            else:
+                del self._in_flight_batches[tp]
+        return expired
 
     # -- produce requests ------------------------------------------------------------------------
 
@@ -199,6 +230,9 @@ class Sender:
         now = response.received_ms
         for batch in batches.values():
             batch.in_flight = False
+            # The request is over, whatever its outcome: the partition may send again.
+            if self.guarantee_message_order:
+                self.accumulator.unmute(batch.tp)
         if response.disconnected:
             code = REQUEST_TIMED_OUT if response.timed_out else NETWORK_EXCEPTION
             message = str(response.error) if response.error else "disconnected"
@@ -223,6 +257,10 @@ class Sender:
                 batch = batches.get(tp)
                 if batch is None:
                     log.warning("produce response for %s, which the request did not contain", tp)
+                    continue
+                if tp in answered:
+                    # A second answer would retry the batch twice: two copies queued, sent at once.
+                    log.warning("produce response names %s twice: the first answer counts", tp)
                     continue
                 answered.add(tp)
                 self._complete_batch(batch, pr.error_code, pr.error_message, now, base_offset=pr.base_offset,
@@ -276,8 +314,6 @@ class Sender:
                 self.metrics.batches_succeeded += 1
                 self.metrics.records_succeeded += batch.record_count
             batch.maybe_release()
-        if self.guarantee_message_order:
-            self.accumulator.unmute(batch.tp)
 
     def _can_retry(self, batch: ProducerBatch, error: int, log_start_offset: int, now: int) -> bool:
         if batch.is_done or batch.attempts >= self.retries:
@@ -316,6 +352,17 @@ class Sender:
                 break
         if not batches:
             del self._in_flight_batches[batch.tp]
+
+    # -- figures ---------------------------------------------------------------------------------
+
+    def gauges(self) -> Gauges:
+        """Requests in flight and batches queued, overall and per broker."""
+        client = self.client
+        return Gauges(requests_in_flight=client.in_flight_request_count(),
+                      batches_queued=self.accumulator.queued_batches(),
+                      node_requests_in_flight={n: client.in_flight_request_count(n)
+                                               for n in self.metadata.cluster.nodes},
+                      node_queue_size=self.accumulator.queued_by_leader(self.metadata.cluster))
 
     # -- close -----------------------------------------------------------------------------------
 

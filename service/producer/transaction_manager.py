@@ -13,7 +13,6 @@ Transactions are not supported; only the idempotent producer is.
 
 from __future__ import annotations
 
-import bisect
 import enum
 import logging
 from dataclasses import dataclass, field
@@ -68,20 +67,20 @@ class TxnPartitionEntry:
     next_sequence: int = 0
     last_acked_sequence: int = -1
     last_acked_offset: int = -1
-    # Batches with a sequence and no outcome yet, by base sequence.
+    # Batches with a sequence and no outcome yet, in sequence order (across the wrap to 0: they
+    # span far less than half the sequence space).
     in_flight: list[ProducerBatch] = field(default_factory=list)
-    _keys: list[int] = field(default_factory=list)
 
     def add(self, batch: ProducerBatch) -> None:
-        i = bisect.bisect_left(self._keys, batch.base_sequence)
-        self._keys.insert(i, batch.base_sequence)
+        i = len(self.in_flight)
+        while i > 0 and sequence_after(self.in_flight[i - 1].base_sequence, batch.base_sequence):
+            i -= 1
         self.in_flight.insert(i, batch)
 
     def remove(self, batch: ProducerBatch) -> None:
         for i, candidate in enumerate(self.in_flight):
             if candidate is batch:
                 del self.in_flight[i]
-                del self._keys[i]
                 return
 
     def reset_sequences(self, producer_id_and_epoch: ProducerIdAndEpoch) -> None:
@@ -90,7 +89,6 @@ class TxnPartitionEntry:
         for batch in self.in_flight:
             batch.reset_producer_state(producer_id_and_epoch.producer_id, producer_id_and_epoch.epoch, sequence)
             sequence += batch.record_count
-        self._keys = [b.base_sequence for b in self.in_flight]
         self.producer_id_and_epoch = producer_id_and_epoch
         self.next_sequence = sequence
         self.last_acked_sequence = -1
@@ -160,6 +158,9 @@ class TransactionManager:
         if response.error_code == 0:
             self.producer_id_and_epoch = ProducerIdAndEpoch(response.producer_id, response.producer_epoch)
             self.state = State.READY
+            # Resets asked for while this id was on its way concern batches sent under the old one
+            # (nothing is drained without an id): this id serves them too.
+            self._new_producer_id_required = False
             log.info("producer id %s, epoch %s", response.producer_id, response.producer_epoch)
             # What was in flight on the partitions that lost their sequences is renumbered now;
             # the other partitions move to the new id once their batches are done.
@@ -173,14 +174,20 @@ class TransactionManager:
         self.init_producer_id_failed(error, error.retriable)
 
     def _reset_producer_id(self) -> None:
-        # Java bumps the epoch locally here; brokers before Kafka 2.5 and some compatible
-        # brokers (Tansu) refuse an epoch they did not hand out, while a new producer id
-        # works everywhere: the partitions start over at sequence 0 under it.
+        # Java's idempotent producer bumps the epoch locally here (bumpIdempotentProducerEpoch,
+        # KIP-360), with no round trip. Brokers before Kafka 2.5 refuse an epoch they did not hand
+        # out, and so does Tansu: 0.6.0 answers a batch of a locally bumped epoch with
+        # PRODUCER_FENCED (90), even on a partition that never saw the producer, and an
+        # InitProducerId naming the current id and epoch (v3+, the broker-side bump) with
+        # UNKNOWN_SERVER_ERROR. A new producer id works everywhere: the partitions start over at
+        # sequence 0 under it. Resets asked for until it arrives share it.
+        self._new_producer_id_required = False
+        if not self.has_producer_id:
+            return
         log.info("sequences of %s cannot be resolved: taking a new producer id",
                  ", ".join(sorted(map(str, self._to_rewrite))))
         self.producer_id_and_epoch = NONE
         self.state = State.UNINITIALIZED
-        self._new_producer_id_required = False
         self.producer_id_resets += 1
 
     def _request_new_producer_id(self, tp: TopicPartition) -> None:

@@ -16,10 +16,11 @@ from service.config import ProducerConfig
 from service.network.client import monotonic_ms
 from service.producer.batch import FinalState
 from service.producer.core import ProducerCore
+from service.producer.transaction_manager import ProducerIdAndEpoch
 from tests.support.batches import Deliveries
 from tests.support.verifier import ConsumedRecord, read_topic
 
-EXPIRY_MESSAGE = re.compile(r"Expiring (\d+) record\(s\) for (.+)-(\d+): (\d+) ms has passed since batch creation")
+EXPIRY_MESSAGE = re.compile(r"Expiring (\d+) record\(s\) for (.+)-(\d+):(\d+) ms has passed since batch creation")
 
 
 class JumpingClock:
@@ -288,3 +289,24 @@ def test_after_unresolved_expiry_a_new_producer_id_is_taken_and_new_records_acce
     assert [v for v in values if v not in lost_values] == [r.value for b in first + after for r in records_of[id(b)]]
     arrived = [v for v in values if v in lost_values]
     assert arrived == lost_values[:len(arrived)]
+
+
+def test_tansu_refuses_an_epoch_the_producer_bumped_itself(broker, topic_factory) -> None:
+    """Why the producer takes a new producer id where Java bumps the epoch locally (KIP-360): Tansu
+    fences a batch under an epoch it did not hand out (see TransactionManager._reset_producer_id)."""
+    topic = topic_factory(2)
+    deliveries = Deliveries(topic)
+    core = make_core(broker.bootstrap)
+    first, bumped = deliveries.numbered(partitions=2, batches_per_partition=1, records_per_batch=3)
+    core.append(first)
+    assert core.flush(30_000)
+    tm = core.transaction_manager
+    handed_out = tm.producer_id_and_epoch
+    # Java's bumpIdempotentProducerEpoch: the same id, the next epoch; partition 1 never saw the producer.
+    tm.producer_id_and_epoch = ProducerIdAndEpoch(handed_out.producer_id, handed_out.epoch + 1)
+    core.append(bumped)
+    assert core.flush(30_000)
+    core.close(0)
+    assert (bumped.producer_id, bumped.producer_epoch, bumped.base_sequence) == (
+        handed_out.producer_id, handed_out.epoch + 1, 0)
+    assert bumped.final_state is FinalState.FAILED and bumped.error.name == "PRODUCER_FENCED"

@@ -10,6 +10,7 @@ Kafka broker does, so that sequence errors come when a real broker would give th
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,18 +23,21 @@ from client_stub.errors import (
     BrokerError,
     InvalidRecordError,
     KafkaError,
+    KafkaTimeoutError,
     RecordTooLargeError,
     RetriableError,
+    UnsupportedError,
 )
 from service.config import ProducerConfig
+from service.embedded import free_port
 from service.network.client import monotonic_ms
-from service.producer.batch import FinalState, ProducerBatch
+from service.producer.batch import FinalState, ProducerBatch, TopicPartition
 from service.producer.core import ProducerCore
 from service.protocol import messages as m
 from service.protocol.api import RequestHeader, encode_request
 from service.protocol.record_batch import RecordBatch, decode_batches
 from tests.support.batches import Deliveries, SentRecord
-from tests.support.fake_broker import CLOSE, FakeBroker, produce_response
+from tests.support.fake_broker import CLOSE, FakeBroker, codec_api_versions, produce_response
 
 TOPIC = "orders"
 PRODUCE, METADATA, INIT_PRODUCER_ID = m.PRODUCE, m.METADATA, m.INIT_PRODUCER_ID
@@ -59,6 +63,15 @@ INVALID_RECORD = 87
 UNKNOWN_SERVER_ERROR = -1
 
 PartitionResponse = m.ProduceResponse.TopicProduceResponse.PartitionProduceResponse
+
+
+def expired_after_ms(batch: ProducerBatch) -> int:
+    """How old ``batch`` was when it expired, read from its error: Kafka's message, as Java's Sender writes it."""
+    assert isinstance(batch.error, KafkaTimeoutError)
+    match = re.fullmatch(rf"Expiring {batch.record_count} record\(s\) for {batch.tp.topic}-{batch.tp.partition}:"
+                         r"(\d+) ms has passed since batch creation", str(batch.error))
+    assert match, str(batch.error)
+    return int(match[1])
 
 
 class JumpingClock:
@@ -377,6 +390,36 @@ def test_a_request_timeout_is_retried(fake_broker, make_core) -> None:
     assert log_values(broker) == values_of(batch, deliveries)
 
 
+def test_a_retriable_answer_after_the_delivery_timeout_fails_the_batch(fake_broker, make_core) -> None:
+    broker = fake_broker(1, topics={TOPIC: 2})
+    clock = JumpingClock()
+    core = make_core(broker, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000)
+    deliveries = Deliveries(TOPIC)
+    warm_up(core, deliveries)
+    produce_before = len(broker.requests_of(PRODUCE))
+    broker.set_handler(PRODUCE, fail_first(broker, 100, NOT_ENOUGH_REPLICAS, "1 of 3 in sync"))
+
+    broker.pause()
+    (batch,) = new_batches(deliveries, created_ms=clock() - 50_000)
+    core.append(batch)
+    run_until(core, lambda: core.client.in_flight_request_count(1) == 1 and not core.selector.has_pending_send(1))
+    # The answer is read after delivery.timeout.ms has passed, before the loop's own expiry check.
+    clock.advance(10_000)
+    broker.resume()
+    deadline = time.monotonic() + 5
+    while not batch.is_done:
+        assert time.monotonic() < deadline, "no answer"
+        core.client.poll(10)
+
+    assert batch.final_state is FinalState.FAILED
+    assert (batch.error.name, batch.error.message) == ("NOT_ENOUGH_REPLICAS", "1 of 3 in sync")
+    assert batch.attempts == 0 and core.metrics.batches_retried == 0
+    assert core.metrics.batches_expired == 0
+    assert core.flush(1000)
+    assert len(broker.requests_of(PRODUCE)) == produce_before + 1, "retried after delivery.timeout.ms"
+    assert deliveries.releases[batch.origin] == 1
+
+
 # -- 2, 3. final errors ----------------------------------------------------------------------------
 
 
@@ -457,6 +500,76 @@ def test_corrupt_message_once_then_accepted(fake_broker, make_core) -> None:
     assert core.flush(5000)
     assert batch.final_state is FinalState.SUCCEEDED
     assert log_values(broker) == values_of(batch, deliveries)
+
+
+def test_an_unusable_produce_version_fails_the_batch_and_the_partition_goes_on(fake_broker, make_core) -> None:
+    versions = codec_api_versions()
+    produce_versions = versions.pop(PRODUCE)
+    broker = fake_broker(1, topics={TOPIC: 2}, api_versions=versions)
+    # One request in flight: the partition is muted while its request is out.
+    core = make_core(broker, enable_idempotence=False, max_in_flight_requests_per_connection=1)
+    deliveries = Deliveries(TOPIC)
+    (refused,) = new_batches(deliveries)
+    core.append(refused)
+    assert core.flush(5000)
+    assert refused.final_state is FinalState.FAILED
+    assert isinstance(refused.error, UnsupportedError) and "Produce" in str(refused.error)
+    assert deliveries.releases[refused.origin] == 1
+
+    # The broker is upgraded: the partition must not have stayed muted.
+    broker.api_versions[PRODUCE] = produce_versions
+    broker.close_connections()
+    run_until(core, lambda: core.client.node_api_versions(1) is None)  # the versions go with the connection
+    (after,) = new_batches(deliveries)
+    core.append(after)
+    assert core.flush(5000)
+    assert after.final_state is FinalState.SUCCEEDED
+    assert log_values(broker) == values_of(after, deliveries)
+
+
+def test_a_partition_named_twice_in_a_response_is_completed_once(fake_broker, make_core) -> None:
+    broker = fake_broker(1, topics={TOPIC: 2})
+    core = make_core(broker)
+    deliveries = Deliveries(TOPIC)
+    warm_up(core, deliveries)
+    produce_before = len(produce_batches(broker))
+    answers = itertools.count()
+
+    def twice(header: RequestHeader, request: m.ProduceRequest) -> Any:
+        if next(answers):
+            return broker.default_response(header, request)
+        answer = PartitionResponse(index=0, error_code=NOT_ENOUGH_REPLICAS, base_offset=-1)
+        return m.ProduceResponse(responses=[m.ProduceResponse.TopicProduceResponse(
+            name=TOPIC, partition_responses=[answer, answer])])
+
+    broker.set_handler(PRODUCE, twice)
+    (batch,) = new_batches(deliveries)
+    core.append(batch)
+    assert core.flush(5000)
+
+    assert batch.final_state is FinalState.SUCCEEDED
+    assert batch.attempts == 1 and core.metrics.batches_retried == 1
+    assert len(produce_batches(broker)) == produce_before + 2, "the batch went out more than once per attempt"
+    assert log_values(broker) == values_of(batch, deliveries)
+    assert deliveries.releases[batch.origin] == 1
+
+
+def test_log_append_time_from_the_broker_reaches_the_batch(fake_broker, make_core) -> None:
+    broker = fake_broker(1, topics={TOPIC: 2})
+    core = make_core(broker)
+    deliveries = Deliveries(TOPIC)
+    (create_time,) = new_batches(deliveries)
+    core.append(create_time)
+    assert core.flush(5000)
+    assert (create_time.base_offset, create_time.log_append_time_ms) == (0, -1)  # a CreateTime topic
+
+    append_time = 1_700_000_123_456
+    broker.set_handler(PRODUCE, lambda h, r: produce_response(r, base_offset=5, log_append_time_ms=append_time))
+    (batch,) = new_batches(deliveries)
+    core.append(batch)
+    assert core.flush(5000)
+    assert batch.final_state is FinalState.SUCCEEDED
+    assert (batch.base_offset, batch.log_append_time_ms) == (5, append_time)
 
 
 # -- 4. MESSAGE_TOO_LARGE: split -------------------------------------------------------------------
@@ -587,6 +700,35 @@ def test_one_in_flight_a_retried_batch_is_not_overtaken(fake_broker, make_core) 
     assert [b.base_offset for b in batches] == [0, 5, 10]
 
 
+@pytest.mark.parametrize("settings", [{"acks": "1"}, {"enable_idempotence": False}])
+def test_without_idempotence_a_retry_never_reorders_a_partition(fake_broker, make_core,
+                                                                 settings: dict[str, Any]) -> None:
+    broker = fake_broker(1, topics={TOPIC: 2})
+    core = make_core(broker, **settings)
+    assert not core.config.idempotent
+    assert core.config["max.in.flight.requests.per.connection"] == 5
+    deliveries = Deliveries(TOPIC)
+    warm_up(core, deliveries)
+
+    broker.set_handler(PRODUCE, fail_first(broker, 1, NOT_ENOUGH_REPLICAS))
+    broker.pause()
+    batches = new_batches(deliveries, partition=0, batches=3)
+    others = new_batches(deliveries, partition=1, batches=3)
+    for batch in batches + others:
+        core.append(batch)
+    for _ in range(20):
+        core.run_once(5)
+    # One batch per partition in flight: both in one request, the others wait.
+    assert core.client.in_flight_request_count(1) == 1
+    broker.resume()
+    assert core.flush(5000)
+
+    assert all(b.final_state is FinalState.SUCCEEDED for b in batches + others)
+    assert batches[0].attempts == others[0].attempts == 1
+    assert log_values(broker, 0) == [v for b in batches for v in values_of(b, deliveries)]
+    assert log_values(broker, 1)[1:] == [v for b in others for v in values_of(b, deliveries)]
+
+
 def test_idempotent_in_flight_batches_are_retried_in_sequence_order(fake_broker, make_core) -> None:
     broker = fake_broker(1, topics={TOPIC: 2})
     log = SequencedLog(broker, faults={0: [NOT_ENOUGH_REPLICAS]}).install()
@@ -665,6 +807,107 @@ def test_lost_producer_state_takes_a_new_producer_id(fake_broker, make_core, err
     assert core.flush(5000)
     assert (third.producer_id, third.base_sequence) == (1001, 5)
     assert log_values(broker) == [v for b in (first, second, third) for v in values_of(b, deliveries)]
+
+
+# -- delivery timeout and unreachable brokers ------------------------------------------------------
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_a_batch_drained_after_its_delivery_timeout_is_failed_not_sent(fake_broker, make_core,
+                                                                      idempotent: bool) -> None:
+    broker = fake_broker(1, topics={TOPIC: 2})
+    fresh_producer_ids(broker)
+    SequencedLog(broker).install()
+    core = make_core(broker, enable_idempotence=idempotent)
+    deliveries = Deliveries(TOPIC)
+    warm_up(core, deliveries)
+    produce_before = len(broker.requests_of(PRODUCE))
+
+    # A client block that kept filling while its partition awaited a report reaches the daemon
+    # already older than delivery.timeout.ms; a fresh batch of another partition goes in the same drain.
+    (stale,) = new_batches(deliveries, partition=0, created_ms=core.clock() - 120_001)
+    (fresh,) = new_batches(deliveries, partition=1)
+    core.append(stale)
+    core.append(fresh)
+    assert core.flush(5000)
+
+    assert stale.final_state is FinalState.FAILED and expired_after_ms(stale) >= 120_001
+    assert fresh.final_state is FinalState.SUCCEEDED
+    sent = [(t.name, p.index) for _, r in broker.requests_of(PRODUCE)[produce_before:]
+            for t in r.topic_data for p in t.partition_data]
+    assert sent == [(TOPIC, 1)], "the expired batch was sent"
+    assert deliveries.releases[stale.origin] == 1
+    assert core.metrics.batches_expired == 1
+
+    # The partition goes on (with idempotence, under a new producer id: the batch used up a sequence).
+    (after,) = new_batches(deliveries, partition=0)
+    core.append(after)
+    assert core.flush(5000)
+    assert after.final_state is FinalState.SUCCEEDED, after.error
+    assert log_values(broker, 0) == values_of(after, deliveries)
+    if idempotent:
+        assert (after.producer_id, after.base_sequence) == (1001, 0)
+
+
+def test_an_old_batch_in_flight_behind_a_younger_one_expires_on_time(fake_broker, make_core) -> None:
+    broker = fake_broker(1, topics={TOPIC: 2})
+    clock = JumpingClock()
+    core = make_core(broker, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000)
+    deliveries = Deliveries(TOPIC)
+    warm_up(core, deliveries)
+
+    # Several clients feed one partition, each batch with its own age: the queue is not in creation order.
+    broker.pause()
+    (young,) = new_batches(deliveries, created_ms=clock())
+    (old,) = new_batches(deliveries, created_ms=clock() - 50_000)
+    core.append(young)
+    core.append(old)
+    run_until(core, lambda: core.client.in_flight_request_count(1) == 2)
+    clock.advance(10_000)
+    core.run_once(0)
+    assert old.final_state is FinalState.FAILED and 60_000 <= expired_after_ms(old) < 70_000
+    assert not young.is_done
+
+    broker.resume()
+    assert core.flush(5000)
+    assert young.final_state is FinalState.SUCCEEDED and old.final_state is FinalState.FAILED
+    assert sorted(deliveries.origins_reported().values()) == [1, 1, 1]
+    assert deliveries.releases[old.origin] == deliveries.releases[young.origin] == 1
+
+
+def test_an_unreachable_broker_holds_back_only_its_own_partitions(fake_broker, make_core) -> None:
+    one = fake_broker(1, topics={TOPIC: 2})
+    # Broker 2 leads partition 1 and is down: nothing listens on its port.
+    one.set_brokers([(1, one.host, one.port), (2, "127.0.0.1", free_port())])
+    one.set_leader(TOPIC, 1, 2)
+    clock = JumpingClock()
+    core = make_core(one, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000)
+    deliveries = Deliveries(TOPIC)
+    held = new_batches(deliveries, partition=1, batches=2, created_ms=clock())
+    going = new_batches(deliveries, partition=0, batches=3, created_ms=clock())
+    for batch in held + going:
+        core.append(batch)
+
+    run_until(core, lambda: all(b.is_done for b in going))
+    assert all(b.final_state is FinalState.SUCCEEDED for b in going)
+    assert log_values(one, 0) == [v for b in going for v in values_of(b, deliveries)]
+    assert not any(b.is_done for b in held)
+    assert core.accumulator.queued_for(TopicPartition(TOPIC, 1)) == held
+    assert produce_batches(one, 1) == []
+    assert core.client.connection_failed(2) or core.client.is_connecting(2)
+    # Nothing to send to broker 1: the loop waits (for the reconnect backoff), it does not spin.
+    assert core.sender.send_producer_data(clock()) > 0
+
+    (more,) = new_batches(deliveries, partition=0, created_ms=clock())
+    core.append(more)
+    run_until(core, lambda: more.is_done)
+    assert more.final_state is FinalState.SUCCEEDED
+
+    clock.advance(60_000)
+    core.run_once(0)
+    assert all(b.final_state is FinalState.FAILED and expired_after_ms(b) >= 60_000 for b in held)
+    assert all(deliveries.releases[b.origin] == 1 for b in held)
+    assert produce_batches(one, 1) == []
 
 
 # -- 9. acks=0 -------------------------------------------------------------------------------------
@@ -798,6 +1041,23 @@ def test_metrics_agree_with_what_happened(fake_broker, make_core) -> None:
     assert snapshot["requests_sent"] == len(one.requests_of(PRODUCE)) + len(two.requests_of(PRODUCE)) == 5
     assert snapshot["bytes_sent"] == snapshot["nodes"][1]["bytes_sent"] + snapshot["nodes"][2]["bytes_sent"]
     assert snapshot["request_latency_ms"]["count"] == 5
+    assert snapshot["requests_in_flight"] == snapshot["batches_queued"] == 0
+    assert all(snapshot["nodes"][n]["requests_in_flight"] == snapshot["nodes"][n]["queue_size"] == 0 for n in (1, 2))
+
+    # Figures of the moment: broker 2 holds five requests (one batch each), two more batches wait for it.
+    two.pause()
+    waiting = new_batches(deliveries, partition=1, batches=7, records=1)
+    for batch in waiting:
+        core.append(batch)
+    run_until(core, lambda: core.client.in_flight_request_count(2) == 5)
+    snapshot = core.metrics.snapshot()
+    assert (snapshot["requests_in_flight"], snapshot["batches_queued"]) == (5, 2)
+    assert (snapshot["nodes"][2]["requests_in_flight"], snapshot["nodes"][2]["queue_size"]) == (5, 2)
+    assert (snapshot["nodes"][1]["requests_in_flight"], snapshot["nodes"][1]["queue_size"]) == (0, 0)
+    two.resume()
+    assert core.flush(5000)
+    snapshot = core.metrics.snapshot()
+    assert (snapshot["requests_in_flight"], snapshot["nodes"][2]["queue_size"]) == (0, 0)
 
 
 def test_expiry_figures_and_late_answers_counted_once(fake_broker, make_core) -> None:

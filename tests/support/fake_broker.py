@@ -70,13 +70,15 @@ def codec_api_versions() -> dict[int, tuple[int, int]]:
 
 
 def produce_response(request: m.ProduceRequest, error_code: int = 0, *, base_offset: int = -1,
-                     error_message: str | None = None) -> m.ProduceResponse:
-    """A ProduceResponse giving every partition of ``request`` the same outcome."""
+                     error_message: str | None = None, log_append_time_ms: int = -1) -> m.ProduceResponse:
+    """A ProduceResponse giving every partition of ``request`` the same outcome
+    (``log_append_time_ms``: the broker's append time, for a topic with LogAppendTime)."""
     topic_cls = m.ProduceResponse.TopicProduceResponse
     partition_cls = topic_cls.PartitionProduceResponse
     return m.ProduceResponse(responses=[
         topic_cls(name=topic.name, partition_responses=[
             partition_cls(index=p.index, error_code=error_code, base_offset=base_offset,
+                          log_append_time_ms=log_append_time_ms,
                           log_start_offset=0 if base_offset >= 0 else -1, error_message=error_message)
             for p in topic.partition_data])
         for topic in request.topic_data])

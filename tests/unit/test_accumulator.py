@@ -288,6 +288,28 @@ def test_reenqueue_in_sequence_order_with_idempotence() -> None:
         assert queue.queued_for(T0) == retried + fresh
 
 
+def test_reenqueue_in_sequence_order_across_the_wrap() -> None:
+    """Sequences wrap from 2**31-1 to 0: the batch before the wrap goes first, else the one after
+    it is refused as out of order again and again while the first never goes."""
+    tm = ready_tm()
+    entry = tm._entry(T0)
+    entry.next_sequence, entry.last_acked_sequence = 2**31 - 3, 2**31 - 4
+    acc = accumulator(tm, backoff=0)
+    cluster = make_cluster({T0: 1})
+    before, after = append(acc, T0, 2, count=5)
+    assert drain_one(acc, cluster, 0) == [before]
+    assert drain_one(acc, cluster, 0) == [after]
+    assert (before.base_sequence, after.base_sequence) == (2**31 - 3, 2)
+    assert tm.first_in_flight_sequence(T0) == before.base_sequence
+    acc.reenqueue(after, 1)
+    acc.reenqueue(before, 1)
+    assert acc.queued_for(T0) == [before, after]
+    assert drain_one(acc, cluster, 2) == [before]
+    assert drain_one(acc, cluster, 2) == []  # a retried batch goes when it is the first in flight
+    tm.handle_completed_batch(before, 0)
+    assert drain_one(acc, cluster, 3) == [after]
+
+
 def test_reenqueue_without_sequence_goes_to_head_even_with_idempotence() -> None:
     tm = ready_tm()
     acc = accumulator(tm)
@@ -365,6 +387,59 @@ def test_expired_batches_removed_in_order() -> None:
     assert acc.next_batch_expiry_ms == FOREVER
     assert not acc.has_undrained()
     assert acc.incomplete == {a, b, c, d, e}  # the sender completes them
+
+
+def test_expiry_looks_past_a_younger_head() -> None:
+    """Batches of one partition come from several clients, each with its own age: a queue is not in
+    creation order, and an old batch behind a young one must expire on time."""
+    acc = accumulator(delivery_timeout=100)
+    young = make_batch(T0, created_ms=50)
+    old = make_batch(T0, created_ms=0)
+    newest = make_batch(T0, created_ms=60)
+    for batch in (young, old, newest):
+        acc.append(batch)
+    assert acc.next_batch_expiry_ms == 100
+    assert acc.expired_batches(100) == [old]
+    assert acc.queued_for(T0) == [young, newest]
+    assert acc.next_batch_expiry_ms == 150
+    assert acc.expired_batches(160) == [young, newest]
+
+
+def test_expiry_bound_follows_batches_put_back() -> None:
+    """The next-expiry bound lets most iterations skip the scan; a batch back from flight must lower it."""
+    acc = accumulator(delivery_timeout=100, backoff=0)
+    cluster = make_cluster({T0: 1})
+    old = make_batch(T0, created_ms=0)
+    acc.append(old)
+    assert drain_one(acc, cluster, 10) == [old]
+    [young] = append(acc, T0, created_ms=40)
+    assert acc.expired_batches(100) == []
+    assert acc.next_batch_expiry_ms == 140
+    acc.reenqueue(old, 110)
+    assert acc.next_batch_expiry_ms == 100
+    assert acc.expired_batches(110) == [old]
+    parent = make_batch(T0, count=4, created_ms=5)
+    acc.append(parent)
+    assert drain_one(acc, cluster, 111) == [young]
+    assert drain_one(acc, cluster, 111) == [parent]
+    assert acc.expired_batches(112) == []
+    assert acc.next_batch_expiry_ms == FOREVER
+    assert acc.split_and_reenqueue(parent, parent.records_size // 2, 112) > 1
+    parts = acc.queued_for(T0)
+    assert acc.next_batch_expiry_ms == 105
+    assert acc.expired_batches(105) == parts
+
+
+def test_queued_by_leader() -> None:
+    acc = accumulator()
+    append(acc, T0, 2)
+    append(acc, T1, 3)
+    append(acc, T2)
+    append(acc, U0)
+    cluster = make_cluster({T0: 1, T1: 2, T2: 1, U0: None})
+    assert acc.queued_by_leader(cluster) == {1: 3, 2: 3}
+    drain_one(acc, cluster, 0)
+    assert acc.queued_by_leader(cluster) == {1: 1, 2: 2}
 
 
 def test_abort_undrained() -> None:

@@ -135,6 +135,21 @@ def test_release_after_split_once(outcomes: Outcomes) -> None:
     assert outcomes.released == 1
 
 
+
+@pytest.mark.parametrize("release", ["final", "split"])
+def test_released_batch_gives_no_wire_pieces(outcomes: Outcomes, release: str) -> None:
+    """Its buffer may hold another batch's records by now: sending it would put those on the wire."""
+    batch = tracked(outcomes, count=4)
+    batch.wire_pieces(CompressionType.NONE, None)
+    if release == "final":
+        batch.done(-1, -1, KafkaTimeoutError("expired"))
+    else:
+        batch.release_after_split()
+    assert outcomes.released == 1
+    with pytest.raises(RuntimeError, match="released"):
+        batch.wire_pieces(CompressionType.NONE, None)
+
+
 # -- wire pieces ---------------------------------------------------------------------------------
 
 

@@ -172,6 +172,19 @@ def test_last_acked_and_next_sequence_across_the_wrap() -> None:
     assert tm.needs_producer_id()
 
 
+def test_in_flight_batches_in_sequence_order_across_the_wrap() -> None:
+    tm = new_tm(producer_id=1)
+    entry = tm._entry(T0)
+    entry.next_sequence, entry.last_acked_sequence = INT_MAX - 2, INT_MAX - 3
+    before, after = send(tm, count=5), send(tm)        # INT_MAX-2..1, then 2..4
+    assert tm.first_in_flight_sequence(T0) == before.base_sequence
+    assert tm.should_stop_drain(after) and not tm.should_stop_drain(before)
+    # renumbered under a new id in the order they were sent
+    assert tm.can_retry(OUT_OF_ORDER_SEQUENCE_NUMBER, 0, before, retriable=False)
+    renew_producer_id(tm, 2)
+    assert [(b.producer_id, b.base_sequence) for b in (before, after)] == [(2, 0), (2, 5)]
+
+
 def test_unresolved_resolves_across_the_wrap() -> None:
     tm = new_tm()
     tm.increment_sequence(T0, INT_MAX - 2)
@@ -387,6 +400,35 @@ def test_completion_under_a_replaced_id_does_not_move_last_acked() -> None:
     fresh = send(tm, T1)
     assert (fresh.producer_id, fresh.base_sequence) == (2, 0)
     assert tm._entry(T1).last_acked_sequence == -1
+
+
+def test_resets_asked_while_a_new_id_is_on_its_way_take_one_new_id() -> None:
+    """A partition that breaks while InitProducerId is in flight was sent under the old id too:
+    the id on its way serves it; a second InitProducerId would cost a round trip and stall every partition."""
+    tm = new_tm(producer_id=1)
+    first, second = send(tm, T0), send(tm, T1)
+    tm.handle_failed_batch(first, for_code(INVALID_RECORD), adjust_sequences=True)
+    assert tm.needs_producer_id()
+    tm.handle_failed_batch(second, for_code(INVALID_RECORD), adjust_sequences=True)
+    assert not tm.needs_producer_id()
+    assert tm.state is State.INITIALIZING
+    tm.handle_init_producer_id(init_response(2))
+    assert not tm.needs_producer_id()
+    assert tm.producer_id_resets == 1 and tm.producer_id_and_epoch.producer_id == 2
+    assert [(b.producer_id, b.base_sequence) for b in (send(tm, T0), send(tm, T1))] == [(2, 0), (2, 0)]
+
+
+def test_a_reset_asked_while_waiting_to_send_init_producer_id_is_the_same_reset() -> None:
+    tm = new_tm(producer_id=1)
+    first, second = send(tm, T0), send(tm, T1)
+    tm.handle_failed_batch(first, for_code(INVALID_RECORD), adjust_sequences=True)
+    assert tm.needs_producer_id()
+    tm.init_producer_id_failed(None, retriable=True)  # no broker answered: asked again later
+    tm.handle_failed_batch(second, for_code(INVALID_RECORD), adjust_sequences=True)
+    assert tm.needs_producer_id()
+    tm.handle_init_producer_id(init_response(2))
+    assert not tm.needs_producer_id()
+    assert tm.producer_id_resets == 1
 
 
 # -- failed batches ------------------------------------------------------------------------------
