@@ -24,8 +24,10 @@ import zmq
 
 from client_stub import Producer, RecordMetadata, ipc
 from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
-from client_stub.shm import OWNED, TABLE_ENTRY, Layout, Segment
+from client_stub.records import encode_record
+from client_stub.shm import FREE, OWNED, Segment
 from tests.support import workers
+from tests.support.sidecar import SidecarProcess
 from tests.support.verifier import ConsumedRecord, read_topic
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -57,6 +59,8 @@ def check_client_records(client: int, count: int, results: list[dict], read: dic
             assert got.timestamp_ms == sent["timestamp_ms"]
         assert (got.partition, got.offset, got.timestamp_ms) == \
             (result["partition"], result["offset"], result["timestamp_ms"])
+        assert (result["key_size"], result["value_size"]) == (
+            -1 if sent["key"] is None else len(sent["key"]), -1 if sent["value"] is None else len(sent["value"]))
         assert got.offset > last_offset.get(got.partition, -1), "order per client and partition"
         last_offset[got.partition] = got.offset
 
@@ -102,7 +106,24 @@ def test_keys_land_where_confluent_kafka_murmur2_random_puts_them(broker, topic_
 def _send_in_child(producer: Producer, topic: str, child: int, queue) -> None:
     futures = [producer.send(topic, f"child{child}-{n}".encode(), key=f"c{child}".encode()) for n in range(500)]
     producer.flush(60)
-    queue.put((child, os.getpid(), [f.result().offset for f in futures]))
+    queue.put((child, os.getpid(), [f.result(60).offset for f in futures]))
+
+
+def _run_children(children: list[multiprocessing.Process], queue) -> list:
+    """Start the children, collect one result from each, and make sure none is left running."""
+    try:
+        for child in children:
+            child.start()
+        results = [queue.get(timeout=120) for _ in children]
+        for child in children:
+            child.join(30)
+            assert child.exitcode == 0
+        return results
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.kill()
+                child.join()
 
 
 def test_producer_made_before_fork_works_in_four_children(broker, topic_factory, sidecar) -> None:
@@ -112,12 +133,7 @@ def test_producer_made_before_fork_works_in_four_children(broker, topic_factory,
     producer.send(topic, b"parent-before").result(30)
     queue = FORK.Queue()
     children = [FORK.Process(target=_send_in_child, args=(producer, topic, c, queue)) for c in range(4)]
-    for child in children:
-        child.start()
-    results = [queue.get(timeout=120) for _ in children]
-    for child in children:
-        child.join(30)
-        assert child.exitcode == 0
+    results = _run_children(children, queue)
     assert sorted(c for c, _, _ in results) == [0, 1, 2, 3]
     assert all(offsets == sorted(offsets) and min(offsets) >= 0 for _, _, offsets in results)
     producer.send(topic, b"parent-after").result(30)
@@ -129,17 +145,14 @@ def test_producer_made_before_fork_works_in_four_children(broker, topic_factory,
             [f"child{child}-{n}".encode() for n in range(500)]
 
 
-def owned_blocks(daemon, client_id: int) -> int:
-    segment = Segment(daemon.segment_name)
-    try:
-        layout: Layout = segment.layout
-        owned = 0
-        for block in range(layout.block_count):
-            state, owner, _, _ = TABLE_ENTRY.unpack_from(segment.buf, layout.entry_offset(block))
-            owned += state == OWNED and owner == client_id
-        return owned
-    finally:
-        segment.close()
+def wait_for_table(daemon: SidecarProcess, done, timeout: float = 30) -> list[tuple[int, int]]:
+    """The daemon's block table once ``done(table)`` holds (or as it is at the timeout)."""
+    deadline = time.monotonic() + timeout
+    table = daemon.block_table()
+    while not done(table) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        table = daemon.block_table()
+    return table
 
 
 def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_factory, sidecar) -> None:
@@ -150,20 +163,24 @@ def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_f
     try:
         with Producer(daemon.endpoint) as survivor:
             first = [survivor.send(topic, f"survivor-{n}".encode(), headers={"id": f"9:{n}"}) for n in range(2000)]
-            assert victim.stdout.readline().startswith("PID")
+            assert victim.stdout.readline().strip() == f"PID {victim.pid}"
             assert victim.stdout.readline().strip() == "SEALED 3000"
-            time.sleep(0.2)  # it is writing unsealed records now
-            victim_client = max(s for s in range(1, 10) if owned_blocks(daemon, s))
+            victim_client = daemon.client_id_of(victim.pid)
+            # It is writing records now: it holds blocks, open ones and full ones sealed on the way.
+            table = wait_for_table(daemon, lambda t: (OWNED, victim_client) in t)
+            assert (OWNED, victim_client) in table
             victim.send_signal(signal.SIGKILL)
             victim.wait(10)
             second = [survivor.send(topic, f"survivor-{n}".encode(), headers={"id": f"9:{n}"})
                       for n in range(2000, 4000)]
             assert survivor.flush(60) == 0
-            assert all(f.result().offset >= 0 for f in first + second)
-        deadline = time.monotonic() + 10
-        while owned_blocks(daemon, victim_client) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert owned_blocks(daemon, victim_client) == 0, "the victim's unsealed blocks were not reclaimed"
+            assert all(f.result(30).offset >= 0 for f in first + second)
+        # Its unsealed blocks are reclaimed, its sealed ones come back once delivered: nothing is the victim's.
+        table = wait_for_table(daemon, lambda t: all(owner != victim_client for _, owner in t))
+        assert [block for block, (_, owner) in enumerate(table) if owner == victim_client] == []
+        # Nobody is connected any more: the whole pool is free.
+        table = wait_for_table(daemon, lambda t: all(state == FREE for state, _ in t))
+        assert all(state == FREE for state, _ in table)
     finally:
         victim.kill()
         victim.wait()
@@ -187,8 +204,10 @@ def test_exhausted_pool_raises_after_max_block_ms_and_recovers(proxied_broker, s
         started = time.monotonic()
         with pytest.raises(BufferExhaustedError):
             while time.monotonic() - started < 30:
+                sending = time.monotonic()
                 futures.append(producer.send("tiny", b"v" * 8000))
         assert time.monotonic() - started < 30
+        assert time.monotonic() - sending >= 1.0, "send() gave up before max_block_ms"
         proxy.heal()
         assert all(f.result(60).offset >= 0 for f in futures)
         later = producer.send("tiny", b"after").result(30)
@@ -219,21 +238,105 @@ def test_a_slow_broker_makes_batches_bigger_not_more_numerous(proxied_broker, si
     assert values == [b"warm"] + [b"%d" % n for n in range(200)]
 
 
+class HostileSession:
+    """A client that says HELLO properly, gets blocks, and then abuses them (a DEALER socket)."""
+
+    def __init__(self, context: zmq.Context, endpoint: str) -> None:
+        self.sock = context.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.reports: list[list] = []
+        self.next_request = 1
+        self.send(ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), "hostile-owner", {})
+        welcome = self.expect(ipc.WELCOME)
+        self.client_id, self.segment = welcome[2], Segment(welcome[3])
+
+    def send(self, *message) -> None:
+        self.sock.send(ipc.pack(*message))
+
+    def expect(self, kind: int) -> list:
+        """The next message of this kind; DELIVERY reports met on the way are kept, SEAL_NOW and TOPIC skipped."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if not self.sock.poll(100):
+                continue
+            message = ipc.unpack(self.sock.recv())
+            if message[0] == kind:
+                return message
+            if message[0] == ipc.DELIVERY:
+                self.reports += message[1]
+            else:
+                assert message[0] in (ipc.SEAL_NOW, ipc.TOPIC), message
+        raise AssertionError(f"no message {kind} from the daemon")
+
+    def refused(self, *message, reason: str) -> None:
+        self.send(*message)
+        error = self.expect(ipc.ERROR)
+        assert reason in error[2], error
+
+    def blocks(self, count: int) -> list[int]:
+        request_id, self.next_request = self.next_request, self.next_request + 1
+        self.send(ipc.BLOCKS, request_id, count, False, 10_000)
+        grant = self.expect(ipc.GRANT)
+        assert grant[1] == request_id and len(grant[2]) == count, grant
+        return grant[2]
+
+    def close(self) -> None:
+        self.send(ipc.GOODBYE)
+        self.segment.close()
+        self.sock.close()
+
+
+def _seal_notice(batch_id: int, block: int, topic: str, length: int) -> list:
+    return [batch_id, block, 1, topic, 0, 1, length, 1_700_000_000_000, 1_700_000_000_000, 0]
+
+
 def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_factory, sidecar) -> None:
-    topic = topic_factory(3)
+    topic, hostile_topic = topic_factory(3), topic_factory(1)
     daemon = sidecar(broker.bootstrap, transport="tcp")
     results: list[RecordMetadata] = []
 
     def well_behaved() -> None:
         with Producer(daemon.endpoint) as producer:
-            futures = [producer.send(topic, f"good-{n}".encode()) for n in range(10_000)]
+            futures = []
+            for chunk in range(100):  # over a second or more: while the abuse goes on
+                futures += [producer.send(topic, f"good-{n}".encode()) for n in range(chunk * 100, chunk * 100 + 100)]
+                time.sleep(0.01)
             producer.flush(120)
             results.extend(f.result() for f in futures)
 
     worker = threading.Thread(target=well_behaved)
     worker.start()
-    rng = random.Random(1)
     context = zmq.Context()
+    # Sessions that own blocks abuse them, and go for each other's blocks and the good client's.
+    abuser, other = HostileSession(context, daemon.endpoint), HostileSession(context, daemon.endpoint)
+    sealed = 0
+    for round_ in range(100):
+        mine, theirs = abuser.blocks(4), other.blocks(2)
+        abuser.refused(ipc.RELEASE, [mine[0], mine[0]], reason="named more than once")
+        abuser.send(ipc.RELEASE, [mine[0]])
+        abuser.refused(ipc.RELEASE, [mine[0]], reason="not granted")
+        abuser.refused(ipc.RELEASE, theirs, reason="not granted")
+        abuser.refused(ipc.SEAL, [_seal_notice(10_000 + round_, mine[0], hostile_topic, 10)], reason="seal refused")
+        abuser.refused(ipc.SEAL, [_seal_notice(20_000 + round_, theirs[0], hostile_topic, 10)],
+                       reason="seal refused")
+        good = [b for b, (state, owner) in enumerate(daemon.block_table())
+                if state == OWNED and owner not in (abuser.client_id, other.client_id)]
+        if good:
+            abuser.refused(ipc.RELEASE, good[:3], reason="not granted")
+            abuser.refused(ipc.SEAL, [_seal_notice(30_000 + round_, good[0], topic, 10)], reason="seal refused")
+        # A valid batch of its own, sealed twice.
+        record = encode_record(0, 0, None, f"hostile-{round_}".encode(), ())
+        abuser.segment.blocks(mine[1])[:len(record)] = record
+        abuser.send(ipc.SEAL, [_seal_notice(round_, mine[1], hostile_topic, len(record))])
+        sealed += 1
+        abuser.refused(ipc.SEAL, [_seal_notice(round_, mine[1], hostile_topic, len(record))], reason="seal refused")
+        abuser.refused(ipc.RELEASE, [mine[1]], reason="not granted")
+        # The sequence that once crashed the daemon: a block released thrice, then more requests.
+        abuser.refused(ipc.RELEASE, [mine[2], mine[2], mine[2]], reason="named more than once")
+        abuser.send(ipc.RELEASE, mine[2:])
+        other.send(ipc.RELEASE, theirs)
+    rng = random.Random(1)
     hostile = [context.socket(zmq.DEALER) for _ in range(4)]
     for sock in hostile:
         sock.setsockopt(zmq.LINGER, 0)
@@ -264,15 +367,28 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
             continue
         sock.send(payload)
     worker.join(180)
+    # The abuser's own valid batches were delivered, each once.
+    deadline = time.monotonic() + 60
+    while sum(r[3] >= 0 for r in abuser.reports) < sealed and time.monotonic() < deadline:
+        abuser.reports += abuser.expect(ipc.DELIVERY)[1]
+    delivered = sorted(r[0] for r in abuser.reports if r[3] >= 0)
+    abuser.close()
+    other.close()
     for sock in hostile:
         sock.close()
     context.term()
     assert not worker.is_alive()
+    assert delivered == list(range(sealed))
     assert len(results) == 10_000 and all(r.offset >= 0 for r in results)
     assert daemon.is_running()
     assert "refused a client message" in daemon.log_tail(400)
     values = [r.value for r in read_topic(broker.bootstrap, topic, expected=10_000)]
     assert sorted(values) == sorted(f"good-{n}".encode() for n in range(10_000))
+    hostile_values = [r.value for r in read_topic(broker.bootstrap, hostile_topic, expected=sealed)]
+    assert sorted(hostile_values) == sorted(f"hostile-{n}".encode() for n in range(sealed))
+    # The books are exact: once everyone has left and every batch is finished, every block is free.
+    table = wait_for_table(daemon, lambda t: all(state == FREE for state, _ in t))
+    assert all(state == FREE for state, _ in table), [b for b, (state, _) in enumerate(table) if state != FREE]
 
 
 def _eight_clients(endpoint: str, topic: str, client: int) -> None:
@@ -308,13 +424,20 @@ def test_one_connection_per_broker_with_eight_clients(mock_cluster, sidecar) -> 
     daemon = sidecar(mock_cluster.bootstrap)
     ports = {port for _, port in mock_cluster.brokers.values()}
     clients = [SPAWN.Process(target=_eight_clients, args=(daemon.endpoint, topic, c)) for c in range(8)]
-    for client in clients:
-        client.start()
-    peak = 0
-    while any(c.is_alive() for c in clients):
-        peak = max(peak, broker_connections(daemon.pid, ports))
-        time.sleep(0.05)
-    assert all(c.exitcode == 0 for c in clients)
+    try:
+        for client in clients:
+            client.start()
+        peak = 0
+        deadline = time.monotonic() + 180
+        while any(c.is_alive() for c in clients) and time.monotonic() < deadline:
+            peak = max(peak, broker_connections(daemon.pid, ports))
+            time.sleep(0.05)
+        assert [c.exitcode for c in clients] == [0] * 8
+    finally:
+        for client in clients:
+            if client.is_alive():
+                client.kill()
+                client.join()
     # One connection per broker at most (the one leading no partition may serve metadata).
     assert len(set(leaders.values())) <= peak <= len(mock_cluster.brokers)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from typing import IO, Self
 import zmq
 
 from client_stub import ipc
+from client_stub.shm import TABLE_ENTRY, Segment
 from service.embedded import free_port
 
 
@@ -86,6 +88,16 @@ class SidecarProcess:
         assert self.welcome is not None
         return str(self.welcome[3])
 
+    def block_table(self) -> list[tuple[int, int]]:
+        """(state, owner) of every block of the BufferPool, as the table in shared memory has them."""
+        segment = Segment(self.segment_name)
+        try:
+            layout = segment.layout
+            return [TABLE_ENTRY.unpack_from(segment.buf, layout.entry_offset(block))[:2]
+                    for block in range(layout.block_count)]
+        finally:
+            segment.close()
+
     def kill(self) -> None:
         """SIGKILL: the daemon gets no chance to finish anything."""
         assert self.process is not None
@@ -112,6 +124,13 @@ class SidecarProcess:
             self._log.close()
             self._log = None
         return code
+
+    def client_id_of(self, pid: int) -> int:
+        """The client id the daemon last gave to process ``pid`` (from its log of connections)."""
+        ids = re.findall(rf"client (\d+) connected: pid {pid} ", self.log_path.read_text(errors="replace"))
+        if not ids:
+            raise LookupError(f"process {pid} has not connected to the daemon:\n{self.log_tail()}")
+        return int(ids[-1])
 
     def log_tail(self, lines: int = 60) -> str:
         if not self.log_path.exists():

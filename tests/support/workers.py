@@ -55,7 +55,8 @@ def write_results(path: str, futures: list) -> None:
                 continue
             md = future.result()
             out.write(json.dumps({"n": n, "partition": md.partition, "offset": md.offset,
-                                  "timestamp_ms": md.timestamp_ms}) + "\n")
+                                  "timestamp_ms": md.timestamp_ms, "key_size": md.serialized_key_size,
+                                  "value_size": md.serialized_value_size}) + "\n")
 
 
 def read_results(path: str | Path) -> list[dict]:
