@@ -145,6 +145,26 @@ def test_producer_made_before_fork_works_in_four_children(broker, topic_factory,
             [f"child{child}-{n}".encode() for n in range(500)]
 
 
+def test_records_the_parent_holds_at_fork_stay_the_parents(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(4)
+    daemon = sidecar(broker.bootstrap)
+    with Producer(daemon.endpoint, linger_ms=600_000) as producer:
+        # Written into the parent's open blocks, not sealed, not reported when the children are forked.
+        held = [producer.send(topic, f"parent-{n}".encode(), partition=n % 4) for n in range(100)]
+        assert len(producer) == 100
+        queue = FORK.Queue()
+        children = [FORK.Process(target=_send_in_child, args=(producer, topic, c, queue)) for c in range(4)]
+        _run_children(children, queue)
+        assert len(producer) == 100 and not any(f.done() for f in held)
+        assert producer.flush(30) == 0
+        assert all(f.result().offset >= 0 for f in held)
+    values = [r.value for r in read_topic(broker.bootstrap, topic, expected=100 + 4 * 500)]
+    assert sorted(v for v in values if v.startswith(b"parent-")) == sorted(f"parent-{n}".encode() for n in range(100))
+    for child in range(4):
+        assert [v for v in values if v.startswith(f"child{child}-".encode())] == \
+            [f"child{child}-{n}".encode() for n in range(500)]
+
+
 def wait_for_table(daemon: SidecarProcess, done, timeout: float = 30) -> list[tuple[int, int]]:
     """The daemon's block table once ``done(table)`` holds (or as it is at the timeout)."""
     deadline = time.monotonic() + timeout
