@@ -136,7 +136,9 @@ def test_three_brokers_get_their_own_requests_in_one_loop_iteration(mock_cluster
     for node in set(leaders.values()):
         assert core.metrics.nodes[node].requests_sent == sent_before[node] + 1, f"broker {node}"
         assert core.client.in_flight_request_count(node) == 1
-    assert sorted(core.selector.channels()) == sorted(set(leaders.values()))
+    # One channel per leader; a broker that leads nothing may have one too (metadata and
+    # InitProducerId go to the least loaded broker).
+    assert set(leaders.values()) <= set(core.selector.channels())
     assert core.flush(30_000)
     core.close()
     assert len(deliveries.succeeded()) == 2 * len(leaders)
