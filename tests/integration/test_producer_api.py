@@ -249,7 +249,16 @@ def test_buffer_exhausted_for_a_large_record_no_earlier_than_max_block_ms(proxie
         assert producer.send("large", b"L" * 20_000).result(30).offset >= 0
 
 
-# -- the package ----------------------------------------------------------------------------------
+# -- the endpoint and the package -----------------------------------------------------------------
+
+
+def test_endpoint_from_the_environment(broker, topic_factory, sidecar, monkeypatch) -> None:
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap)
+    monkeypatch.setenv("KAFKA_SIDECAR_ENDPOINT", daemon.endpoint)
+    with Producer() as producer:
+        assert producer.endpoint == daemon.endpoint
+        assert producer.send(topic, b"found").result(30).offset == 0
 
 
 def test_client_stub_imports_nothing_of_the_daemon() -> None:
