@@ -45,7 +45,7 @@ class SidecarDaemon:
             raise
         self._stop = threading.Event()
         self.iteration_errors = 0
-        self._error_logged = -_ERROR_LOG_INTERVAL_S
+        self._error_logged = float("-inf")
 
     def stop(self) -> None:
         """Ask the loop to finish (safe from signal handlers and other threads)."""
