@@ -9,6 +9,7 @@ it knows which versions the broker speaks.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from client_stub.records import Buffer
@@ -36,6 +37,7 @@ class Api:
         return self.request.max_version()
 
     def request_header_version(self, version: int) -> int:
+        # Header v0 is ControlledShutdown v0's alone in Kafka, an API the sidecar does not send.
         return 2 if self.request.is_flexible(version) else 1
 
     def response_header_version(self, version: int) -> int:
@@ -67,6 +69,33 @@ class RequestHeader:
     client_id: str | None
 
 
+_REQUEST_HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
+
+
+def write_request_header(buf: bytearray, header_version: int, api_key: int, api_version: int,
+                         correlation_id: int, client_id: str | None) -> None:
+    """Request header v0 (no ClientId: ``client_id`` is not written), v1, or v2 (tagged fields)."""
+    buf += _REQUEST_HEADER.pack(api_key, api_version, correlation_id)
+    if header_version >= 1:
+        # ClientId stays a non-compact nullable string even in header v2.
+        prim.write_string(buf, client_id)
+    if header_version >= 2:
+        buf.append(0)  # no tagged fields
+
+
+def read_request_header(frame: Buffer, header_version: int) -> tuple[RequestHeader, int]:
+    """A request header of ``header_version`` at the start of ``frame``, and the position after it."""
+    if len(frame) < _REQUEST_HEADER.size:
+        raise prim.ProtocolError("request shorter than its header")
+    api_key, api_version, correlation_id = _REQUEST_HEADER.unpack_from(frame, 0)
+    client_id, pos = None, _REQUEST_HEADER.size
+    if header_version >= 1:
+        client_id, pos = prim.read_string(frame, pos)
+    if header_version >= 2:
+        pos = prim.skip_tagged_fields(frame, pos)
+    return RequestHeader(api_key, api_version, correlation_id, client_id), pos
+
+
 def encode_request(body: Message, version: int, correlation_id: int,
                    client_id: str | None) -> list[Buffer]:
     """A size-prefixed request as buffers ready for ``socket.sendmsg``.
@@ -77,13 +106,7 @@ def encode_request(body: Message, version: int, correlation_id: int,
     w = prim.Writer()
     buf = w.buf
     buf += prim.INT32.pack(0)  # the size, patched below
-    buf += prim.INT16.pack(api.key)
-    buf += prim.INT16.pack(version)
-    buf += prim.INT32.pack(correlation_id)
-    # ClientId stays a non-compact nullable string even in header v2.
-    prim.write_string(buf, client_id)
-    if api.request_header_version(version) >= 2:
-        buf.append(0)
+    write_request_header(buf, api.request_header_version(version), api.key, version, correlation_id, client_id)
     body.encode_into(w, version)
     parts = w.finish()
     size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts) - 4
@@ -93,16 +116,13 @@ def encode_request(body: Message, version: int, correlation_id: int,
 
 def decode_request(frame: Buffer) -> tuple[RequestHeader, Message]:
     """Decode a request frame (without its size prefix): for test brokers and proxies."""
-    if len(frame) < 8:
+    if len(frame) < _REQUEST_HEADER.size:
         raise prim.ProtocolError("request shorter than its header")
-    api_key, version, correlation_id = prim.struct.unpack_from(">hhi", frame, 0)
+    api_key, version, _ = _REQUEST_HEADER.unpack_from(frame, 0)
     api = APIS.get(api_key)
     if api is None:
         raise prim.ProtocolError(f"unknown api key {api_key}")
-    client_id, pos = prim.read_string(frame, 8)
-    if api.request_header_version(version) >= 2:
-        pos = prim.skip_tagged_fields(frame, pos)
-    header = RequestHeader(api_key, version, correlation_id, client_id)
+    header, pos = read_request_header(frame, api.request_header_version(version))
     return header, api.request.decode(frame, version, pos)
 
 

@@ -236,9 +236,15 @@ class _Compiler:
             packer = self.constant(struct.Struct(">" + "".join(_FIXED_FORMATS[f.type] for f in group)),
                                    "pack")
             args = ", ".join(f"o.{f.name}" for f in group)
-            return [f"{indent}{b} += {packer}.pack({args})"]
+            # Numbers are never nullable. Which one is None is looked for only once packing failed.
+            out = [f"{indent}try:", f"{indent}    {b} += {packer}.pack({args})", f"{indent}except prim.struct.error:"]
+            for f in group:
+                out += self._null_check(cls, f, f"o.{f.name}", version, indent + "    ")
+            return out + [f"{indent}    raise"]
         f = first
         out = [f"{indent}v = o.{f.name}"]
+        if version not in f.nullable:
+            out += self._null_check(cls, f, "v", version, indent)
         if f.is_array:
             out.append(f"{indent}prim.write_array_length({b}, v, {flexible})")
             out.append(f"{indent}if v:")
@@ -249,6 +255,13 @@ class _Compiler:
         else:
             out += self._encode_value(cls, f, "v", version, flexible, w, b, indent)
         return out
+
+    def _null_check(self, cls: type[Struct], f: Field, v: str, version: int, indent: str) -> list[str]:
+        """Raise a ProtocolError if ``v`` is None: as Java's generated writers, never write null where
+        the version does not allow it (it would be read back as an empty or absent value)."""
+        where = f.name if cls.__name__ == self.message_name else f"{cls.__name__}.{f.name}"
+        message = f"{self.message_name} v{version}: {where} is None, but not nullable in this version"
+        return [f"{indent}if {v} is None:", f"{indent}    raise prim.ProtocolError({message!r}) from None"]
 
     def _encode_value(self, cls: type[Struct], f: Field, v: str, version: int, flexible: bool,
                       w: str, b: str, indent: str) -> list[str]:

@@ -29,6 +29,8 @@ from service.protocol.api import (
     encode_request,
     encode_response,
     peek_correlation_id,
+    read_request_header,
+    write_request_header,
 )
 from service.protocol.primitives import ProtocolError
 from service.protocol.schema import Field, Message, Struct
@@ -328,6 +330,22 @@ def test_api_versions_request_v3_bytes() -> None:
     assert b"".join(encode_request(body, 3, 42, "abc")) == expected
 
 
+@pytest.mark.parametrize(("header_version", "encoded"), [
+    (0, b"\x00\x07\x00\x00\x00\x00\x00\x0c"),                          # key, version, correlation id
+    (1, b"\x00\x07\x00\x00\x00\x00\x00\x0c" + b"\x00\x02id"),            # + client id
+    (2, b"\x00\x07\x00\x00\x00\x00\x00\x0c" + b"\x00\x02id" + b"\x00"),  # + tagged fields
+])
+def test_request_header_versions(header_version: int, encoded: bytes) -> None:
+    # Header v0 (Kafka's for ControlledShutdown v0, api key 7) has no client id.
+    buf = bytearray()
+    write_request_header(buf, header_version, 7, 0, 12, "id")
+    assert bytes(buf) == encoded
+    header, end = read_request_header(encoded + b"body", header_version)
+    assert (header.api_key, header.api_version, header.correlation_id) == (7, 0, 12)
+    assert header.client_id == (None if header_version == 0 else "id")
+    assert end == len(encoded)
+
+
 def test_null_client_id() -> None:
     assert b"".join(encode_request(m.ApiVersionsRequest(), 0, 1, None)) == \
         sized(b"\x00\x12\x00\x00\x00\x00\x00\x01\xff\xff")
@@ -383,6 +401,38 @@ def test_nullable_string_null_vs_empty(version: int, transactional_id: str | Non
     body = m.ProduceRequest(transactional_id=transactional_id, acks=-1, timeout_ms=1000).encode(version)
     assert body.startswith(encoded + struct.pack(">hi", -1, 1000))
     assert m.ProduceRequest.decode(body, version).transactional_id == transactional_id
+
+
+@pytest.mark.parametrize(("message", "version", "where"), [
+    (m.MetadataRequest(topics=None), 0, "MetadataRequest v0: topics"),  # null means "all topics" from v1
+    (m.MetadataRequest(topics=[m.MetadataRequest.MetadataRequestTopic(name=None)]), 9,
+     "MetadataRequest v9: MetadataRequestTopic.name"),                 # nullable from v10
+    (m.ProduceRequest(acks=-1, timeout_ms=1, topic_data=None), 9, "ProduceRequest v9: topic_data"),
+    (m.ProduceRequest(acks=-1, timeout_ms=1, topic_data=[m.ProduceRequest.TopicProduceData(name=None)]), 3,
+     "ProduceRequest v3: TopicProduceData.name"),
+    (m.ProduceRequest(acks=None, timeout_ms=1), 12, "ProduceRequest v12: acks"),
+    (m.InitProducerIdRequest(transaction_timeout_ms=1, producer_id=None), 3, "InitProducerIdRequest v3: producer_id"),
+    (m.SaslAuthenticateRequest(auth_bytes=None), 2, "SaslAuthenticateRequest v2: auth_bytes"),
+])
+def test_none_where_the_version_allows_no_null_is_refused(message: Message, version: int, where: str) -> None:
+    # Written, it would read back as something else (-1 length: empty, or "all topics").
+    with pytest.raises(ProtocolError, match=f"^{re.escape(where)} is None, but not nullable in this version$"):
+        message.encode(version)
+    with pytest.raises(ProtocolError, match=re.escape(where)):
+        encode_request(message, version, 1, "c")
+
+
+def test_none_is_written_where_the_version_allows_it() -> None:
+    assert m.MetadataRequest(topics=None).encode(1) == b"\xff\xff\xff\xff"
+    Topic = m.MetadataRequest.MetadataRequestTopic
+    assert m.MetadataRequest(topics=[Topic(name=None)]).encode(10).startswith(b"\x02" + bytes(16) + b"\x00")
+    TD = m.ProduceRequest.TopicProduceData
+    request = m.ProduceRequest(acks=1, timeout_ms=1, topic_data=[TD(name="t", partition_data=[
+        TD.PartitionProduceData(index=0, records=None)])])
+    assert m.ProduceRequest.decode(request.encode(3), 3) == request
+    # Numbers out of range still fail as struct does.
+    with pytest.raises(struct.error):
+        m.ProduceRequest(acks=2**15, timeout_ms=1).encode(3)
 
 
 def test_produce_request_records_are_not_copied() -> None:
