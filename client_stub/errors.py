@@ -264,6 +264,10 @@ def _table() -> dict[int, ErrorCode]:
         (127, "VOTER_NOT_FOUND", False, False, BrokerError),
         (128, "INVALID_REGULAR_EXPRESSION", False, False, InvalidRequestError),
         (129, "REBOOTSTRAP_REQUIRED", False, False, BrokerError),
+        (130, "STREAMS_INVALID_TOPOLOGY", False, False, BrokerError),
+        (131, "STREAMS_INVALID_TOPOLOGY_EPOCH", False, False, BrokerError),
+        (132, "STREAMS_TOPOLOGY_FENCED", False, False, BrokerError),
+        (133, "SHARE_SESSION_LIMIT_REACHED", R, False, RetriableError),
     ]
     return {code: ErrorCode(code, name, retriable, stale, exc) for code, name, retriable, stale, exc in rows}
 

@@ -79,6 +79,20 @@ def test_network_exception_is_retriable_and_stale() -> None:
     assert isinstance(err, NetworkError) and err.retriable and error_code(13).invalid_metadata
 
 
+@pytest.mark.parametrize(("code", "name", "retriable"), [
+    (130, "STREAMS_INVALID_TOPOLOGY", False),         # StreamsInvalidTopologyException extends ApiException
+    (131, "STREAMS_INVALID_TOPOLOGY_EPOCH", False),   # StreamsInvalidTopologyEpochException too
+    (132, "STREAMS_TOPOLOGY_FENCED", False),          # StreamsTopologyFencedException too
+    (133, "SHARE_SESSION_LIMIT_REACHED", True),       # ShareSessionLimitReachedException: a RetriableException
+])
+def test_the_codes_kafka_4_1_added(code: int, name: str, retriable: bool) -> None:
+    # The last rows of Kafka 4.1's Errors.java, which kafka-python's table does not have yet.
+    row = error_code(code)
+    assert (row.name, row.retriable, row.invalid_metadata) == (name, retriable, False)
+    assert ERRORS_BY_NAME[name] is row
+    assert isinstance(for_code(code), RetriableError) == retriable
+
+
 def test_unknown_code() -> None:
     row = error_code(4242)
     assert row.code == 4242 and not row.retriable and not row.invalid_metadata
