@@ -7,6 +7,10 @@ full, when linger_ms has passed, on flush() and close(), and when the daemon
 asks; the seal notice hands the batch to the daemon, which sends it and reports
 its outcome back; the I/O thread then completes each record's Future.
 
+The per-record work is in C (client_stub._fastpath): the common case of send()
+(a known topic, bytes keys and values, a batch with room) and the completion of
+the futures. Everything else, and all the logic around batches, is here.
+
 Thread-safe; fork-safe (a child process starts afresh as a new client).
 """
 
@@ -21,14 +25,15 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
-from concurrent.futures._base import FINISHED, RUNNING
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures._base import RUNNING
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import zmq
 
 from . import ipc
+from ._fastpath import Appender, Completer, OpenBatch
 from .errors import (
     BufferExhaustedError,
     KafkaError,
@@ -38,7 +43,7 @@ from .errors import (
     SidecarUnavailableError,
 )
 from .partitioner import Partitioner
-from .records import Header, encode_record
+from .records import Header, record_size
 from .shm import Segment
 
 log = logging.getLogger(__name__)
@@ -75,8 +80,6 @@ class RecordMetadata(NamedTuple):
     serialized_value_size: int
 
 
-_new_tuple = tuple.__new__
-
 # Guards the first use of a RecordFuture's Condition against its completion.
 _CONDITION_LOCK = threading.Lock()
 
@@ -84,29 +87,33 @@ _CONDITION_LOCK = threading.Lock()
 class RecordFuture(Future):
     """The Future of one record, with what its RecordMetadata needs.
 
-    A plain Future makes a threading.Condition when created: the largest cost of a
-    send(). Most record futures are never waited on one by one (flush() waits for
-    all of them), so this one makes its Condition on first use, and a future that
-    nobody waits on or watches completes without one (see _complete_all). Both
-    paths hold _CONDITION_LOCK, so a waiter arriving during completion either finds
-    the Condition to be notified on or the result already set.
+    A plain Future makes a threading.Condition and two lists when created: most of
+    the cost of a send(), and memory held while the record is in flight. Most record
+    futures are never waited on one by one (flush() waits for all of them), so this
+    one keeps its state in slots and makes the Condition and lists on first use; a
+    future that nobody waits on or watches is completed in place, without them.
+    Both paths hold _CONDITION_LOCK, so a waiter arriving during completion either
+    finds the Condition to be notified on or the result already set. Record futures
+    cannot be cancelled: the record is handed off.
+
+    The C fast path of send() makes these without running ``__init__`` (object.__new__,
+    then the slots that ``__init__`` sets), and completes them in their slots.
     """
 
-    # Until completion sets them on the instance: one store fewer each per send().
-    _result = None
-    _exception: BaseException | None = None
-    _cond: threading.Condition | None = None
+    __slots__ = ("on_delivery", "timestamp_ms", "key_size", "value_size", "_state", "_result", "_exception",
+                 "_cond", "_waiter_list", "_callback_list")
 
     def __init__(self, on_delivery: DeliveryCallback | None, timestamp_ms: int, key_size: int,
                  value_size: int) -> None:
-        # Future.__init__ is skipped on purpose: it makes the Condition.
-        self._state = RUNNING
-        self._waiters: list = []
-        self._done_callbacks: list = []
+        # Future.__init__ is skipped on purpose: see the class docstring.
         self.on_delivery = on_delivery
         self.timestamp_ms = timestamp_ms
         self.key_size = key_size
         self.value_size = value_size
+        self._state = RUNNING
+        self._result: RecordMetadata | None = None
+        self._exception: BaseException | None = None
+        self._cond: threading.Condition | None = None
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
@@ -118,64 +125,49 @@ class RecordFuture(Future):
                     cond = self._cond = threading.Condition()
         return cond
 
+    @property
+    def _waiters(self) -> list:  # type: ignore[override]
+        try:
+            return self._waiter_list
+        except AttributeError:
+            self._waiter_list: list = []
+            return self._waiter_list
+
+    @property
+    def _done_callbacks(self) -> list:  # type: ignore[override]
+        try:
+            return self._callback_list
+        except AttributeError:
+            self._callback_list: list = []
+            return self._callback_list
+
     def _notify(self, result: RecordMetadata | None, error: KafkaError | None) -> None:
-        if error is None:
-            self.set_result(result)
-        else:
-            self.set_exception(error)
-        if self.on_delivery is not None:
-            self._run_callback(result, error)
-
-    def _run_callback(self, result: RecordMetadata | None, error: KafkaError | None) -> None:
+        """Complete a watched future (its Condition exists), then run its callback."""
         try:
-            self.on_delivery(error, result)  # type: ignore[misc]
-        except Exception:
-            log.exception("error in an on_delivery callback")
-
-
-def _complete_all(outcomes: list[tuple[RecordFuture, RecordMetadata | None, KafkaError | None]]) -> None:
-    """Complete record futures (the I/O thread), taking _CONDITION_LOCK once rather than once each."""
-    watched = []
-    quiet = []
-    with _CONDITION_LOCK:
-        for outcome in outcomes:
-            future, result, error = outcome
-            if future._cond is None:
-                future._result, future._exception, future._state = result, error, FINISHED
-                if future.on_delivery is not None:
-                    quiet.append(outcome)
+            if error is None:
+                self.set_result(result)
             else:
-                watched.append(outcome)
-    for future, result, error in watched:
-        future._notify(result, error)
-    for future, result, error in quiet:  # _run_callback inlined: once per record
-        try:
-            future.on_delivery(error, result)  # type: ignore[misc]
-        except Exception:
-            log.exception("error in an on_delivery callback")
+                self.set_exception(error)
+        except InvalidStateError:
+            return  # completed already: a record completes once
+        if self.on_delivery is not None:
+            try:
+                self.on_delivery(error, result)
+            except Exception as exc:
+                _callback_failed(exc)
 
 
-class _Batch:
-    """A batch being written into this process's blocks, then sealed and awaiting its report."""
+def _callback_failed(exc: BaseException) -> None:
+    log.error("error in an on_delivery callback", exc_info=exc)
 
-    __slots__ = ("batch_id", "topic", "partition", "first_block", "block_count", "view", "pos", "base_ts",
-                 "max_ts", "created", "sealed", "futures", "reported")
 
-    def __init__(self, batch_id: int, topic: str, partition: int, first_block: int, block_count: int,
-                 view: memoryview, timestamp_ms: int) -> None:
-        self.batch_id = batch_id
-        self.topic = topic
-        self.partition = partition
-        self.first_block = first_block
-        self.block_count = block_count
-        self.view = view
-        self.pos = 0
-        self.base_ts = timestamp_ms
-        self.max_ts = timestamp_ms
-        self.created = time.monotonic()
-        self.sealed = 0.0
-        self.futures: list[RecordFuture] = []
-        self.reported = 0
+# Completes record futures from delivery reports (the I/O thread), in C.
+_completer = Completer(RecordFuture, RecordMetadata, _CONDITION_LOCK, _callback_failed)
+
+
+def _fail(futures: list[RecordFuture], error: KafkaError) -> None:
+    """Complete ``futures`` with ``error`` (those still pending), and run their callbacks."""
+    _completer.complete(futures, 0, len(futures), "", -1, -1, -1, error)
 
 
 @dataclass(slots=True)
@@ -199,6 +191,8 @@ _producers: weakref.WeakSet[Producer] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
+    # The parent's I/O thread may have held the lock at the fork: in the child nobody will release it.
+    _CONDITION_LOCK._at_fork_reinit()  # type: ignore[attr-defined]
     for producer in list(_producers):
         producer._forget_parent()
 
@@ -230,7 +224,6 @@ class Producer:
         self._key_serializer = key_serializer
         self._value_serializer = value_serializer
         self._partitioner_name = partitioner
-        self._partitioner = Partitioner(partitioner)
         self._client_name = client_name or f"python-{os.getpid()}"
         self._closed = False
         self._pid = -1
@@ -243,12 +236,18 @@ class Producer:
         """Fresh per-process state (at construction, and in a forked child)."""
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        # A new random source per process: forked workers must not all pick the same sticky partitions.
+        self._partitioner = Partitioner(self._partitioner_name)
+        self._appender = Appender(self._lock, RecordFuture, self._seal_filled,
+                                  None if self._partitioner_name == "random" else self._partitioner.sticky,
+                                  self._partitioner_name == "murmur2_random")
+        # (topic, partition) -> the open batch; shared with the C fast path, which appends to them.
+        self._open: dict[tuple[str, int], OpenBatch] = self._appender.open
         self._welcome: dict[str, Any] | None = None
         self._session_error: KafkaError | None = None
         self._segment: Segment | None = None
         self._spare: list[int] = []
-        self._open: dict[tuple[str, int], _Batch] = {}
-        self._sealed: dict[int, _Batch] = {}
+        self._sealed: dict[int, OpenBatch] = {}
         # Per (topic, partition): how many of the sealed batches await their reports.
         self._unreported: dict[tuple[str, int], int] = {}
         self._topics: dict[str, _Topic] = {}
@@ -256,12 +255,13 @@ class Producer:
         self._outbox: deque[bytes] = deque()
         self._seal_notices: list[list[Any]] = []
         self._hello_sent = False
+        self._closing = False
         self._linger_s = (self._linger_ms if self._linger_ms is not None else 5) / 1000
         self._io_wakes_at = 0.0
-        self._lost: list[tuple[RecordFuture, RecordMetadata | None, KafkaError | None]] = []
+        self._lost: list[RecordFuture] = []
+        self._lost_error: KafkaError | None = None
         self._next_batch_id = 1
         self._next_request_id = 1
-        self._outstanding = 0
         self._io_thread: threading.Thread | None = None
         self._stopping = False
         self._context: zmq.Context | None = None
@@ -271,19 +271,22 @@ class Producer:
     def _forget_parent(self) -> None:
         # In a forked child: the parent's sockets, threads, blocks and records are the
         # parent's. Drop them without closing anything the parent still uses.
-        self._abandoned = (self._context, self._wake_r, self._wake_w, self._segment, self._open, self._sealed)
+        self._abandoned = (self._context, self._wake_r, self._wake_w, self._segment, self._appender, self._sealed)
         self._init_state()
         self._pid = -1
 
     def _ensure_started(self) -> None:
         """Start the I/O thread in this process (again after a fork)."""
-        if self._closed:
-            raise KafkaError("Cannot send after the producer is closed.")
+        if self._closed or self._closing:
+            raise ProducerClosedError("Cannot send after the producer is closed.")
         if self._pid == os.getpid():
             return
         with self._lock:
             if self._pid == os.getpid():
                 return
+            if self._pid > 0:
+                # Forked without the at-fork hooks (a C extension's fork): start afresh all the same.
+                self._forget_parent()
             self._context = zmq.Context()
             self._wake_r, self._wake_w = socket.socketpair()
             self._wake_r.setblocking(False)
@@ -301,7 +304,7 @@ class Producer:
 
     def __len__(self) -> int:
         """Records handed off and not yet reported."""
-        return self._outstanding
+        return self._appender.outstanding
 
     # -- send ------------------------------------------------------------------------------------
 
@@ -314,8 +317,18 @@ class Producer:
         and free memory, then raises SidecarUnavailableError, KafkaTimeoutError or
         BufferExhaustedError. RecordTooLargeError if the record exceeds max.request.size.
         """
-        # A forked child has _pid -1 (the at-fork hook resets it): no getpid() per record.
-        if self._pid < 0 or self._closed:
+        if not headers:
+            # The common case, in C; None when it needs more than an append (see _send).
+            future = self._appender.send(topic, value, key, partition, timestamp_ms, on_delivery)
+            if future is not None:
+                return future
+        return self._send(topic, value, key, partition, timestamp_ms, headers, on_delivery)
+
+    def _send(self, topic: str, value: Any, key: Any, partition: int | None, timestamp_ms: int | None,
+              headers: Sequence[tuple[str, Any]] | Mapping[str, Any] | None,
+              on_delivery: DeliveryCallback | None) -> RecordFuture:
+        """send() in full: checks, serializers, headers, the first send to a topic, new batches."""
+        if self._pid != os.getpid() or self._closed or self._closing:
             self._ensure_started()
         if self._key_serializer is not None or (key is not None and type(key) is not bytes):
             key = self._serialize(key, self._key_serializer, "key")
@@ -362,59 +375,68 @@ class Producer:
         timestamp = future.timestamp_ms
         with self._lock:
             while True:
+                self._check_open()
                 partition = explicit
                 if partition is None:
                     partition = self._partitioner.partition(topic, key, info.partition_count,  # type: ignore[arg-type]
                                                             info.available)
                 batch = self._open.get((topic, partition))
                 if batch is None:
-                    data = encode_record(0, 0, key, value, headers)
-                    batch = self._new_batch(topic, partition, len(data), timestamp, deadline)
+                    batch = self._new_batch(topic, partition, key, value, headers, timestamp, deadline)
                     if batch is None:
                         continue  # the lock was released while waiting for blocks: look again
-                else:
-                    data = encode_record(len(batch.futures), timestamp - batch.base_ts, key, value, headers)
-                    if batch.pos + len(data) > len(batch.view):
-                        self._seal(batch)
-                        continue
-                pos = batch.pos
-                end = batch.pos = pos + len(data)
-                batch.view[pos:end] = data
-                batch.futures.append(future)
-                if timestamp > batch.max_ts:
-                    batch.max_ts = timestamp
-                self._outstanding += 1
+                before = batch.pos
+                if not batch.append(key, value, headers, timestamp, future):
+                    if not batch.record_count:
+                        raise RecordTooLargeError("the record does not fit in the blocks taken for it")
+                    self._seal(batch)
+                    continue
+                self._appender.outstanding += 1
                 # Full, or nearly: the next record like this one would not fit.
-                if len(batch.view) - end < len(data):
+                if batch.capacity - batch.pos < batch.pos - before:
                     self._seal(batch)
                 return
 
-    def _new_batch(self, topic: str, partition: int, size: int, timestamp_ms: int,
-                   deadline: float) -> _Batch | None:
-        """A batch on fresh blocks for a record of ``size`` bytes; None if the lock was released to wait."""
-        self._check_session()
+    def _new_batch(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                   headers: Sequence[Header], timestamp_ms: int, deadline: float) -> OpenBatch | None:
+        """A batch on fresh blocks for the record; None if the lock was released to wait."""
+        if not deadline:
+            deadline = time.monotonic() + self.max_block_ms / 1000
+        if self._welcome is None:
+            # The session was lost, and a new one is on its way.
+            self._wait(deadline, lambda: self._welcome is None, self._unavailable)
+            return None
         welcome = self._welcome
-        assert welcome is not None
+        size = record_size(0, 0, key, value, headers)
         limit = welcome["settings"]["max_request_size"]
         if size + _BATCH_OVERHEAD > limit:
             raise RecordTooLargeError(
                 f"The message is {size + _BATCH_OVERHEAD} bytes when serialized which is larger than {limit}, "
                 "which is the value of the max.request.size configuration.")
-        if not deadline:
-            deadline = time.monotonic() + self.max_block_ms / 1000
-        blocks = self._take_blocks(-(-size // welcome["block_size"]), deadline)
+        count = -(-size // welcome["block_size"])
+        if count > welcome["block_count"]:
+            buffer_memory = welcome["block_count"] * welcome["block_size"]
+            raise RecordTooLargeError(
+                f"The message is {size} bytes when serialized which is larger than the total memory buffer you "
+                f"have configured with the buffer.memory configuration ({buffer_memory}).")
+        blocks = self._take_blocks(count, deadline)
         if blocks is None:
             return None
         return self._open_batch(topic, partition, blocks, timestamp_ms)
 
-    def _open_batch(self, topic: str, partition: int, blocks: list[int], timestamp_ms: int) -> _Batch:
+    def _open_batch(self, topic: str, partition: int, blocks: list[int], timestamp_ms: int) -> OpenBatch:
         assert self._segment is not None
-        view = self._segment.blocks(blocks[0], len(blocks))
-        batch = _Batch(self._next_batch_id, topic, partition, blocks[0], len(blocks), view, timestamp_ms)
+        key = (topic, partition)
+        opened = self._open.get(key)
+        if opened is not None:
+            # Another thread opened one while this one waited for its blocks: it goes first.
+            self._seal(opened)
+        batch = OpenBatch(self._next_batch_id, topic, partition, blocks[0], len(blocks),
+                          self._segment.blocks(blocks[0], len(blocks)), timestamp_ms, time.monotonic())
         self._next_batch_id += 1
-        self._open[(topic, partition)] = batch
+        self._open[key] = batch
         if (batch.created + self._linger_s < self._io_wakes_at
-                and self._unreported.get((topic, partition), 0) < _SEALED_PER_PARTITION):
+                and self._unreported.get(key, 0) < _SEALED_PER_PARTITION):
             self._wake()  # the I/O thread must wake sooner than it planned, for this batch's linger
         return batch
 
@@ -440,7 +462,7 @@ class Producer:
             self._wait(deadline, lambda: request.blocks is None and request.error is None,
                        lambda: BufferExhaustedError(f"Failed to allocate {count} consecutive blocks for a large "
                                                     f"record within {self.max_block_ms} ms."))
-        except BufferExhaustedError:
+        except KafkaError:
             request.error = "abandoned"  # a late grant goes back to the daemon
             raise
         del self._requests[request_id]
@@ -469,6 +491,8 @@ class Producer:
         """Wait on the condition while ``waiting()`` (lock held); raise ``timeout_error()`` at the deadline."""
         while waiting():
             self._check_session()
+            self._check_open()
+            self._check_not_io_thread("send() would have to wait")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise timeout_error()
@@ -478,14 +502,26 @@ class Producer:
         if self._session_error is not None:
             raise self._session_error
 
+    def _check_open(self) -> None:
+        if self._closing:
+            raise ProducerClosedError("Cannot send after the producer is closed.")
+
+    def _check_not_io_thread(self, what: str) -> None:
+        # Callbacks run on the I/O thread: waiting there for what only the I/O thread brings never ends.
+        if threading.current_thread() is self._io_thread:
+            raise KafkaError(f"{what} in an on_delivery callback, on the producer's I/O thread, which delivers "
+                             "what it would wait for: hand the work to another thread")
+
     def _wait_for_welcome(self, deadline: float) -> dict[str, Any]:
         if self._welcome is not None:
             return self._welcome
         with self._lock:
-            self._wait(deadline, lambda: self._welcome is None,
-                       lambda: SidecarUnavailableError(f"no kafka-sidecar daemon answered at {self.endpoint} "
-                                                       f"within {self.max_block_ms} ms"))
+            self._wait(deadline, lambda: self._welcome is None, self._unavailable)
             return self._welcome  # type: ignore[return-value]
+
+    def _unavailable(self) -> SidecarUnavailableError:
+        return SidecarUnavailableError(f"no kafka-sidecar daemon answered at {self.endpoint} "
+                                       f"within {self.max_block_ms} ms")
 
     def _wait_for_topic(self, topic: str, deadline: float) -> _Topic:
         info = self._topics.get(topic)
@@ -508,23 +544,28 @@ class Producer:
 
     # -- sealing ---------------------------------------------------------------------------------
 
-    def _seal(self, batch: _Batch) -> None:
+    def _seal_filled(self, batch: OpenBatch) -> None:
+        """Seal a batch the C fast path filled (lock held), unless another thread sealed it meanwhile."""
+        if self._open.get((batch.topic, batch.partition)) is batch:
+            self._seal(batch)
+
+    def _seal(self, batch: OpenBatch) -> None:
         """Hand a batch to the daemon (lock held)."""
-        del self._open[(batch.topic, batch.partition)]
+        key = (batch.topic, batch.partition)
+        del self._open[key]
         self._partitioner.batch_sealed(batch.topic, batch.partition)
-        batch.view.release()
-        if not batch.futures:
+        batch.release()
+        if not batch.record_count:
             self._post(ipc.RELEASE, list(range(batch.first_block, batch.first_block + batch.block_count)))
             return
         self._sealed[batch.batch_id] = batch
-        key = (batch.topic, batch.partition)
         self._unreported[key] = self._unreported.get(key, 0) + 1
         batch.sealed = time.monotonic()
         ago = int((batch.sealed - batch.created) * 1000)
         # Notices wait for the I/O thread, which sends all it finds in one SEAL message.
         self._seal_notices.append([batch.batch_id, batch.first_block, batch.block_count, batch.topic,
-                                   batch.partition, len(batch.futures), batch.pos, batch.base_ts, batch.max_ts,
-                                   ago])
+                                   batch.partition, batch.record_count, batch.pos, batch.base_timestamp,
+                                   batch.max_timestamp, ago])
         if len(self._seal_notices) == 1:
             self._wake()
 
@@ -532,7 +573,7 @@ class Producer:
         for batch in list(self._open.values()):
             self._seal(batch)
 
-    def _forget_sealed(self, batch: _Batch) -> None:
+    def _forget_sealed(self, batch: OpenBatch) -> None:
         """A sealed batch is reported in full, or given up on (lock held)."""
         del self._sealed[batch.batch_id]
         key = (batch.topic, batch.partition)
@@ -542,29 +583,31 @@ class Producer:
         else:
             del self._unreported[key]
 
-    def _clear_sealed(self) -> None:
-        self._sealed.clear()
-        self._unreported.clear()
-
     def flush(self, timeout: float | None = None) -> int:
         """Seal everything and wait for the outcomes; returns how many records are still undelivered."""
         if self._pid != os.getpid():
             return 0  # nothing was sent from this process
+        self._check_not_io_thread("flush()")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._seal_all()
-            while self._outstanding and self._session_error is None:
+            while self._appender.outstanding and self._session_error is None:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            return self._outstanding
+            return self._appender.outstanding
 
     def close(self, timeout: float | None = None) -> None:
         """Flush (up to ``timeout`` seconds), then disconnect. Records not confirmed by then fail."""
         if self._closed:
             return
         if self._pid == os.getpid():
+            self._check_not_io_thread("close()")
+            with self._lock:
+                # From now on send() refuses: what flush() seals is all there is.
+                self._closing = True
+                self._appender.enabled = False
             self.flush(timeout)
             with self._lock:
                 self._stopping = True
@@ -579,10 +622,11 @@ class Producer:
     def _fail_unconfirmed(self) -> None:
         error = ProducerClosedError("the producer closed before the delivery of this record was confirmed")
         with self._lock:
-            futures = [f for batch in self._sealed.values() for f in batch.futures if not f.done()]
-            self._clear_sealed()
-            self._outstanding = 0
-        _complete_all([(future, None, error) for future in futures])
+            futures = [f for batch in self._sealed.values() for f in batch.futures]
+            self._sealed.clear()
+            self._unreported.clear()
+            self._appender.outstanding = 0
+        _fail(futures, error)
 
     # -- messages to the daemon ------------------------------------------------------------------
 
@@ -611,6 +655,7 @@ class Producer:
         # zmq.Poller reports a plain socket by its file descriptor, not as the object registered.
         wake_fd = self._wake_r.fileno()
         poller.register(wake_fd, zmq.POLLIN)
+        self._hello_sent = True
         sock.send(ipc.pack(*self._hello()))
         next_heartbeat = time.monotonic() + 1.0
         try:
@@ -628,7 +673,7 @@ class Producer:
                     self._receive_all(sock)
                 if self._lost:
                     lost, self._lost = self._lost, []
-                    _complete_all(lost)
+                    _fail(lost, self._lost_error)  # type: ignore[arg-type]
                 if time.monotonic() >= next_heartbeat:
                     sock.send(ipc.pack(ipc.HEARTBEAT))
                     self._expire_unreported()
@@ -663,12 +708,13 @@ class Producer:
             overdue = [b for b in self._sealed.values() if now - b.sealed > limit]
             for batch in overdue:
                 self._forget_sealed(batch)
-                self._outstanding -= len(batch.futures) - batch.reported
-            self._cond.notify_all()
         if overdue:
             error = KafkaTimeoutError(f"no delivery report from the kafka-sidecar daemon at {self.endpoint} "
                                       f"{limit:.0f} s after sealing: is it running?")
-            _complete_all([(f, None, error) for b in overdue for f in b.futures if not f.done()])
+            _fail([f for b in overdue for f in b.futures], error)
+            with self._lock:
+                self._appender.outstanding -= sum(b.record_count - b.reported for b in overdue)
+                self._cond.notify_all()
 
     def _seal_lingered(self) -> float:
         """Once a batch has waited linger_ms, seal it and every other open batch; returns when to look again.
@@ -729,16 +775,21 @@ class Producer:
                     self._spare.extend(blocks)
             elif kind == ipc.GRANT_FAILED:
                 _, request_id, reason = message
-                request = self._requests.pop(request_id, None)
-                if request is not None and request.contiguous:
-                    request.error = reason
-                    self._requests[request_id] = request
+                request = self._requests.get(request_id)
+                if request is not None and request.contiguous and request.error is None:
+                    request.error = reason  # the waiting send() raises it
+                else:
+                    self._requests.pop(request_id, None)
             elif kind == ipc.TOPIC:
                 _, topic, count, available, error = message
                 info = self._topics.setdefault(topic, _Topic())
                 info.partition_count = count
                 info.available = tuple(available)
                 info.error = ipc.error_from_wire(error)
+                if count and info.error is None:
+                    self._appender.partition_counts[topic] = count
+                else:
+                    self._appender.partition_counts.pop(topic, None)
             elif kind == ipc.WELCOME:
                 self._welcomed(message)
             elif kind == ipc.SEAL_NOW:
@@ -752,49 +803,71 @@ class Producer:
 
     def _welcomed(self, message: list[Any]) -> None:
         _, version, client_id, segment, block_size, block_count, settings, daemon_id = message
+        if version != ipc.PROTOCOL_VERSION:
+            self._session_error = SidecarUnavailableError(
+                f"kafka-sidecar at {self.endpoint} speaks protocol version {version!r}, this client "
+                f"{ipc.PROTOCOL_VERSION}: upgrade kafka-sidecar on one side")
+            return
         if self._welcome is not None:
             self._forget_session()
-        self._segment = Segment(segment)
+        try:
+            self._segment = Segment(segment)
+        except (OSError, ValueError) as exc:
+            # Say why, rather than letting send() time out waiting for a session that cannot work.
+            self._session_error = SidecarUnavailableError(
+                f"cannot map the shared memory {segment!r} of the kafka-sidecar daemon at {self.endpoint}: {exc}")
+            return
         self._welcome = {"client_id": client_id, "block_size": block_size, "block_count": block_count,
                          "settings": settings, "daemon_id": daemon_id}
         self._hello_sent = False
         self._linger_s = self.linger_ms / 1000
+        # The C fast path takes records once there is a session, unless serializers must run.
+        self._appender.enabled = (self._key_serializer is None and self._value_serializer is None
+                                  and not self._closing)
+        for topic in self._topics:
+            self._post(ipc.METADATA, topic)  # a new session: follow the topics again
         log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, client_id)
 
     def _refused(self, code: str, text: str) -> None:
-        if self._welcome is None:
+        if code == ipc.ERROR_UNKNOWN_CLIENT:
+            # The daemon restarted, or ended the session (it took this process for dead): start again.
+            # The blocks of the old session are not ours any more: stop writing to them at once.
+            if not self._hello_sent:
+                log.warning("the kafka-sidecar daemon does not know this client any more: connecting again")
+                self._forget_session()
+                self._hello_sent = True
+                self._post(*self._hello())
+        elif self._welcome is None:
             # Refused before the welcome: the handshake itself (e.g. a version mismatch).
             log.error("the kafka-sidecar daemon refused the handshake: %s", text)
             self._session_error = SidecarUnavailableError(f"kafka-sidecar at {self.endpoint}: {text}")
-        elif code == ipc.ERROR_UNKNOWN_CLIENT:
-            # The daemon restarted, or ended the session (it took this process for dead): start again.
-            if not self._hello_sent:
-                log.warning("the kafka-sidecar daemon does not know this client any more: connecting again")
-                self._hello_sent = True
-                self._post(*self._hello())
         else:
             log.error("the kafka-sidecar daemon refused a message: %s", text)
 
     def _forget_session(self) -> None:
-        """A new session (lock held): what the old one held is gone, and its records' fate unknown."""
+        """The session is gone (lock held): what it held is gone, and its records' fate unknown."""
         error = SidecarUnavailableError("the kafka-sidecar daemon lost this client's session (it restarted, or "
                                         "took the client for dead): the delivery of this record is unknown")
-        lost = [f for batch in [*self._open.values(), *self._sealed.values()] for f in batch.futures
-                if not f.done()]
+        self._appender.enabled = False
+        lost = [f for batch in [*self._open.values(), *self._sealed.values()] for f in batch.futures]
         for batch in self._open.values():
-            batch.view.release()
+            batch.release()
         self._open.clear()
-        self._clear_sealed()
+        self._sealed.clear()
+        self._unreported.clear()
+        self._seal_notices.clear()
         self._spare.clear()
         self._requests.clear()
-        self._outstanding -= len(lost)
+        self._appender.outstanding = 0
+        self._welcome = None
         if self._segment is not None:
             self._segment.close()
             self._segment = None
         if lost:
             log.error("%d record(s) handed to the lost session are failed as unknown", len(lost))
             # Completed on the I/O thread after the lock is released, as deliveries are.
-            self._lost = [(f, None, error) for f in lost]
+            self._lost += lost
+            self._lost_error = error
 
     def _hello(self) -> tuple[Any, ...]:
         return (ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), self._client_name,
@@ -803,40 +876,31 @@ class Producer:
 
     def _deliver(self, reports: list[list[Any]]) -> None:
         # Only the bookkeeping holds the lock: send() must not wait while futures complete.
-        outcomes = []
+        reported = []
         with self._lock:
             for batch_id, first, count, base_offset, log_append_time, error_wire in reports:
                 batch = self._sealed.get(batch_id)
                 if batch is None:
                     continue
-                futures = batch.futures[first:first + count]
-                batch.reported += len(futures)
-                if batch.reported >= len(batch.futures):
+                count = max(min(count, batch.record_count - first), 0)
+                batch.reported += count
+                if batch.reported >= batch.record_count:
                     self._forget_sealed(batch)
-                self._outstanding -= len(futures)
-                outcomes.append((batch.topic, batch.partition, futures, base_offset, first, log_append_time,
-                                 error_wire))
-            self._cond.notify_all()
-        done: list[tuple[RecordFuture, RecordMetadata | None, KafkaError | None]] = []
-        for topic, partition, futures, base_offset, first, log_append_time, error_wire in outcomes:
-            error = ipc.error_from_wire(error_wire)
-            if error is not None:
-                done += [(future, None, error) for future in futures]
-                continue
-            offset = base_offset + first if base_offset >= 0 else -1
-            step = 1 if base_offset >= 0 else 0
-            for future in futures:
-                # RecordMetadata(...) without the NamedTuple's Python-level __new__: once per record.
-                done.append((future, _new_tuple(RecordMetadata, (
-                    topic, partition, offset, log_append_time if log_append_time >= 0 else future.timestamp_ms,
-                    future.key_size, future.value_size)), None))
-                offset += step
-        _complete_all(done)
+                reported.append((batch, first, count, base_offset, log_append_time, error_wire))
+        try:
+            for batch, first, count, base_offset, log_append_time, error_wire in reported:
+                _completer.complete(batch.futures, first, count, batch.topic, batch.partition, base_offset,
+                                    log_append_time, ipc.error_from_wire(error_wire))
+        finally:
+            # Counted out after the callbacks ran: flush() returns once they have, as in the Java client.
+            with self._lock:
+                self._appender.outstanding -= sum(r[2] for r in reported)
+                self._cond.notify_all()
 
     def _release_segment(self) -> None:
         with self._lock:
             for batch in self._open.values():
-                batch.view.release()
+                batch.release()
             self._open.clear()
             if self._segment is not None:
                 self._segment.close()

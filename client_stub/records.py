@@ -15,20 +15,24 @@ This module is that shared contract: varints, and the record layout::
         headerValueLength: varint, headerValue (-1 for null)
 
 Varints are zig-zag encoded, as protobuf's sint32/sint64.
+
+The encoder runs once per record in every producing process, so it is written in C
+(``client_stub._fastpath``); the decoder, for the daemon's splits and the tests, is here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
+
+from ._fastpath import encode_record, encode_record_into, record_size
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
 Header = tuple[bytes, "bytes | None"]
 
-# Varints of small values are looked up, not computed: a record's lengths, deltas
-# and header counts are nearly always below 2**13.
-_SMALL_LIMIT = 1 << 13
+__all__ = ["Buffer", "Header", "Record", "decode_record", "decode_records", "encode_record", "encode_record_into",
+           "read_uvarint", "read_varint", "record_boundaries", "record_size", "unzigzag", "uvarint", "varint",
+           "varint_size", "zigzag"]
 
 
 def _encode_uvarint(value: int) -> bytes:
@@ -50,9 +54,6 @@ def unzigzag(value: int) -> int:
     return (value >> 1) ^ -(value & 1)
 
 
-_SMALL_VARINTS: list[bytes] = [_encode_uvarint(zigzag(v)) for v in range(-_SMALL_LIMIT, _SMALL_LIMIT)]
-
-
 def uvarint(value: int) -> bytes:
     """Unsigned varint bytes of ``value`` (0 <= value < 2**64)."""
     if value < 0 or value >= 1 << 64:
@@ -62,8 +63,6 @@ def uvarint(value: int) -> bytes:
 
 def varint(value: int) -> bytes:
     """Zig-zag varint bytes of a signed 64-bit ``value``."""
-    if -_SMALL_LIMIT <= value < _SMALL_LIMIT:
-        return _SMALL_VARINTS[value + _SMALL_LIMIT]
     if value < -(1 << 63) or value >= 1 << 63:
         raise ValueError(f"varint out of range: {value}")
     return _encode_uvarint(zigzag(value))
@@ -71,8 +70,6 @@ def varint(value: int) -> bytes:
 
 def varint_size(value: int) -> int:
     """Bytes taken by the zig-zag varint of ``value``."""
-    if -_SMALL_LIMIT <= value < _SMALL_LIMIT:
-        return len(_SMALL_VARINTS[value + _SMALL_LIMIT])
     return (max(zigzag(value).bit_length(), 1) + 6) // 7
 
 
@@ -100,79 +97,6 @@ def read_varint(data: Buffer, pos: int) -> tuple[int, int]:
     """Read a zig-zag varint at ``pos``; returns (value, next position)."""
     value, pos = read_uvarint(data, pos)
     return unzigzag(value), pos
-
-
-def record_size(offset_delta: int, timestamp_delta: int, key: Buffer | None,
-                value: Buffer | None, headers: Sequence[Header] = ()) -> int:
-    """Bytes the encoded record takes, its length prefix included."""
-    body = _body_size(offset_delta, timestamp_delta, key, value, headers)
-    return varint_size(body) + body
-
-
-def _body_size(offset_delta: int, timestamp_delta: int, key: Buffer | None,
-               value: Buffer | None, headers: Sequence[Header]) -> int:
-    size = 1 + varint_size(timestamp_delta) + varint_size(offset_delta)
-    size += 1 if key is None else varint_size(len(key)) + len(key)
-    size += 1 if value is None else varint_size(len(value)) + len(value)
-    size += varint_size(len(headers))
-    for hkey, hvalue in headers:
-        size += varint_size(len(hkey)) + len(hkey)
-        size += 1 if hvalue is None else varint_size(len(hvalue)) + len(hvalue)
-    return size
-
-
-_NULL = varint(-1)
-_ZERO = b"\x00"
-
-
-def encode_record(offset_delta: int, timestamp_delta: int, key: Buffer | None,
-                  value: Buffer | None, headers: Sequence[Header] = ()) -> bytes:
-    """One record's bytes, length prefix included.
-
-    This is the client's hot path: the record is built by one join of its pieces,
-    the small varints coming from a table, so the record's own bytes are the only
-    sizeable allocation.
-    """
-    # The table lookups are varint() inlined: this runs once per record.
-    small, limit = _SMALL_VARINTS, _SMALL_LIMIT
-    ts = small[timestamp_delta + limit] if -limit <= timestamp_delta < limit else varint(timestamp_delta)
-    od = small[offset_delta + limit] if -limit <= offset_delta < limit else varint(offset_delta)
-    if key is None:
-        key_len, key = _NULL, b""
-    else:
-        n = len(key)
-        key_len = small[n + limit] if n < limit else varint(n)
-    if value is None:
-        value_len, value = _NULL, b""
-    else:
-        n = len(value)
-        value_len = small[n + limit] if n < limit else varint(n)
-    if not headers:
-        size = 2 + len(ts) + len(od) + len(key_len) + len(key) + len(value_len) + len(value)
-        return b"".join((small[size + limit] if size < limit else varint(size),
-                         _ZERO, ts, od, key_len, key, value_len, value, _ZERO))
-    pieces: list[Buffer] = [_ZERO, ts, od, key_len, key, value_len, value, varint(len(headers))]
-    for hkey, hvalue in headers:
-        pieces += (varint(len(hkey)), hkey)
-        if hvalue is None:
-            pieces.append(_NULL)
-        else:
-            pieces += (varint(len(hvalue)), hvalue)
-    body = b"".join(pieces)
-    return varint(len(body)) + body
-
-
-def encode_record_into(buf: bytearray | memoryview, pos: int, offset_delta: int, timestamp_delta: int,
-                       key: Buffer | None, value: Buffer | None,
-                       headers: Sequence[Header] = ()) -> int:
-    """Write one record into ``buf`` at ``pos``; returns the position after it.
-
-    ``buf`` must have room for :func:`record_size` bytes at ``pos``.
-    """
-    data = encode_record(offset_delta, timestamp_delta, key, value, headers)
-    end = pos + len(data)
-    buf[pos:end] = data
-    return end
 
 
 @dataclass(slots=True)

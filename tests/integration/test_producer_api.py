@@ -64,9 +64,6 @@ def test_on_delivery_gets_no_error_and_the_metadata(broker, topic_factory, sidec
         [(md.partition, md.offset, f"v{n}".encode()) for n, md in enumerate(metadata)]
 
 
-@pytest.mark.xfail(strict=True, reason="client bug (not in report4): flush() and len() count a record as "
-                                       "done before its on_delivery callback has run (_deliver lowers "
-                                       "_outstanding, then completes the futures outside the lock)")
 def test_flush_returns_after_the_on_delivery_callbacks_have_run(broker, topic_factory, sidecar) -> None:
     topic = topic_factory(1)
     daemon = sidecar(broker.bootstrap)

@@ -1,0 +1,1223 @@
+/*
+ * client_stub._fastpath: the per-record work of the client in C.
+ *
+ * What runs once per record decides how fast an application can produce, and
+ * in Python it costs several microseconds. This module holds that work:
+ *
+ *   - Kafka's v2 record encoding (KIP-98), written straight into a batch's
+ *     shared-memory block: the one encoder of the project (client_stub.records
+ *     and the daemon use it too);
+ *   - murmur2, the Java producer's hash of keys;
+ *   - OpenBatch, a batch being written by this process;
+ *   - Appender.send(), the common case of Producer.send(): a known topic, bytes
+ *     or None for key and value, no headers, a batch with room. It answers None
+ *     for anything else, and Producer takes its Python path;
+ *   - Completer.complete(), the delivery reports: each record's RecordMetadata
+ *     or error, its future and its on_delivery callback.
+ *
+ * The Python side (client_stub.producer) keeps the logic: sessions, blocks,
+ * sealing, waiting, errors. Every function here holds the GIL throughout.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+/* -- varints (zig-zag, as protobuf's sint32/sint64) ---------------------------------------------- */
+
+static inline uint64_t zigzag(int64_t value) {
+    return ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
+}
+
+static inline Py_ssize_t uvarint_size(uint64_t value) {
+    Py_ssize_t size = 1;
+    while (value > 0x7F) {
+        value >>= 7;
+        size++;
+    }
+    return size;
+}
+
+static inline Py_ssize_t varint_size(int64_t value) {
+    return uvarint_size(zigzag(value));
+}
+
+static inline char *put_varint(char *out, int64_t value) {
+    uint64_t v = zigzag(value);
+    while (v > 0x7F) {
+        *out++ = (char)((v & 0x7F) | 0x80);
+        v >>= 7;
+    }
+    *out++ = (char)v;
+    return out;
+}
+
+/* -- one record ----------------------------------------------------------------------------------- */
+
+/* A record's fields as byte ranges: data NULL with length -1 is null. */
+typedef struct {
+    const char *data;
+    Py_ssize_t length;
+} Field;
+
+typedef struct {
+    int64_t offset_delta;
+    int64_t timestamp_delta;
+    Field key;
+    Field value;
+    Py_ssize_t header_count;
+    Field *header_keys;
+    Field *header_values;
+} Record;
+
+static inline Py_ssize_t field_size(const Field *field) {
+    return field->length < 0 ? 1 : varint_size(field->length) + field->length;
+}
+
+/* The bytes after the length prefix. */
+static Py_ssize_t body_size(const Record *record) {
+    Py_ssize_t size = 1 + varint_size(record->timestamp_delta) + varint_size(record->offset_delta);
+    size += field_size(&record->key) + field_size(&record->value);
+    size += varint_size(record->header_count);
+    for (Py_ssize_t i = 0; i < record->header_count; i++) {
+        size += field_size(&record->header_keys[i]) + field_size(&record->header_values[i]);
+    }
+    return size;
+}
+
+static inline char *put_field(char *out, const Field *field) {
+    if (field->length < 0) {
+        return put_varint(out, -1);
+    }
+    out = put_varint(out, field->length);
+    memcpy(out, field->data, (size_t)field->length);
+    return out + field->length;
+}
+
+/* The record's size with its length prefix; *body receives the body size. */
+static inline Py_ssize_t record_size_of(const Record *record, Py_ssize_t *body) {
+    *body = body_size(record);
+    return varint_size(*body) + *body;
+}
+
+static void write_record(char *out, const Record *record, Py_ssize_t body) {
+    out = put_varint(out, body);
+    *out++ = 0; /* attributes */
+    out = put_varint(out, record->timestamp_delta);
+    out = put_varint(out, record->offset_delta);
+    out = put_field(out, &record->key);
+    out = put_field(out, &record->value);
+    out = put_varint(out, record->header_count);
+    for (Py_ssize_t i = 0; i < record->header_count; i++) {
+        out = put_field(out, &record->header_keys[i]);
+        out = put_field(out, &record->header_values[i]);
+    }
+}
+
+/* -- reading Python arguments into a Record --------------------------------------------------------- */
+
+/* Buffers held while a record is encoded from arbitrary buffer objects. */
+#define MAX_HELD 64
+
+typedef struct {
+    Py_buffer views[MAX_HELD];
+    int count;
+    PyObject *headers_fast;
+    Field *header_fields;
+} Held;
+
+static void held_release(Held *held) {
+    for (int i = 0; i < held->count; i++) {
+        PyBuffer_Release(&held->views[i]);
+    }
+    held->count = 0;
+    Py_CLEAR(held->headers_fast);
+    PyMem_Free(held->header_fields);
+    held->header_fields = NULL;
+}
+
+/* bytes, or any object with the buffer protocol, or None (null). */
+static int field_from(PyObject *obj, Field *field, Held *held, const char *what) {
+    if (obj == Py_None) {
+        field->data = NULL;
+        field->length = -1;
+        return 0;
+    }
+    if (PyBytes_CheckExact(obj)) {
+        field->data = PyBytes_AS_STRING(obj);
+        field->length = PyBytes_GET_SIZE(obj);
+        return 0;
+    }
+    if (held->count == MAX_HELD) {
+        PyErr_Format(PyExc_ValueError, "too many non-bytes buffers in one record (%d at most)", MAX_HELD);
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, &held->views[held->count], PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be bytes-like or None, got %.100s", what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    field->data = held->views[held->count].buf;
+    field->length = held->views[held->count].len;
+    held->count++;
+    return 0;
+}
+
+/* headers: a sequence of (key bytes, value bytes | None) pairs. */
+static int headers_from(PyObject *headers, Record *record, Held *held) {
+    record->header_count = 0;
+    record->header_keys = record->header_values = NULL;
+    if (headers == NULL || headers == Py_None) {
+        return 0;
+    }
+    held->headers_fast = PySequence_Fast(headers, "headers must be a sequence of (key, value) pairs");
+    if (held->headers_fast == NULL) {
+        return -1;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(held->headers_fast);
+    if (count == 0) {
+        return 0;
+    }
+    held->header_fields = PyMem_Calloc((size_t)count * 2, sizeof(Field));
+    if (held->header_fields == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    record->header_keys = held->header_fields;
+    record->header_values = held->header_fields + count;
+    PyObject **items = PySequence_Fast_ITEMS(held->headers_fast);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *pair = items[i];
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a header is a (key, value) tuple");
+            return -1;
+        }
+        PyObject *key = PyTuple_GET_ITEM(pair, 0);
+        if (key == Py_None) {
+            PyErr_SetString(PyExc_TypeError, "a header key cannot be None");
+            return -1;
+        }
+        if (field_from(key, &record->header_keys[i], held, "a header key") < 0 ||
+            field_from(PyTuple_GET_ITEM(pair, 1), &record->header_values[i], held, "a header value") < 0) {
+            return -1;
+        }
+    }
+    record->header_count = count;
+    return 0;
+}
+
+static int record_from(Record *record, Held *held, long long offset_delta, long long timestamp_delta,
+                       PyObject *key, PyObject *value, PyObject *headers) {
+    record->offset_delta = offset_delta;
+    record->timestamp_delta = timestamp_delta;
+    if (field_from(key, &record->key, held, "key") < 0 || field_from(value, &record->value, held, "value") < 0) {
+        return -1;
+    }
+    return headers_from(headers, record, held);
+}
+
+/* -- module functions: encoding and murmur2 -------------------------------------------------------- */
+
+PyDoc_STRVAR(encode_record_doc,
+"encode_record(offset_delta, timestamp_delta, key, value, headers=()) -> bytes\n\n"
+"One record in Kafka's v2 format, its length prefix included.");
+
+static PyObject *encode_record(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"offset_delta", "timestamp_delta", "key", "value", "headers", NULL};
+    long long offset_delta, timestamp_delta;
+    PyObject *key, *value, *headers = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLOO|O:encode_record", keywords, &offset_delta,
+                                     &timestamp_delta, &key, &value, &headers)) {
+        return NULL;
+    }
+    Record record;
+    Held held = {.count = 0};
+    PyObject *result = NULL;
+    if (record_from(&record, &held, offset_delta, timestamp_delta, key, value, headers) == 0) {
+        Py_ssize_t body;
+        Py_ssize_t size = record_size_of(&record, &body);
+        result = PyBytes_FromStringAndSize(NULL, size);
+        if (result != NULL) {
+            write_record(PyBytes_AS_STRING(result), &record, body);
+        }
+    }
+    held_release(&held);
+    return result;
+}
+
+PyDoc_STRVAR(encode_record_into_doc,
+"encode_record_into(buf, pos, offset_delta, timestamp_delta, key, value, headers=()) -> int\n\n"
+"Write one record into the writable buffer ``buf`` at ``pos``; returns the position after it.\n"
+"ValueError if it does not fit.");
+
+static PyObject *encode_record_into(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"buf", "pos", "offset_delta", "timestamp_delta", "key", "value", "headers", NULL};
+    Py_buffer buf;
+    Py_ssize_t pos;
+    long long offset_delta, timestamp_delta;
+    PyObject *key, *value, *headers = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "w*nLLOO|O:encode_record_into", keywords, &buf, &pos,
+                                     &offset_delta, &timestamp_delta, &key, &value, &headers)) {
+        return NULL;
+    }
+    Record record;
+    Held held = {.count = 0};
+    PyObject *result = NULL;
+    if (record_from(&record, &held, offset_delta, timestamp_delta, key, value, headers) == 0) {
+        Py_ssize_t body;
+        Py_ssize_t size = record_size_of(&record, &body);
+        if (pos < 0 || pos > buf.len || size > buf.len - pos) {
+            PyErr_Format(PyExc_ValueError, "a record of %zd bytes does not fit at %zd in a buffer of %zd",
+                         size, pos, buf.len);
+        } else {
+            write_record((char *)buf.buf + pos, &record, body);
+            result = PyLong_FromSsize_t(pos + size);
+        }
+    }
+    held_release(&held);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+PyDoc_STRVAR(record_size_doc,
+"record_size(offset_delta, timestamp_delta, key, value, headers=()) -> int\n\n"
+"Bytes the encoded record takes, its length prefix included.");
+
+static PyObject *record_size(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"offset_delta", "timestamp_delta", "key", "value", "headers", NULL};
+    long long offset_delta, timestamp_delta;
+    PyObject *key, *value, *headers = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLOO|O:record_size", keywords, &offset_delta,
+                                     &timestamp_delta, &key, &value, &headers)) {
+        return NULL;
+    }
+    Record record;
+    Held held = {.count = 0};
+    PyObject *result = NULL;
+    if (record_from(&record, &held, offset_delta, timestamp_delta, key, value, headers) == 0) {
+        Py_ssize_t body;
+        result = PyLong_FromSsize_t(record_size_of(&record, &body));
+    }
+    held_release(&held);
+    return result;
+}
+
+/* Kafka's Utils.murmur2: seed 0x9747b28c, little-endian 4-byte words. */
+static uint32_t murmur2_of(const unsigned char *data, Py_ssize_t length) {
+    const uint32_t m = 0x5bd1e995;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)length;
+    Py_ssize_t words = length / 4;
+    for (Py_ssize_t i = 0; i < words; i++) {
+        const unsigned char *p = data + i * 4;
+        uint32_t k = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    const unsigned char *tail = data + words * 4;
+    switch (length & 3) {
+    case 3:
+        h ^= (uint32_t)tail[2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)tail[1] << 8;
+        /* fall through */
+    case 1:
+        h ^= (uint32_t)tail[0];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return h;
+}
+
+PyDoc_STRVAR(murmur2_doc,
+"murmur2(data) -> int\n\n"
+"Kafka's murmur2 (Utils.murmur2) of ``data`` as an unsigned 32-bit value.");
+
+static PyObject *murmur2(PyObject *module, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    uint32_t h = murmur2_of(view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(h);
+}
+
+/* -- RecordFuture's slots ---------------------------------------------------------------------------- */
+
+/* A RecordFuture (client_stub.producer) keeps everything in __slots__; this module reads and writes
+   them where the interpreter would, at the offsets its member descriptors give, with no attribute
+   lookup per record. */
+typedef struct {
+    PyTypeObject *type;
+    Py_ssize_t on_delivery, timestamp_ms, key_size, value_size, state, result, exception, cond;
+} FutureSlots;
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset) {
+    PyObject *descr = PyDict_GetItemString(type->tp_dict, name);
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
+        ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
+        PyErr_Format(PyExc_TypeError, "%.100s must declare %s in __slots__", type->tp_name, name);
+        return -1;
+    }
+    *offset = ((PyMemberDescrObject *)descr)->d_member->offset;
+    return 0;
+}
+
+static int future_slots_init(FutureSlots *slots, PyObject *type) {
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "future_type must be a type");
+        return -1;
+    }
+    PyTypeObject *t = (PyTypeObject *)type;
+    if (slot_offset(t, "on_delivery", &slots->on_delivery) < 0 ||
+        slot_offset(t, "timestamp_ms", &slots->timestamp_ms) < 0 ||
+        slot_offset(t, "key_size", &slots->key_size) < 0 || slot_offset(t, "value_size", &slots->value_size) < 0 ||
+        slot_offset(t, "_state", &slots->state) < 0 || slot_offset(t, "_result", &slots->result) < 0 ||
+        slot_offset(t, "_exception", &slots->exception) < 0 || slot_offset(t, "_cond", &slots->cond) < 0) {
+        return -1;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(slots->type, t);
+    return 0;
+}
+
+static inline void slot_set(PyObject *obj, Py_ssize_t offset, PyObject *value) {
+    Py_XSETREF(SLOT(obj, offset), Py_NewRef(value));
+}
+
+/* Steals a reference to value (which may be NULL after a failed allocation: then -1). */
+static inline int slot_set_new(PyObject *obj, Py_ssize_t offset, PyObject *value) {
+    if (value == NULL) {
+        return -1;
+    }
+    Py_XSETREF(SLOT(obj, offset), value);
+    return 0;
+}
+
+/* -- module state: interned names ------------------------------------------------------------------ */
+
+static PyObject *str_notify, *str_finished, *str_running, *empty_tuple;
+
+static int module_state_init(void) {
+    str_notify = PyUnicode_InternFromString("_notify");
+    /* concurrent.futures' state names; Future compares them with ==. */
+    str_finished = PyUnicode_InternFromString("FINISHED");
+    str_running = PyUnicode_InternFromString("RUNNING");
+    empty_tuple = PyTuple_New(0);
+    return str_notify && str_finished && str_running && empty_tuple ? 0 : -1;
+}
+
+/* Call a bound method with no arguments (a lock's acquire, release, locked); -1 on error, else its
+   truth. */
+static int call_truth(PyObject *method) {
+    PyObject *result = PyObject_CallNoArgs(method);
+    if (result == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(result);
+    Py_DECREF(result);
+    return truth;
+}
+
+static inline long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* -- OpenBatch -------------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer buffer;      /* the batch's blocks of shared memory; buffer.obj NULL once released */
+    Py_ssize_t pos;        /* bytes written */
+    long long base_timestamp;
+    long long max_timestamp;
+    PyObject *futures;     /* list: a RecordFuture per record, in offset order */
+    PyObject *topic;
+    long long batch_id;
+    int partition;
+    long long first_block;
+    long long block_count;
+    double created;        /* time.monotonic() when opened */
+    double sealed;         /* time.monotonic() when sealed, 0 before */
+    Py_ssize_t reported;   /* records whose delivery report arrived */
+} OpenBatch;
+
+static PyTypeObject OpenBatchType;
+
+static int OpenBatch_init(OpenBatch *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"batch_id", "topic", "partition", "first_block", "block_count", "view",
+                               "timestamp_ms", "created", NULL};
+    PyObject *topic, *view;
+    if (self->buffer.obj != NULL || self->futures != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "an OpenBatch is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LUiLLOLd:OpenBatch", keywords, &self->batch_id, &topic,
+                                     &self->partition, &self->first_block, &self->block_count, &view,
+                                     &self->base_timestamp, &self->created)) {
+        return -1;
+    }
+    if (PyObject_GetBuffer(view, &self->buffer, PyBUF_WRITABLE) < 0) {
+        return -1;
+    }
+    self->futures = PyList_New(0);
+    if (self->futures == NULL) {
+        return -1;
+    }
+    Py_INCREF(topic);
+    self->topic = topic;
+    self->max_timestamp = self->base_timestamp;
+    return 0;
+}
+
+static int OpenBatch_traverse(OpenBatch *self, visitproc visit, void *arg) {
+    Py_VISIT(self->futures);
+    Py_VISIT(self->buffer.obj);
+    return 0;
+}
+
+static int OpenBatch_clear(OpenBatch *self) {
+    Py_CLEAR(self->futures);
+    Py_CLEAR(self->topic);
+    if (self->buffer.obj != NULL) {
+        PyBuffer_Release(&self->buffer);
+    }
+    return 0;
+}
+
+static void OpenBatch_dealloc(OpenBatch *self) {
+    PyObject_GC_UnTrack(self);
+    OpenBatch_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Append an encoded record: 1 if written, 0 if it does not fit, -1 on error. */
+static int batch_append(OpenBatch *batch, const Record *record, long long timestamp, PyObject *future) {
+    if (batch->buffer.obj == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the batch is sealed");
+        return -1;
+    }
+    Py_ssize_t body;
+    Py_ssize_t size = record_size_of(record, &body);
+    if (size > batch->buffer.len - batch->pos) {
+        return 0;
+    }
+    if (PyList_Append(batch->futures, future) < 0) {
+        return -1;
+    }
+    write_record((char *)batch->buffer.buf + batch->pos, record, body);
+    batch->pos += size;
+    if (timestamp > batch->max_timestamp) {
+        batch->max_timestamp = timestamp;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(OpenBatch_append_doc,
+"append(key, value, headers, timestamp_ms, future) -> bool\n\n"
+"Write a record after the others (offset and timestamp deltas from this batch) and keep its future;\n"
+"False if it does not fit.");
+
+static PyObject *OpenBatch_append(OpenBatch *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "append() takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long long timestamp = PyLong_AsLongLong(args[3]);
+    if (timestamp == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Record record;
+    Held held = {.count = 0};
+    int appended = -1;
+    if (record_from(&record, &held, PyList_GET_SIZE(self->futures), timestamp - self->base_timestamp, args[0],
+                    args[1], args[2]) == 0) {
+        appended = batch_append(self, &record, timestamp, args[4]);
+    }
+    held_release(&held);
+    if (appended < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(appended);
+}
+
+PyDoc_STRVAR(OpenBatch_release_doc,
+"release()\n\nLet go of the shared memory (at seal time): nothing more can be written.");
+
+static PyObject *OpenBatch_release(OpenBatch *self, PyObject *unused) {
+    if (self->buffer.obj != NULL) {
+        PyBuffer_Release(&self->buffer);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *OpenBatch_get_record_count(OpenBatch *self, void *closure) {
+    return PyLong_FromSsize_t(self->futures == NULL ? 0 : PyList_GET_SIZE(self->futures));
+}
+
+static PyObject *OpenBatch_get_capacity(OpenBatch *self, void *closure) {
+    return PyLong_FromSsize_t(self->buffer.obj == NULL ? 0 : self->buffer.len);
+}
+
+static PyMethodDef OpenBatch_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))OpenBatch_append, METH_FASTCALL, OpenBatch_append_doc},
+    {"release", (PyCFunction)OpenBatch_release, METH_NOARGS, OpenBatch_release_doc},
+    {NULL},
+};
+
+static PyMemberDef OpenBatch_members[] = {
+    {"batch_id", T_LONGLONG, offsetof(OpenBatch, batch_id), READONLY, "this client's number for the batch"},
+    {"topic", T_OBJECT, offsetof(OpenBatch, topic), READONLY, NULL},
+    {"partition", T_INT, offsetof(OpenBatch, partition), READONLY, NULL},
+    {"first_block", T_LONGLONG, offsetof(OpenBatch, first_block), READONLY, NULL},
+    {"block_count", T_LONGLONG, offsetof(OpenBatch, block_count), READONLY, NULL},
+    {"pos", T_PYSSIZET, offsetof(OpenBatch, pos), READONLY, "bytes written"},
+    {"base_timestamp", T_LONGLONG, offsetof(OpenBatch, base_timestamp), READONLY, NULL},
+    {"max_timestamp", T_LONGLONG, offsetof(OpenBatch, max_timestamp), READONLY, NULL},
+    {"futures", T_OBJECT, offsetof(OpenBatch, futures), READONLY, "a future per record, in offset order"},
+    {"created", T_DOUBLE, offsetof(OpenBatch, created), READONLY, "time.monotonic() when opened"},
+    {"sealed", T_DOUBLE, offsetof(OpenBatch, sealed), 0, "time.monotonic() when sealed, 0 before"},
+    {"reported", T_PYSSIZET, offsetof(OpenBatch, reported), 0, "records whose delivery report arrived"},
+    {NULL},
+};
+
+static PyGetSetDef OpenBatch_getset[] = {
+    {"record_count", (getter)OpenBatch_get_record_count, NULL, "records written", NULL},
+    {"capacity", (getter)OpenBatch_get_capacity, NULL, "bytes of shared memory (0 once released)", NULL},
+    {NULL},
+};
+
+static PyTypeObject OpenBatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "client_stub._fastpath.OpenBatch",
+    .tp_doc = PyDoc_STR("OpenBatch(batch_id, topic, partition, first_block, block_count, view, timestamp_ms, "
+                        "created)\n\nA batch this process writes records into, in its blocks of shared memory."),
+    .tp_basicsize = sizeof(OpenBatch),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)OpenBatch_init,
+    .tp_dealloc = (destructor)OpenBatch_dealloc,
+    .tp_traverse = (traverseproc)OpenBatch_traverse,
+    .tp_clear = (inquiry)OpenBatch_clear,
+    .tp_methods = OpenBatch_methods,
+    .tp_members = OpenBatch_members,
+    .tp_getset = OpenBatch_getset,
+};
+
+/* -- Appender: the common case of Producer.send() ---------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *lock_locked;      /* the producer's lock (guards open batches and the counts): its locked, */
+    PyObject *lock_acquire;     /* acquire */
+    PyObject *lock_release;     /* and release */
+    PyObject *open;             /* dict: (topic, partition) -> OpenBatch */
+    PyObject *partition_counts; /* dict: topic -> partition count, for topics known without error */
+    PyObject *sticky;           /* dict: topic -> partition for records without a key, or None */
+    PyObject *seal;             /* seal(batch), called with the lock held when a batch is full, and
+                                   sealing it unless another thread has meanwhile */
+    FutureSlots slots;          /* of RecordFuture */
+    int enabled;                /* off until the session is up, and when the producer cannot take this path */
+    int murmur2_keys;           /* keyed records go by murmur2 (murmur2_random) */
+    Py_ssize_t outstanding;     /* records handed off and not yet reported */
+} Appender;
+
+static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"lock", "future_type", "seal", "sticky", "murmur2_keys", NULL};
+    PyObject *lock, *future_type, *seal, *sticky;
+    int murmur2_keys;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOp:Appender", keywords, &lock, &future_type, &seal,
+                                     &sticky, &murmur2_keys)) {
+        return -1;
+    }
+    if (sticky != Py_None && !PyDict_CheckExact(sticky)) {
+        PyErr_SetString(PyExc_TypeError, "sticky must be a dict or None");
+        return -1;
+    }
+    if (future_slots_init(&self->slots, future_type) < 0) {
+        return -1;
+    }
+    Py_XSETREF(self->lock_locked, PyObject_GetAttrString(lock, "locked"));
+    Py_XSETREF(self->lock_acquire, PyObject_GetAttrString(lock, "acquire"));
+    Py_XSETREF(self->lock_release, PyObject_GetAttrString(lock, "release"));
+    Py_XSETREF(self->open, PyDict_New());
+    Py_XSETREF(self->partition_counts, PyDict_New());
+    if (!self->lock_locked || !self->lock_acquire || !self->lock_release || !self->open || !self->partition_counts) {
+        return -1;
+    }
+    Py_INCREF(seal);
+    Py_XSETREF(self->seal, seal);
+    Py_INCREF(sticky);
+    Py_XSETREF(self->sticky, sticky);
+    self->murmur2_keys = murmur2_keys;
+    self->enabled = 0;
+    self->outstanding = 0;
+    return 0;
+}
+
+static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
+    Py_VISIT(self->lock_locked);
+    Py_VISIT(self->lock_acquire);
+    Py_VISIT(self->lock_release);
+    Py_VISIT(self->open);
+    Py_VISIT(self->partition_counts);
+    Py_VISIT(self->sticky);
+    Py_VISIT(self->seal);
+    Py_VISIT(self->slots.type);
+    return 0;
+}
+
+static int Appender_clear(Appender *self) {
+    Py_CLEAR(self->lock_locked);
+    Py_CLEAR(self->lock_acquire);
+    Py_CLEAR(self->lock_release);
+    Py_CLEAR(self->open);
+    Py_CLEAR(self->partition_counts);
+    Py_CLEAR(self->sticky);
+    Py_CLEAR(self->seal);
+    Py_CLEAR(self->slots.type);
+    return 0;
+}
+
+static void Appender_dealloc(Appender *self) {
+    PyObject_GC_UnTrack(self);
+    Appender_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A pending RecordFuture, made as object.__new__ would, its slots filled without running Python. */
+static PyObject *new_future(const FutureSlots *slots, PyObject *on_delivery, long long timestamp,
+                            Py_ssize_t key_size, Py_ssize_t value_size) {
+    PyObject *future = slots->type->tp_new(slots->type, empty_tuple, NULL);
+    if (future == NULL) {
+        return NULL;
+    }
+    slot_set(future, slots->on_delivery, on_delivery);
+    slot_set(future, slots->state, str_running);
+    slot_set(future, slots->result, Py_None);
+    slot_set(future, slots->exception, Py_None);
+    slot_set(future, slots->cond, Py_None);
+    if (slot_set_new(future, slots->timestamp_ms, PyLong_FromLongLong(timestamp)) < 0 ||
+        slot_set_new(future, slots->key_size, PyLong_FromSsize_t(key_size)) < 0 ||
+        slot_set_new(future, slots->value_size, PyLong_FromSsize_t(value_size)) < 0) {
+        Py_DECREF(future);
+        return NULL;
+    }
+    return future;
+}
+
+/* The partition for the record, or -1 if the Python path must decide (or complain). */
+static long choose_partition(Appender *self, PyObject *topic, PyObject *key, PyObject *partition, long count) {
+    if (partition != Py_None) {
+        if (!PyLong_CheckExact(partition)) {
+            return -1;
+        }
+        long explicit = PyLong_AsLong(partition);
+        if (explicit == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+        return explicit >= 0 && explicit < count ? explicit : -1;
+    }
+    if (key != Py_None) {
+        if (!self->murmur2_keys) {
+            return -1;
+        }
+        uint32_t h = murmur2_of((const unsigned char *)PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
+        return (long)((h & 0x7FFFFFFFu) % (uint32_t)count);
+    }
+    if (self->sticky == Py_None) {
+        return -1;
+    }
+    PyObject *sticky = PyDict_GetItemWithError(self->sticky, topic);
+    if (sticky == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    long chosen = PyLong_AsLong(sticky);
+    if (chosen == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return chosen >= 0 && chosen < count ? chosen : -1;
+}
+
+/* The key of (topic, partition) in the open batches. */
+static PyObject *open_key(PyObject *topic, long partition) {
+    PyObject *key = PyTuple_New(2);
+    PyObject *index = PyLong_FromLong(partition);
+    if (key == NULL || index == NULL) {
+        Py_XDECREF(key);
+        Py_XDECREF(index);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(key, 0, Py_NewRef(topic));
+    PyTuple_SET_ITEM(key, 1, index);
+    return key;
+}
+
+/* seal(batch) with the producer's lock held, as Python code that changes batches must be. Taking the
+   lock may wait, and let other threads run: seal() finds out whether the batch is still open. */
+static int seal_full(Appender *self, OpenBatch *batch) {
+    if (call_truth(self->lock_acquire) < 0) {
+        return -1;
+    }
+    PyObject *sealed = PyObject_CallOneArg(self->seal, (PyObject *)batch);
+    Py_XDECREF(sealed);
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    int released = call_truth(self->lock_release);
+    if (type != NULL) {
+        PyErr_Restore(type, value, traceback);
+    }
+    return sealed == NULL || released < 0 ? -1 : 0;
+}
+
+PyDoc_STRVAR(Appender_send_doc,
+"send(topic, value, key, partition, timestamp_ms, on_delivery) -> RecordFuture | None\n\n"
+"Append the record to its partition's open batch if that is the whole job: a topic with known\n"
+"partitions, bytes or None for key and value, a batch with room, the producer's lock free.\n"
+"None means: take the Python path.");
+
+static PyObject *Appender_send(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "send() takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *topic = args[0], *value = args[1], *key = args[2], *partition = args[3], *timestamp_arg = args[4],
+             *on_delivery = args[5];
+    if (!self->enabled || (key != Py_None && !PyBytes_CheckExact(key)) ||
+        (value != Py_None && !PyBytes_CheckExact(value)) || !PyUnicode_CheckExact(topic)) {
+        Py_RETURN_NONE;
+    }
+    long long timestamp;
+    if (timestamp_arg == Py_None) {
+        timestamp = now_ms();
+    } else {
+        if (!PyLong_CheckExact(timestamp_arg)) {
+            Py_RETURN_NONE;
+        }
+        timestamp = PyLong_AsLongLong(timestamp_arg);
+        if ((timestamp == -1 && PyErr_Occurred()) || timestamp < 0) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *count_obj = PyDict_GetItemWithError(self->partition_counts, topic);
+    if (count_obj == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    long count = PyLong_AsLong(count_obj);
+    if (count <= 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    long chosen = choose_partition(self, topic, key, partition, count);
+    if (chosen < 0) {
+        Py_RETURN_NONE;
+    }
+    PyObject *key_of_batch = open_key(topic, chosen);
+    if (key_of_batch == NULL) {
+        return NULL;
+    }
+    Py_ssize_t key_size = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
+    Py_ssize_t value_size = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
+    PyObject *future = new_future(&self->slots, on_delivery, timestamp, key_size, value_size);
+    if (future == NULL) {
+        Py_DECREF(key_of_batch);
+        return NULL;
+    }
+    /* Everything is allocated: allocating can collect garbage, which can run Python code and let other
+       threads run. From here until the batch is full, nothing can: no other thread runs Python code
+       while this one holds the GIL. So the producer's lock is not taken per record; it is enough that
+       no thread holds it now, in the middle of a change to the batches (a thread blocked on the lock
+       may take it meanwhile, but cannot act on it before the GIL is released). If one holds it, the
+       Python path waits for it. */
+    int locked = call_truth(self->lock_locked);
+    OpenBatch *batch = NULL;
+    if (locked == 0) {
+        batch = (OpenBatch *)PyDict_GetItemWithError(self->open, key_of_batch);
+    }
+    Py_DECREF(key_of_batch);
+    int appended = -1;
+    Py_ssize_t before = 0;
+    if (batch != NULL && batch->buffer.obj != NULL) {
+        Record record = {
+            .offset_delta = PyList_GET_SIZE(batch->futures),
+            .timestamp_delta = timestamp - batch->base_timestamp,
+            .key = {key == Py_None ? NULL : PyBytes_AS_STRING(key), key_size},
+            .value = {value == Py_None ? NULL : PyBytes_AS_STRING(value), value_size},
+            .header_count = 0,
+        };
+        before = batch->pos;
+        appended = batch_append(batch, &record, timestamp, future);
+    } else if (locked >= 0 && !PyErr_Occurred()) {
+        appended = 0; /* locked, or no open batch: the Python path */
+    }
+    if (appended <= 0) {
+        Py_DECREF(future);
+        if (appended < 0) {
+            return NULL;
+        }
+        Py_RETURN_NONE; /* or no room: the Python path seals the batch and opens another */
+    }
+    self->outstanding++;
+    /* Full, or nearly: the next record like this one would not fit. */
+    if (batch->buffer.len - batch->pos < batch->pos - before) {
+        Py_INCREF(batch);
+        int sealed = seal_full(self, batch);
+        Py_DECREF(batch);
+        if (sealed < 0) {
+            Py_DECREF(future);
+            return NULL;
+        }
+    }
+    return future;
+}
+
+static PyMethodDef Appender_methods[] = {
+    {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL, Appender_send_doc},
+    {NULL},
+};
+
+static PyMemberDef Appender_members[] = {
+    {"open", T_OBJECT, offsetof(Appender, open), READONLY, "(topic, partition) -> OpenBatch"},
+    {"partition_counts", T_OBJECT, offsetof(Appender, partition_counts), READONLY,
+     "topic -> partition count, for the topics send() may take without the Python path"},
+    {"enabled", T_BOOL, offsetof(Appender, enabled), 0, "whether send() may take records"},
+    {"outstanding", T_PYSSIZET, offsetof(Appender, outstanding), 0, "records handed off and not yet reported"},
+    {NULL},
+};
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "client_stub._fastpath.Appender",
+    .tp_doc = PyDoc_STR("Appender(lock, future_type, seal, sticky, murmur2_keys)\n\n"
+                        "The open batches of a producer and the common case of its send()."),
+    .tp_basicsize = sizeof(Appender),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Appender_init,
+    .tp_dealloc = (destructor)Appender_dealloc,
+    .tp_traverse = (traverseproc)Appender_traverse,
+    .tp_clear = (inquiry)Appender_clear,
+    .tp_methods = Appender_methods,
+    .tp_members = Appender_members,
+};
+
+/* -- Completer: delivery reports to futures and callbacks --------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *metadata_type;   /* RecordMetadata (a NamedTuple) */
+    PyObject *lock_acquire;    /* the lock that guards a RecordFuture's lazily made Condition against */
+    PyObject *lock_release;    /* its completion: its acquire and release */
+    PyObject *callback_failed; /* callback_failed(exception): an on_delivery callback raised */
+    FutureSlots slots;         /* of RecordFuture */
+} Completer;
+
+static int Completer_init(Completer *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"future_type", "metadata_type", "condition_lock", "callback_failed", NULL};
+    PyObject *future_type, *metadata_type, *condition_lock, *callback_failed;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO:Completer", keywords, &future_type, &PyType_Type,
+                                     &metadata_type, &condition_lock, &callback_failed)) {
+        return -1;
+    }
+    if (!PyType_IsSubtype((PyTypeObject *)metadata_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "metadata_type must be a tuple type");
+        return -1;
+    }
+    if (future_slots_init(&self->slots, future_type) < 0) {
+        return -1;
+    }
+    Py_XSETREF(self->lock_acquire, PyObject_GetAttrString(condition_lock, "acquire"));
+    Py_XSETREF(self->lock_release, PyObject_GetAttrString(condition_lock, "release"));
+    if (self->lock_acquire == NULL || self->lock_release == NULL) {
+        return -1;
+    }
+    Py_INCREF(metadata_type);
+    Py_XSETREF(self->metadata_type, metadata_type);
+    Py_INCREF(callback_failed);
+    Py_XSETREF(self->callback_failed, callback_failed);
+    return 0;
+}
+
+static int Completer_traverse(Completer *self, visitproc visit, void *arg) {
+    Py_VISIT(self->metadata_type);
+    Py_VISIT(self->lock_acquire);
+    Py_VISIT(self->lock_release);
+    Py_VISIT(self->callback_failed);
+    Py_VISIT(self->slots.type);
+    return 0;
+}
+
+static int Completer_clear(Completer *self) {
+    Py_CLEAR(self->metadata_type);
+    Py_CLEAR(self->lock_acquire);
+    Py_CLEAR(self->lock_release);
+    Py_CLEAR(self->callback_failed);
+    Py_CLEAR(self->slots.type);
+    return 0;
+}
+
+static void Completer_dealloc(Completer *self) {
+    PyObject_GC_UnTrack(self);
+    Completer_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A slot of a future that must be set (a RecordFuture made by this module or its __init__). */
+static inline PyObject *required_slot(PyObject *future, Py_ssize_t offset) {
+    PyObject *value = SLOT(future, offset);
+    if (value == NULL) {
+        PyErr_SetString(PyExc_ValueError, "a RecordFuture without its record's sizes and timestamp");
+    }
+    return value;
+}
+
+/* RecordMetadata(topic, partition, offset, timestamp_ms, serialized_key_size, serialized_value_size). */
+static PyObject *new_metadata(Completer *self, PyObject *future, PyObject *topic, PyObject *partition,
+                              long long offset, long long log_append_time) {
+    PyObject *timestamp = required_slot(future, self->slots.timestamp_ms);
+    PyObject *key_size = required_slot(future, self->slots.key_size);
+    PyObject *value_size = required_slot(future, self->slots.value_size);
+    if (timestamp == NULL || key_size == NULL || value_size == NULL) {
+        return NULL;
+    }
+    PyObject *offset_obj = PyLong_FromLongLong(offset);
+    PyObject *time_obj = log_append_time >= 0 ? PyLong_FromLongLong(log_append_time) : Py_NewRef(timestamp);
+    PyTypeObject *type = (PyTypeObject *)self->metadata_type;
+    PyObject *metadata = offset_obj && time_obj ? type->tp_alloc(type, 6) : NULL;
+    if (metadata == NULL) {
+        Py_XDECREF(offset_obj);
+        Py_XDECREF(time_obj);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(metadata, 0, Py_NewRef(topic));
+    PyTuple_SET_ITEM(metadata, 1, Py_NewRef(partition));
+    PyTuple_SET_ITEM(metadata, 2, offset_obj);
+    PyTuple_SET_ITEM(metadata, 3, time_obj);
+    PyTuple_SET_ITEM(metadata, 4, Py_NewRef(key_size));
+    PyTuple_SET_ITEM(metadata, 5, Py_NewRef(value_size));
+    return metadata;
+}
+
+/* What becomes of each future of a report. */
+enum { SETTLED = 0, WATCHED = 1, DONE_ALREADY = 2 };
+
+/* Settle the futures nobody watches, in place; mark the others: WATCHED (their Condition exists:
+   someone waits on them, or added a done-callback; they complete through _notify) or DONE_ALREADY
+   (a record completes once: one failed as lost stays failed if its report comes after all). */
+static int settle_quiet(Completer *self, PyObject **futures, PyObject **results, char *fate, Py_ssize_t count,
+                        PyObject *error) {
+    PyObject *taken = PyObject_CallOneArg(self->lock_acquire, Py_True);
+    if (taken == NULL) {
+        return -1;
+    }
+    Py_DECREF(taken);
+    const FutureSlots *slots = &self->slots;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *future = futures[i];
+        PyObject *state = SLOT(future, slots->state);
+        if (state == NULL || (state != str_running && PyUnicode_Compare(state, str_running) != 0)) {
+            fate[i] = DONE_ALREADY;
+        } else if (SLOT(future, slots->cond) != Py_None) {
+            fate[i] = WATCHED;
+        } else {
+            slot_set(future, slots->result, error == Py_None ? results[i] : Py_None);
+            slot_set(future, slots->exception, error);
+            slot_set(future, slots->state, str_finished);
+            fate[i] = SETTLED;
+        }
+    }
+    return call_truth(self->lock_release) < 0 ? -1 : 0;
+}
+
+/* Run the record's on_delivery(error, metadata); an exception it raises goes to callback_failed. */
+static int run_callback(Completer *self, PyObject *future, PyObject *result, PyObject *error) {
+    PyObject *callback = SLOT(future, self->slots.on_delivery);
+    if (callback == NULL || callback == Py_None) {
+        return 0;
+    }
+    Py_INCREF(callback);
+    PyObject *call[] = {error, result};
+    PyObject *r = PyObject_Vectorcall(callback, call, 2, NULL);
+    Py_DECREF(callback);
+    if (r == NULL) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL && value != NULL) {
+            PyException_SetTraceback(value, traceback);
+        }
+        r = PyObject_CallOneArg(self->callback_failed, value != NULL ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+    }
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+PyDoc_STRVAR(Completer_complete_doc,
+"complete(futures, first, count, topic, partition, base_offset, log_append_time, error)\n\n"
+"Complete futures[first:first + count], the records of one delivery report: with their\n"
+"RecordMetadata (offsets from base_offset on; -1 for all if it is -1), or with ``error``; then run\n"
+"their on_delivery callbacks. A callback that raises is handed to callback_failed.");
+
+static PyObject *Completer_complete(Completer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "complete() takes 8 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *futures = args[0], *topic = args[3], *partition = args[4], *error = args[7];
+    if (!PyList_CheckExact(futures)) {
+        PyErr_SetString(PyExc_TypeError, "futures must be a list");
+        return NULL;
+    }
+    Py_ssize_t first = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    long long base_offset = PyLong_AsLongLong(args[5]);
+    long long log_append_time = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t size = PyList_GET_SIZE(futures);
+    if (first < 0 || count < 0 || first > size) {
+        PyErr_SetString(PyExc_ValueError, "first and count must select records of futures");
+        return NULL;
+    }
+    if (count > size - first) {
+        count = size - first;
+    }
+    if (count == 0) {
+        Py_RETURN_NONE;
+    }
+    /* The futures and their results are taken from the list first: a callback may change the list. */
+    PyObject **done = PyMem_Calloc((size_t)count * 2, sizeof(PyObject *));
+    char *fate = PyMem_Calloc((size_t)count, 1);
+    if (done == NULL || fate == NULL) {
+        PyMem_Free(done);
+        PyMem_Free(fate);
+        return PyErr_NoMemory();
+    }
+    PyObject **results = done + count;
+    int failed = 0;
+    for (Py_ssize_t i = 0; i < count && !failed; i++) {
+        PyObject *future = PyList_GET_ITEM(futures, first + i);
+        if (!PyObject_TypeCheck(future, self->slots.type)) {
+            PyErr_Format(PyExc_TypeError, "futures must be %.100s, got %.100s", self->slots.type->tp_name,
+                         Py_TYPE(future)->tp_name);
+            failed = 1;
+            break;
+        }
+        done[i] = Py_NewRef(future);
+        if (error == Py_None) {
+            long long offset = base_offset >= 0 ? base_offset + first + i : -1;
+            results[i] = new_metadata(self, future, topic, partition, offset, log_append_time);
+            failed = results[i] == NULL;
+        } else {
+            results[i] = Py_NewRef(Py_None);
+        }
+    }
+    if (!failed) {
+        failed = settle_quiet(self, done, results, fate, count, error) < 0;
+    }
+    for (Py_ssize_t i = 0; i < count && !failed; i++) {
+        if (fate[i] == WATCHED) {
+            PyObject *call[] = {done[i], results[i], error};
+            PyObject *r = PyObject_VectorcallMethod(str_notify, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            failed = r == NULL;
+            Py_XDECREF(r);
+        } else if (fate[i] == SETTLED) {
+            failed = run_callback(self, done[i], results[i], error) < 0;
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_XDECREF(done[i]);
+        Py_XDECREF(results[i]);
+    }
+    PyMem_Free(done);
+    PyMem_Free(fate);
+    if (failed) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Completer_methods[] = {
+    {"complete", (PyCFunction)(void (*)(void))Completer_complete, METH_FASTCALL, Completer_complete_doc},
+    {NULL},
+};
+
+static PyTypeObject CompleterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "client_stub._fastpath.Completer",
+    .tp_doc = PyDoc_STR("Completer(future_type, metadata_type, condition_lock, callback_failed)\n\n"
+                        "Turns delivery reports into completed record futures and on_delivery calls."),
+    .tp_basicsize = sizeof(Completer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Completer_init,
+    .tp_dealloc = (destructor)Completer_dealloc,
+    .tp_traverse = (traverseproc)Completer_traverse,
+    .tp_clear = (inquiry)Completer_clear,
+    .tp_methods = Completer_methods,
+};
+
+/* -- the module ------------------------------------------------------------------------------------- */
+
+static PyMethodDef module_methods[] = {
+    {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_VARARGS | METH_KEYWORDS,
+     encode_record_doc},
+    {"encode_record_into", (PyCFunction)(void (*)(void))encode_record_into, METH_VARARGS | METH_KEYWORDS,
+     encode_record_into_doc},
+    {"record_size", (PyCFunction)(void (*)(void))record_size, METH_VARARGS | METH_KEYWORDS, record_size_doc},
+    {"murmur2", (PyCFunction)murmur2, METH_O, murmur2_doc},
+    {NULL},
+};
+
+static struct PyModuleDef fastpath_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "client_stub._fastpath",
+    .m_doc = "The client's per-record work in C: record encoding, murmur2, the send() fast path, deliveries.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    if (module_state_init() < 0 || PyType_Ready(&OpenBatchType) < 0 || PyType_Ready(&AppenderType) < 0 ||
+        PyType_Ready(&CompleterType) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&fastpath_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(module, "OpenBatch", (PyObject *)&OpenBatchType) < 0 ||
+        PyModule_AddObjectRef(module, "Appender", (PyObject *)&AppenderType) < 0 ||
+        PyModule_AddObjectRef(module, "Completer", (PyObject *)&CompleterType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
