@@ -716,6 +716,11 @@ static PyObject *new_future(const FutureSlots *slots, PyObject *on_delivery, lon
         Py_DECREF(future);
         return NULL;
     }
+    /* Out of the garbage collector's sight while in flight: thousands of futures live for a few
+       milliseconds each, long enough to be promoted and scanned again and again, and none can be
+       garbage while its batch holds it. Completer.complete() hands it back to the collector before
+       anything can make it part of a garbage cycle (an exception with a traceback, say). */
+    PyObject_GC_UnTrack(future);
     return future;
 }
 
@@ -1015,6 +1020,8 @@ static PyObject *new_metadata(Completer *self, PyObject *future, PyObject *topic
     PyTuple_SET_ITEM(metadata, 3, time_obj);
     PyTuple_SET_ITEM(metadata, 4, Py_NewRef(key_size));
     PyTuple_SET_ITEM(metadata, 5, Py_NewRef(value_size));
+    /* A str and ints: it can be in no cycle. The collector would find that out itself, later. */
+    PyObject_GC_UnTrack(metadata);
     return metadata;
 }
 
@@ -1131,6 +1138,9 @@ static PyObject *Completer_complete(Completer *self, PyObject *const *args, Py_s
             break;
         }
         done[i] = Py_NewRef(future);
+        if (!PyObject_GC_IsTracked(future)) {
+            PyObject_GC_Track(future); /* see new_future() */
+        }
         if (error == Py_None) {
             long long offset = base_offset >= 0 ? base_offset + first + i : -1;
             results[i] = new_metadata(self, future, topic, partition, offset, log_append_time);

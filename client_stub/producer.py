@@ -48,9 +48,11 @@ from .shm import Segment
 
 log = logging.getLogger(__name__)
 
-# Spare blocks kept at hand so that opening a batch needs no round trip.
-_SPARE_LOW = 4
-_BLOCKS_PER_GRANT = 8
+# Spare blocks kept at hand so that opening a batch needs no round trip: a grant of this many at
+# first, asked for again when half of it is left; doubled whenever send() had to wait for one, up to
+# 1/_MAX_GRANT_SHARE of the pool.
+_FIRST_GRANT = 8
+_MAX_GRANT_SHARE = 16
 # A batch not reported this long after the daemon's delivery.timeout.ms is given up on.
 _REPORT_GRACE_MS = 30_000
 # pyzmq's flags are enum.Flag members, whose & runs Python code: plain ints for the per-message calls.
@@ -247,6 +249,8 @@ class Producer:
         self._session_error: KafkaError | None = None
         self._segment: Segment | None = None
         self._spare: list[int] = []
+        self._grant = _FIRST_GRANT
+        self._spare_requested = False
         self._sealed: dict[int, OpenBatch] = {}
         # Per (topic, partition): how many of the sealed batches await their reports.
         self._unreported: dict[tuple[str, int], int] = {}
@@ -443,9 +447,14 @@ class Producer:
     def _take_blocks(self, count: int, deadline: float) -> list[int] | None:
         """``count`` blocks (contiguous if more than one), or None after waiting (lock released)."""
         if count == 1:
-            self._maybe_request_spare()
             if self._spare:
-                return [self._spare.pop()]
+                block = self._spare.pop()
+                self._maybe_request_spare()  # the next blocks are asked for before they are needed
+                return [block]
+            self._maybe_request_spare()
+
+            # This producer uses blocks faster than it asks for them: ask for more at a time.
+            self._grant = min(self._grant * 2, self._max_grant())
 
             def waiting() -> bool:
                 # Spare blocks may go back to the daemon meanwhile (SEAL_NOW): ask again if so.
@@ -472,13 +481,14 @@ class Producer:
 
     def _maybe_request_spare(self) -> None:
         # One grant request at a time: spare blocks are for the next few batches, not a hoard.
-        if len(self._spare) <= _SPARE_LOW and not any(not r.contiguous for r in self._requests.values()):
-            self._request_blocks(self._grant_size(), contiguous=False)
+        if not self._spare_requested and len(self._spare) <= self._grant // 2:
+            self._spare_requested = True
+            self._request_blocks(min(self._grant, self._max_grant()), contiguous=False)
 
-    def _grant_size(self) -> int:
-        # A few blocks at a time, but never a large share of a small pool.
-        block_count = self._welcome["block_count"] if self._welcome else _BLOCKS_PER_GRANT
-        return max(1, min(_BLOCKS_PER_GRANT, block_count // 16))
+    def _max_grant(self) -> int:
+        # Never a large share of a small pool.
+        block_count = self._welcome["block_count"] if self._welcome else _FIRST_GRANT
+        return max(1, block_count // _MAX_GRANT_SHARE)
 
     def _request_blocks(self, count: int, contiguous: bool) -> int:
         request_id = self._next_request_id
@@ -764,22 +774,24 @@ class Producer:
             if kind == ipc.GRANT:
                 _, request_id, blocks = message
                 request = self._requests.get(request_id)
-                if request is not None and request.contiguous:
-                    if request.error is not None:
-                        self._post(ipc.RELEASE, blocks)
-                        del self._requests[request_id]
-                    else:
-                        request.blocks = blocks
-                else:
+                if request is None or (request.contiguous and request.error is not None):
+                    # Not asked for (by this session), or no longer wanted: they go back.
                     self._requests.pop(request_id, None)
+                    self._post(ipc.RELEASE, blocks)
+                elif request.contiguous:
+                    request.blocks = blocks
+                else:
+                    del self._requests[request_id]
+                    self._spare_requested = False
                     self._spare.extend(blocks)
             elif kind == ipc.GRANT_FAILED:
                 _, request_id, reason = message
                 request = self._requests.get(request_id)
                 if request is not None and request.contiguous and request.error is None:
                     request.error = reason  # the waiting send() raises it
-                else:
-                    self._requests.pop(request_id, None)
+                elif request is not None:
+                    del self._requests[request_id]
+                    self._spare_requested = self._spare_requested and request.contiguous
             elif kind == ipc.TOPIC:
                 _, topic, count, available, error = message
                 info = self._topics.setdefault(topic, _Topic())
@@ -858,6 +870,7 @@ class Producer:
         self._seal_notices.clear()
         self._spare.clear()
         self._requests.clear()
+        self._spare_requested = False
         self._appender.outstanding = 0
         self._welcome = None
         if self._segment is not None:
