@@ -8,6 +8,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
+deploy/install-build-tools.sh  # a C compiler and Python's headers, for the client's C extension
+
 if [[ -z "${VIRTUAL_ENV:-}" ]]; then
     if [[ ! -x .venv/bin/python ]]; then
         python3 -m venv .venv
