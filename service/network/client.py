@@ -143,6 +143,8 @@ class NetworkClient:
         self._correlation_id = 0
         # The client's own metadata refresh while it is out: only its answer updates the metadata.
         self._metadata_request: ClientRequest | None = None
+        # The metadata's request version that refresh was built at.
+        self._metadata_request_version = 0
         self._pending: list[ClientResponse] = []
         # Correlation ids of recent requests sent without expecting a response, per node.
         self._unanswered: dict[int, deque[int]] = {}
@@ -454,6 +456,7 @@ class NetworkClient:
         if node is None:
             return self.reconnect_backoff_ms
         if self.can_send_request(node.id):
+            self._metadata_request_version = self.metadata.request_version
             self._metadata_request = ClientRequest(node.id, self.metadata.build_request(now), now)
             self._do_send(self._metadata_request, now)
             # Not sent (no common version): this poll returns the error without waiting, and the
@@ -475,7 +478,7 @@ class NetworkClient:
             log.debug("metadata response without brokers, ignored")
             self.metadata.failed_update(now)
             return
-        changes = self.metadata.update(body, now)
+        changes = self.metadata.update(body, now, self._metadata_request_version)
         for node in changes.removed + changes.moved:
             if self.selector.has_channel(node.id):  # else nothing to close, nothing failed
                 log.info("node %s %s: closing its connection", node.id,

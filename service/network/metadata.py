@@ -4,7 +4,9 @@
 topics the producer uses (a topic not used for ``metadata.max.idle.ms`` is
 dropped), refreshes every ``metadata.max.age.ms``, sooner when asked (stale
 leader, unknown topic, disconnect), and never more often than the refresh
-backoff allows.
+backoff allows. A new topic is fetched at once, past the backoff; as in Java's
+Metadata, one added while a refresh is out gets a refresh of its own after that
+one's answer (a request built before the topic was added did not ask for it).
 """
 
 from __future__ import annotations
@@ -105,16 +107,20 @@ class Metadata:
         self.last_refresh_ms = 0
         self.last_successful_refresh_ms = 0
         self.update_version = 0
+        # Java's requestVersion: goes up with every new topic. An answer clears _need_new_topics only
+        # if its request was built at the latest version, i.e. after the last topic was added.
+        self.request_version = 0
         self._need_update = True
+        self._need_new_topics = False
         # topic -> when it is dropped if not used again
         self._topics: dict[str, int] = {}
 
     # -- topics of interest ----------------------------------------------------------------------
 
     def add_topic(self, topic: str, now: int) -> None:
-        """Keep ``topic`` in the refreshes; a topic not seen before triggers one now."""
+        """Keep ``topic`` in the refreshes; a topic not seen before gets one at once (no refresh backoff)."""
         if topic not in self._topics:
-            self._need_update = True
+            self._request_update_for_new_topics()
         self._topics[topic] = now + self.metadata_max_idle_ms
 
     def topics(self) -> list[str]:
@@ -129,17 +135,26 @@ class Metadata:
     # -- refresh policy --------------------------------------------------------------------------
 
     def request_update(self) -> int:
-        """Ask for a refresh as soon as the backoff allows; returns the current version."""
+        """Ask for a refresh as soon as the backoff allows; returns the current version.
+
+        As in Java, the answer to a refresh already out satisfies this request.
+        """
         self._need_update = True
         return self.update_version
 
+    def _request_update_for_new_topics(self) -> None:
+        # As Java's requestUpdateForNewTopics: a producer waits for this topic, so no refresh backoff.
+        self.last_refresh_ms = 0
+        self._need_new_topics = True
+        self.request_version += 1
+
     @property
     def update_requested(self) -> bool:
-        return self._need_update
+        return self._need_update or self._need_new_topics
 
     def time_to_next_update(self, now: int) -> int:
         """Milliseconds until a refresh is due (0: now)."""
-        if self._need_update:
+        if self.update_requested:
             expire = 0
         else:
             expire = max(self.last_successful_refresh_ms + self.metadata_max_age_ms - now, 0)
@@ -147,6 +162,7 @@ class Metadata:
         return max(expire, backoff)
 
     def build_request(self, now: int) -> m.MetadataRequest:
+        """A request for every topic in use; pass :attr:`request_version`, read now, to :meth:`update`."""
         self._expire_topics(now)
         topics = [m.MetadataRequest.MetadataRequestTopic(name=t) for t in sorted(self._topics)]
         return m.MetadataRequest(topics=topics, allow_auto_topic_creation=self.allow_auto_topic_creation)
@@ -154,11 +170,16 @@ class Metadata:
     def failed_update(self, now: int) -> None:
         self.last_refresh_ms = now
 
-    def update(self, response: m.MetadataResponse, now: int) -> NodeChanges:
-        """Apply a metadata response; returns how the brokers changed."""
+    def update(self, response: m.MetadataResponse, now: int, request_version: int | None = None) -> NodeChanges:
+        """Apply a metadata response; returns how the brokers changed.
+
+        ``request_version`` is the :attr:`request_version` the request was built at (None: the
+        latest). A topic added since then is not in the response, so a refresh stays requested.
+        """
         self.last_refresh_ms = now
         self.last_successful_refresh_ms = now
         self._need_update = False
+        self._need_new_topics = request_version is not None and request_version < self.request_version
         self.update_version += 1
         old = self.cluster
         nodes = {b.node_id: Node(b.node_id, b.host, b.port, b.rack) for b in response.brokers}

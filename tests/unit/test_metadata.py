@@ -188,3 +188,45 @@ def test_topics_not_used_for_max_idle_are_dropped() -> None:
     md.add_topic("a", NOW + 1400)  # used again: kept longer
     assert [t.name for t in md.build_request(NOW + 2000).topics] == ["a"]
     assert md.build_request(NOW + 2400).topics == []
+
+
+def test_a_topic_added_while_a_refresh_is_out_is_refreshed_again_at_once() -> None:
+    md = metadata(refresh_backoff_ms=100)
+    md.add_topic("t", NOW)
+    md.update(response(topics={"t": [(0, 1, 0)]}), NOW, md.request_version)
+    assert not md.update_requested
+
+    # A refresh is built, then a new topic comes while it is out.
+    version = md.request_version
+    assert [t.name for t in md.build_request(NOW + 10).topics] == ["t"]
+    md.request_update()
+    md.add_topic("u", NOW + 20)
+    md.update(response(topics={"t": [(0, 1, 0)]}), NOW + 30, version)
+    # The answer says nothing of "u": another refresh is due after the refresh backoff, not at max age.
+    assert md.update_requested
+    assert md.time_to_next_update(NOW + 30) == 100
+    version = md.request_version
+    assert [t.name for t in md.build_request(NOW + 130).topics] == ["t", "u"]
+    md.update(response(topics={"t": [(0, 1, 0)], "u": [(0, 1, 0)]}), NOW + 140, version)
+    assert not md.update_requested
+    assert md.time_to_next_update(NOW + 140) == 60_000
+
+
+def test_a_new_topic_is_not_held_by_the_refresh_backoff() -> None:
+    md = metadata(refresh_backoff_ms=100)
+    md.update(response(), NOW, md.request_version)
+    md.request_update()
+    assert md.time_to_next_update(NOW + 10) == 90
+    md.add_topic("t", NOW + 10)  # as Java's: a producer is waiting for this one
+    assert md.time_to_next_update(NOW + 10) == 0
+
+
+def test_a_refresh_requested_while_one_is_out_is_answered_by_it() -> None:
+    """As Java's Metadata: only new topics need a request built after them."""
+    md = metadata()
+    md.update(response(), NOW)
+    version = md.request_version
+    md.build_request(NOW + 10)
+    md.request_update()  # a stale leader, a disconnect ...
+    md.update(response(), NOW + 20, version)
+    assert not md.update_requested

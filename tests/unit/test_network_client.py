@@ -640,6 +640,33 @@ def test_metadata_is_refreshed_at_max_age_unasked(fake_broker: Callable[..., Fak
     assert [t.name for t in request.topics] == [TOPIC]
 
 
+def test_a_topic_added_while_a_refresh_is_out_gets_its_own_refresh_at_once(
+        fake_broker: Callable[..., FakeBroker], make_client: Callable[..., NetworkClient]) -> None:
+    broker = fake_broker(1, topics={TOPIC: 1, "new": 2})
+    client = make_client(broker)  # metadata.max.age.ms 300 s: the clock is never moved that far
+    wait_ready(client, 1)
+    refreshes = len(broker.requests_of(m.METADATA))
+
+    # A refresh goes out and is held ...
+    broker.pause()
+    client.metadata.request_update()
+    run_until(client, lambda: client.in_flight_request_count(1) == 1)
+    # ... while a client asks for a new topic, as the daemon's front does.
+    client.metadata.add_topic("new", client.clock())
+    client.metadata.request_update()
+    broker.resume()
+
+    # The held refresh is answered without the new topic; the next one asks for it without waiting max age.
+    run_until(client, lambda: client.metadata.cluster.partition_count("new") == 2)
+    held, following = (request for _, request in broker.requests_of(m.METADATA)[refreshes:])
+    assert [t.name for t in held.topics] == [TOPIC]
+    assert {t.name for t in following.topics} == {TOPIC, "new"}
+    assert not client.metadata.update_requested
+    for _ in range(10):
+        client.poll(5)
+    assert len(broker.requests_of(m.METADATA)) == refreshes + 2  # and nothing more
+
+
 def test_a_callers_metadata_answer_does_not_change_the_clients_view(
         fake_broker: Callable[..., FakeBroker], make_client: Callable[..., NetworkClient]) -> None:
     broker = fake_broker(1, topics={TOPIC: 2, "other": 1})
