@@ -1142,7 +1142,8 @@ static PyObject *Completer_complete(Completer *self, PyObject *const *args, Py_s
             PyObject_GC_Track(future); /* see new_future() */
         }
         if (error == Py_None) {
-            long long offset = base_offset >= 0 ? base_offset + first + i : -1;
+            /* base_offset is that of futures[first]: each part of a batch the daemon split has its own. */
+            long long offset = base_offset >= 0 ? base_offset + i : -1;
             results[i] = new_metadata(self, future, topic, partition, offset, log_append_time);
             failed = results[i] == NULL;
         } else {

@@ -19,6 +19,9 @@ import pytest
 
 from client_stub import Producer, RecordMetadata
 from client_stub.errors import BufferExhaustedError, KafkaError, KafkaTimeoutError, ProducerClosedError
+from service.protocol.messages import PRODUCE
+from service.protocol.record_batch import decode_batches
+from tests.support.fake_broker import produce_response, record_count
 from tests.support.verifier import read_topic
 
 ROOT = Path(__file__).parents[2]
@@ -95,6 +98,30 @@ def test_on_delivery_gets_the_error_and_no_metadata(proxied_broker, sidecar) -> 
         assert producer.flush(30) == 0
     # (err, metadata): the future's exception first, no metadata.
     assert [(err, md) for err, md, _ in deliveries.calls] == [(e, None) for e in errors]
+
+
+def test_offsets_of_the_parts_of_a_batch_the_daemon_split(fake_broker, sidecar) -> None:
+    """A broker refusing a batch as too large (a fault the test broker will not produce): the daemon
+    splits it and each part gets its own base offset; each record's RecordMetadata says where it is."""
+    broker = fake_broker(1, topics={"split": 1})
+
+    def three_records_at_most(header, request):
+        records = request.topic_data[0].partition_data[0].records
+        if record_count(bytes(records)) > 3:
+            return produce_response(request, error_code=10)  # MESSAGE_TOO_LARGE
+        return broker.default_response(header, request)
+
+    broker.set_handler(PRODUCE, three_records_at_most)
+    daemon = sidecar(broker.address)
+    with Producer(daemon.endpoint, linger_ms=600_000) as producer:
+        producer.send("split", b"warm")
+        futures = [producer.send("split", b"%d" % n) for n in range(10)]  # one batch, sealed by flush()
+        assert producer.flush(30) == 0
+        offsets = [f.result(0).offset for f in futures]
+    stored = [record.value for records in broker.batches[("split", 0)]
+              for batch in decode_batches(records) for record in batch.records]
+    assert len(broker.batches[("split", 0)]) >= 4  # the batch of ten was split
+    assert offsets == [stored.index(b"%d" % n) for n in range(10)]
 
 
 # -- serializers and sizes ------------------------------------------------------------------------
