@@ -6,19 +6,22 @@ partition per node (brokers reject a request with two batches for a partition)
 up to max.request.size, starting each time at a different partition so that
 none starves. Batches arrive sealed (the application filled and sealed them),
 so a queued batch is sendable at once unless its partition backs off after a
-failure, is muted, or has no known leader.
+failure (retry.backoff.ms, doubled per attempt with jitter, at most
+retry.backoff.max.ms), is muted, or has no known leader.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import random
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from client_stub.errors import KafkaError
 
+from ..network.connection_states import ExponentialBackoff
 from ..network.metadata import Cluster, Node
 from .batch import ProducerBatch, TopicPartition
 from .transaction_manager import TransactionManager, sequence_after
@@ -26,6 +29,10 @@ from .transaction_manager import TransactionManager, sequence_after
 log = logging.getLogger(__name__)
 
 FOREVER = 2**62
+
+# Java's producer: retry.backoff.ms doubled with every attempt, spread by +-20%, at most retry.backoff.max.ms.
+RETRY_BACKOFF_MULTIPLIER = 2
+RETRY_BACKOFF_JITTER = 0.2
 
 
 @dataclass(slots=True)
@@ -39,9 +46,12 @@ class RecordAccumulator:
     """The daemon's queues of batches waiting to be sent, and every batch not yet finished."""
 
     def __init__(self, *, retry_backoff_ms: int, retry_backoff_max_ms: int, delivery_timeout_ms: int,
-                 transaction_manager: TransactionManager | None = None) -> None:
-        self.retry_backoff_ms = retry_backoff_ms
-        self.retry_backoff_max_ms = max(retry_backoff_max_ms, retry_backoff_ms)
+                 transaction_manager: TransactionManager | None = None, rng: random.Random | None = None) -> None:
+        self._retry_backoff = ExponentialBackoff(retry_backoff_ms, RETRY_BACKOFF_MULTIPLIER, retry_backoff_max_ms,
+                                                 RETRY_BACKOFF_JITTER, rng)
+        # The backoff of each queued batch back from a failed attempt. Drawn once per attempt (Java
+        # draws at every check), so that ready() and drain() agree on when the batch may go.
+        self._backoffs: dict[ProducerBatch, int] = {}
         self.delivery_timeout_ms = delivery_timeout_ms
         self.transaction_manager = transaction_manager
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
@@ -52,8 +62,6 @@ class RecordAccumulator:
         self.incomplete: set[ProducerBatch] = set()
         self._flushes_in_progress = 0
         self.closed = False
-        # Set by the BufferPool while someone waits for memory.
-        self.exhausted = False
         # No queued batch expires before this (it may be early: batches drained since are not taken out).
         self.next_batch_expiry_ms = FOREVER
 
@@ -73,6 +81,7 @@ class RecordAccumulator:
     def reenqueue(self, batch: ProducerBatch, now: int) -> None:
         """Put a batch to retry back at the head of its queue (in sequence order with idempotence)."""
         batch.reenqueued(now)
+        self._back_off(batch)
         queue = self._batches.setdefault(batch.tp, deque())
         if self.transaction_manager is not None and batch.has_sequence:
             self._insert_in_sequence_order(queue, batch)
@@ -99,6 +108,7 @@ class RecordAccumulator:
             self.incomplete.add(part)
             self._track_expiry(part)
             part.last_attempt_ms = now
+            self._back_off(part)
             if self.transaction_manager is not None and part.has_sequence:
                 self.transaction_manager.add_in_flight_batch(part)
                 self._insert_in_sequence_order(queue, part)
@@ -153,10 +163,13 @@ class RecordAccumulator:
 
     # -- ready and drain -------------------------------------------------------------------------
 
+    def _back_off(self, batch: ProducerBatch) -> None:
+        """Draw the backoff of a queued batch that has been tried before."""
+        if batch.attempts > 0:
+            self._backoffs[batch] = self._retry_backoff.backoff(batch.attempts - 1)
+
     def _backoff_ms(self, batch: ProducerBatch) -> int:
-        if batch.attempts == 0:
-            return 0
-        return min(self.retry_backoff_ms * 2 ** (batch.attempts - 1), self.retry_backoff_max_ms)
+        return self._backoffs.get(batch, 0)
 
     def ready(self, cluster: Cluster, now: int) -> ReadyCheckResult:
         """Nodes with a sendable batch, the delay until the next check, topics with no leader."""
@@ -175,8 +188,7 @@ class RecordAccumulator:
             if wait > 0:
                 result.next_ready_check_delay_ms = min(result.next_ready_check_delay_ms, wait)
             else:
-                # Sealed batches are full by construction; flush, close and an exhausted pool
-                # would also make an unsealed batch sendable, and none is held here.
+                # Sealed by its client (full, linger.ms, flush or pool pressure): sendable now.
                 result.ready_nodes.add(leader)
         return result
 
@@ -222,6 +234,7 @@ class RecordAccumulator:
             if tm is not None and tm.should_stop_drain(batch):
                 continue
             queue.popleft()
+            self._backoffs.pop(batch, None)
             if tm is not None and not batch.has_sequence:
                 tm.assign_sequence(batch)
             batch.drained_ms = now
@@ -246,6 +259,7 @@ class RecordAccumulator:
             for batch in queue:
                 if batch.has_reached_delivery_timeout(self.delivery_timeout_ms, now):
                     expired.append(batch)
+                    self._backoffs.pop(batch, None)
                 else:
                     kept.append(batch)
                     self._track_expiry(batch)
@@ -258,6 +272,7 @@ class RecordAccumulator:
         """Remove and return every queued batch (closing: they will be failed)."""
         batches = [b for queue in self._batches.values() for b in queue]
         self._batches.clear()
+        self._backoffs.clear()
         return batches
 
     def abort_undrained(self, error: KafkaError) -> int:

@@ -21,9 +21,9 @@ U0 = TopicPartition("u", 0)
 
 
 def accumulator(tm: TransactionManager | None = None, *, backoff: int = 100, backoff_max: int = 1000,
-                delivery_timeout: int = 120_000) -> RecordAccumulator:
+                delivery_timeout: int = 120_000, rng: random.Random | None = None) -> RecordAccumulator:
     return RecordAccumulator(retry_backoff_ms=backoff, retry_backoff_max_ms=backoff_max,
-                             delivery_timeout_ms=delivery_timeout, transaction_manager=tm)
+                             delivery_timeout_ms=delivery_timeout, transaction_manager=tm, rng=rng)
 
 
 def ready_tm(producer_id: int = 1000, epoch: int = 0) -> TransactionManager:
@@ -79,29 +79,62 @@ def test_ready_node_counted_once() -> None:
     assert result.unknown_leader_topics == set()
 
 
-def test_ready_backoff_is_exponential_and_capped() -> None:
+def test_retry_backoff_is_exponential_with_jitter_and_capped() -> None:
+    """As Java's: retry.backoff.ms doubled per attempt, +-20%, never above retry.backoff.max.ms."""
+    cluster = make_cluster({T0: 1})
+    attempts = 7
+    waits: dict[int, list[int]] = {attempt: [] for attempt in range(1, attempts + 1)}
+    for seed in range(20):
+        acc = accumulator(backoff=100, backoff_max=1000, rng=random.Random(seed))
+        [batch] = append(acc, T0)
+        assert drain_one(acc, cluster, 0) == [batch]
+        now = 0
+        for attempt in range(1, attempts + 1):
+            now += 5000
+            acc.reenqueue(batch, now)
+            assert batch.attempts == attempt
+            wait = acc.ready(cluster, now).next_ready_check_delay_ms
+            waits[attempt].append(wait)
+            assert acc.ready(cluster, now + wait - 1).ready_nodes == set()
+            assert drain_one(acc, cluster, now + wait - 1) == []
+            assert acc.ready(cluster, now + wait).ready_nodes == {cluster.nodes[1]}
+            assert drain_one(acc, cluster, now + wait) == [batch]
+    for attempt, seen in waits.items():
+        term = min(100 * 2 ** (attempt - 1), 1000)  # the doubling stops at the maximum, then the jitter
+        assert all(0.8 * term - 1 <= wait <= min(1.2 * term, 1000) for wait in seen), (attempt, seen)
+        assert len(set(seen)) > 1  # jittered
+    assert max(waits[attempts]) == 1000  # capped after the jitter
+
+
+def test_retry_backoff_is_drawn_once_per_attempt() -> None:
+    """ready() and drain() agree on when a retried batch may go: else ready() could name a node for
+    a batch that drain() then holds back, and the sender would sleep past its time."""
     acc = accumulator(backoff=100, backoff_max=1000)
     cluster = make_cluster({T0: 1})
     [batch] = append(acc, T0)
     assert drain_one(acc, cluster, 0) == [batch]
+    acc.reenqueue(batch, 1000)
+    ready_at = 1000 + acc.ready(cluster, 1000).next_ready_check_delay_ms
+    for now in range(1000, ready_at):  # across the whole jitter window
+        assert acc.ready(cluster, now).next_ready_check_delay_ms == ready_at - now
+    assert drain_one(acc, cluster, ready_at - 1) == []
+    assert acc.ready(cluster, ready_at).ready_nodes == {cluster.nodes[1]}
+    assert drain_one(acc, cluster, ready_at) == [batch]
 
-    expected_backoffs = [100, 200, 400, 800, 1000, 1000]
-    now = 0
-    for attempt, backoff in enumerate(expected_backoffs, start=1):
-        now += 5000
-        acc.reenqueue(batch, now)
-        assert batch.attempts == attempt
-        result = acc.ready(cluster, now + backoff - 30)
-        assert result.ready_nodes == set()
-        assert result.next_ready_check_delay_ms == 30
-        assert drain_one(acc, cluster, now + backoff - 1) == []
-        result = acc.ready(cluster, now + backoff)
-        assert result.ready_nodes == {cluster.nodes[1]}
-        assert drain_one(acc, cluster, now + backoff) == [batch]
+
+def test_retry_backoff_max_at_the_backoff_is_constant() -> None:
+    """retry.backoff.max.ms no greater than retry.backoff.ms: no doubling, no jitter (Java's rule)."""
+    acc = accumulator(backoff=100, backoff_max=50)
+    cluster = make_cluster({T0: 1})
+    [batch] = append(acc, T0)
+    for attempt in range(1, 6):
+        assert drain_one(acc, cluster, attempt * 1000) == [batch]
+        acc.reenqueue(batch, attempt * 1000)
+        assert acc.ready(cluster, attempt * 1000).next_ready_check_delay_ms == 100
 
 
 def test_ready_next_check_delay_is_the_smallest_wait() -> None:
-    acc = accumulator(backoff=100)
+    acc = accumulator(backoff=100, backoff_max=100)  # a constant backoff: no jitter
     cluster = make_cluster({T0: 1, T1: 2})
     [a] = append(acc, T0)
     [b] = append(acc, T1)
