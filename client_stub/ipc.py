@@ -20,7 +20,8 @@ Daemon -> client::
 
     [WELCOME, version, client_id, segment, block_size, block_count, settings, daemon_id]
     [GRANT, request_id, [block, ...]]                     for contiguous requests: the run, in order
-    [GRANT_FAILED, request_id, message]                   the request waited longer than its timeout
+    [GRANT_FAILED, request_id, message]                   the request waited longer than its timeout,
+                                                          or was refused (after an ERROR)
     [DELIVERY, [[batch_id, first_record, record_count, base_offset, log_append_time_ms, error], ...]]
     [TOPIC, topic, partition_count, available_partitions, error]
     [SEAL_NOW]                                            the pool is exhausted: seal what you hold
@@ -28,6 +29,12 @@ Daemon -> client::
                                                           of the ERROR_* strings below
 
 ``error`` is None or an :func:`error_to_wire` list.
+
+A refused request the client waits on is also answered after its ERROR, so that the
+client fails it at once rather than at its timeout: a BLOCKS with a usable request_id
+by GRANT_FAILED; a METADATA for a valid topic name (refused when the client already
+follows as many topics as it may) by [TOPIC, topic, None, [], error]; each refused
+seal notice with a usable batch_id by a DELIVERY entry failing the whole batch.
 """
 
 from __future__ import annotations
