@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import Future
 
 import confluent_kafka
 import msgpack
@@ -525,21 +527,65 @@ def test_bad_input_gets_clear_errors(broker, topic_factory, sidecar) -> None:
         producer.send(topic, b"after close")
 
 
+def wait_until(condition: Callable[[], object], timeout: float = 30) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds have passed; returns whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def test_daemon_restart_fails_what_it_held_and_the_client_carries_on(broker, topic_factory, sidecar) -> None:
     topic = topic_factory(2)
     daemon = sidecar(broker.bootstrap, settings={"sidecar.client.timeout.ms": 2000})
+    streamed: list[tuple[bytes, Future]] = []
+    stop = threading.Event()
     with Producer(daemon.endpoint, linger_ms=600_000) as producer:
-        held = [producer.send(topic, f"held-{n}".encode(), partition=1) for n in range(10)]
-        daemon.kill()
-        daemon.start()
-        # The next heartbeat meets a daemon that does not know the client: it says HELLO again and
-        # fails what the lost session held (whether it was delivered is unknown), instead of hanging.
-        for future in held:
-            with pytest.raises(SidecarUnavailableError, match="lost this client's session"):
-                future.result(30)
-        assert len(producer) == 0
-        after = producer.send(topic, b"after", partition=0)
+
+        def stream() -> None:
+            # Before, during and after the restart: full batches are sealed on the way, the last one stays open.
+            n = 0
+            while not stop.is_set():
+                value = f"streamed-{n}-".encode().ljust(100, b".")
+                streamed.append((value, producer.send(topic, value, partition=0)))
+                n += 1
+                if n % 20 == 0:
+                    time.sleep(0.005)
+
+        held = [producer.send(topic, f"held-{n}".encode(), partition=1) for n in range(10)]  # never sealed
+        streamer = threading.Thread(target=stream)
+        streamer.start()
+        try:
+            assert wait_until(lambda: streamed and streamed[0][1].done()), "a sealed batch was delivered"
+            daemon.kill()
+            time.sleep(0.5)  # sends go on into the dead daemon's blocks
+            daemon.start()
+            # The next heartbeat meets a daemon that does not know the client: it says HELLO again and
+            # fails what the lost session held (whether it was delivered is unknown), instead of hanging.
+            for future in held:
+                with pytest.raises(SidecarUnavailableError, match="lost this client's session"):
+                    future.result(30)
+            restarted = len(streamed)
+            assert wait_until(lambda: len(streamed) > restarted + 1000)
+        finally:
+            stop.set()
+            streamer.join(60)
+        assert not streamer.is_alive()
+        after = producer.send(topic, b"after", partition=1)
         assert producer.flush(30) == 0
+        assert len(producer) == 0
         assert after.result().offset >= 0
-    values = [r.value for r in read_topic(broker.bootstrap, topic, expected=1)]
+    # None hangs: each record in flight was delivered or failed as unknown; those sent since, delivered.
+    outcomes = [f.exception(0) or f.result(0) for _, f in streamed]
+    assert all(isinstance(o, (RecordMetadata, SidecarUnavailableError)) for o in outcomes)
+    assert all(isinstance(o, RecordMetadata) for o in outcomes[restarted:])
+    delivered = [(value, o) for (value, _), o in zip(streamed, outcomes, strict=True) if isinstance(o, RecordMetadata)]
+    read = read_topic(broker.bootstrap, topic, expected=len(delivered) + 1, timeout=60)
+    by_position = {(r.partition, r.offset): r.value for r in read}
+    assert [by_position.get((md.partition, md.offset)) for _, md in delivered] == [value for value, _ in delivered]
+    values = [r.value for r in read]
+    assert len(values) == len(set(values)), "a record arrived twice"
     assert b"after" in values and not any(v.startswith(b"held-") for v in values)
+

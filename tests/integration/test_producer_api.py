@@ -1,30 +1,45 @@
 """The client's public API as applications use it, against a real daemon and a real broker.
 
 Delivery callbacks, serializers, serialized sizes, flush() and close() with a timeout, len(),
-linger, sealing under pool pressure and blocking for memory; what arrived is read back with
-the confluent-kafka verifier. Faults come from the FaultProxy between daemon and broker.
+linger, sealing under pool pressure and blocking for memory, the Future contract of what send()
+returns, and the client's fixes from the issue-4 audit; what arrived is read back with the
+confluent-kafka verifier. Faults come from the FaultProxy between daemon and broker.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import gc
 import json
+import multiprocessing
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+import zmq
 
-from client_stub import Producer, RecordMetadata
-from client_stub.errors import BufferExhaustedError, KafkaError, KafkaTimeoutError, ProducerClosedError
+from client_stub import Producer, RecordMetadata, ipc
+from client_stub.errors import (
+    BufferExhaustedError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerClosedError,
+    RecordTooLargeError,
+    SidecarUnavailableError,
+)
 from service.protocol.messages import PRODUCE
 from service.protocol.record_batch import decode_batches
 from tests.support.fake_broker import produce_response, record_count
 from tests.support.verifier import read_topic
+from tests.support.workers import run_children
 
 ROOT = Path(__file__).parents[2]
+FORK = multiprocessing.get_context("fork")
 # A daemon behind a FaultProxy: a blackholed request is retried after a short request timeout.
 SHORT_TIMEOUTS = {"request.timeout.ms": 2000, "retry.backoff.ms": 50}
 
@@ -297,3 +312,275 @@ def test_client_stub_imports_nothing_of_the_daemon() -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) >= 6  # the package and its modules were imported
+
+
+# -- the Future that send() returns ---------------------------------------------------------------
+
+
+def test_record_futures_keep_the_future_contract(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(3)
+    daemon = sidecar(broker.bootstrap)
+    with Producer(daemon.endpoint, linger_ms=600_000) as producer:
+        producer.send(topic, b"warm")
+        assert producer.flush(30) == 0
+        # Made by the fast path of send() (bytes, no headers) and by its Python path (headers, str).
+        futures = [producer.send(topic, b"%d" % n, key=b"k%d" % (n % 7)) if n % 2 else
+                   producer.send(topic, str(n), key=f"k{n % 7}", headers={"n": str(n)}) for n in range(2000)]
+        pending = futures[:2]
+        early_calls: list[Future] = []
+        for future in pending:
+            assert not future.done() and future.running()
+            assert "running" in repr(future)
+            with pytest.raises(TimeoutError):
+                future.result(timeout=0.1)
+            with pytest.raises(TimeoutError):
+                future.exception(timeout=0.1)
+            assert future.cancel() is False  # the record is handed off
+            assert not future.cancelled()
+            future.add_done_callback(early_calls.append)
+        done, not_done = concurrent.futures.wait(futures, timeout=0.1)
+        assert not done and not_done == set(futures)  # lingering: nothing is sent until flush()
+
+        waited: dict[str, object] = {}
+
+        def wait_for_all() -> None:
+            waited["wait"] = concurrent.futures.wait(futures, timeout=60)
+
+        def iterate_as_completed() -> None:
+            waited["as_completed"] = list(concurrent.futures.as_completed(futures, timeout=60))
+
+        waiters = [threading.Thread(target=wait_for_all), threading.Thread(target=iterate_as_completed)]
+        for waiter in waiters:
+            waiter.start()
+        time.sleep(0.5)  # they wait on pending futures (had they not begun yet, they would find them done)
+        assert producer.flush(60) == 0
+        for waiter in waiters:
+            waiter.join(60)
+        assert not any(waiter.is_alive() for waiter in waiters)
+
+    assert waited["wait"] == (set(futures), set())
+    assert Counter(map(id, waited["as_completed"])) == Counter(map(id, futures))  # each once
+    assert early_calls == pending  # each callback ran once, with its future
+    late_calls: list[Future] = []
+    for future in futures:
+        assert future.done() and not future.running()
+        assert future.cancel() is False and not future.cancelled()
+        assert future.exception(0) is None
+        assert isinstance(future.result(0), RecordMetadata)
+        assert "finished" in repr(future)
+        assert gc.is_tracked(future)  # a done future may be in a cycle: the collector must see it
+        future.add_done_callback(late_calls.append)  # done: runs at once, in this thread
+    assert late_calls == futures
+    read = {(r.partition, r.offset): r.value for r in read_topic(broker.bootstrap, topic, expected=2001)}
+    assert [read[(md.partition, md.offset)] for md in (f.result() for f in futures)] == \
+        [b"%d" % n for n in range(2000)]
+
+
+def test_a_failed_record_future_raises_its_kafka_error(proxied_broker, sidecar) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("failing", 1)
+    daemon = sidecar(proxy.address, settings={**SHORT_TIMEOUTS, "delivery.timeout.ms": 3000})
+    with Producer(daemon.endpoint) as producer:
+        producer.send("failing", b"warm").result(30)
+        proxy.blackhole()
+        watched = producer.send("failing", b"watched")
+        calls: list[Future] = []
+        watched.add_done_callback(calls.append)
+        unwatched = [producer.send("failing", b"%d" % n) for n in range(5)]
+        done, not_done = concurrent.futures.wait([watched, *unwatched], timeout=60)
+        assert not not_done
+        for future in [watched, *unwatched]:
+            with pytest.raises(KafkaTimeoutError) as raised:
+                future.result(0)
+            assert isinstance(raised.value, KafkaError)
+            assert future.exception(0) is raised.value
+            assert future.done() and not future.cancelled() and not future.running()
+            assert "raised KafkaTimeoutError" in repr(future)
+            assert gc.is_tracked(future)
+        assert calls == [watched]
+        assert producer.flush(30) == 0
+
+
+# -- fixes from the issue-4 audit -----------------------------------------------------------------
+
+
+def test_large_records_and_small_ones_from_other_threads_share_a_partition(broker, topic_factory, sidecar) -> None:
+    """Records larger than batch.size (a run of blocks, waited for) while other threads keep a batch
+    of the same partition open: none is lost, and each thread's records keep their order."""
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap, settings={"batch.size": 16384})
+    sent: dict[str, list[bytes]] = {}
+    futures: dict[str, list[Future]] = {}
+    with Producer(daemon.endpoint) as producer:
+        producer.send(topic, b"warm").result(30)
+
+        def run(name: str, count: int, size: int) -> None:
+            values = [f"{name}-{n}-".encode().ljust(size, b".") for n in range(count)]
+            sent[name] = values
+            futures[name] = [producer.send(topic, value) for value in values]
+
+        threads = [threading.Thread(target=run, args=("large", 40, 100_000))]
+        threads += [threading.Thread(target=run, args=(f"small{t}", 3000, 50)) for t in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads)
+        assert producer.flush(60) == 0
+    for name, thread_futures in futures.items():
+        offsets = [f.result(0).offset for f in thread_futures]
+        assert offsets == sorted(set(offsets)), f"{name}: offsets in the order of the sends"
+    read = read_topic(broker.bootstrap, topic, expected=1 + 40 + 3 * 3000, timeout=60)
+    assert len(read) == 1 + 40 + 3 * 3000
+    for name, values in sent.items():
+        assert [r.value for r in read if r.value.startswith(f"{name}-".encode())] == values, name
+        assert [r.offset for r in read if r.value.startswith(f"{name}-".encode())] == \
+            [f.result(0).offset for f in futures[name]]
+
+
+def _first_partition_without_a_key(producer: Producer, topic: str, queue) -> None:
+    futures = [producer.send(topic, b"no key") for _ in range(10)]
+    producer.flush(60)
+    queue.put(futures[0].result(60).partition)
+
+
+def test_forked_children_do_not_all_pick_the_same_sticky_partition(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(12)
+    daemon = sidecar(broker.bootstrap)
+    with Producer(daemon.endpoint) as producer:
+        producer.send(topic, b"parent").result(30)  # the parent has picked a sticky partition: a random draw
+        queue = FORK.Queue()
+        children = [FORK.Process(target=_first_partition_without_a_key, args=(producer, topic, queue))
+                    for _ in range(8)]
+        partitions = run_children(children, queue)
+    # Eight children drawing from the same random state would all pick the same partition; drawing
+    # independently, all eight pick the same one of twelve once in 12**7 runs.
+    assert len(set(partitions)) > 1, partitions
+
+
+def test_a_record_larger_than_buffer_memory_is_refused_at_once(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(1)
+    # buffer.memory is 64 KiB; max.request.size stays at 1 MiB.
+    daemon = sidecar(broker.bootstrap, settings={"buffer.memory": 4 * 16384, "batch.size": 16384})
+    with Producer(daemon.endpoint, max_block_ms=30_000) as producer:
+        producer.send(topic, b"warm").result(30)
+        started = time.monotonic()
+        with pytest.raises(RecordTooLargeError, match=r"buffer.memory configuration \(65536\)"):
+            producer.send(topic, b"x" * 100_000)
+        assert time.monotonic() - started < 10, "it waited for memory that can never be there"
+        assert producer.send(topic, b"after").result(30).offset == 1
+
+
+def test_sends_during_and_after_close_are_refused(proxied_broker, sidecar) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("closing-race", 2)
+    daemon = sidecar(proxy.address, settings=SHORT_TIMEOUTS)
+    producer = Producer(daemon.endpoint)
+    producer.send("closing-race", b"warm").result(30)
+    proxy.blackhole()  # close() has to wait for what it flushes: the sender meets a closing producer
+    accepted: list[Future] = []
+    refused: list[Exception] = []
+    sending = threading.Event()
+
+    def keep_sending() -> None:
+        deadline = time.monotonic() + 60
+        n = 0
+        while time.monotonic() < deadline:
+            try:
+                # Both paths of send(): the fast one, and the Python one (headers).
+                headers = {"n": b"%d" % n} if n % 3 == 0 else None
+                accepted.append(producer.send("closing-race", b"%d" % n, partition=n % 2, headers=headers))
+            except ProducerClosedError as exc:
+                refused.append(exc)
+                return
+            n += 1
+            if n % 100 == 0:
+                sending.set()
+                time.sleep(0.001)
+
+    sender = threading.Thread(target=keep_sending)
+    sender.start()
+    assert sending.wait(30)
+    producer.close(1.0)
+    sender.join(30)
+    assert not sender.is_alive()
+    assert len(refused) == 1, "send() during close() raises ProducerClosedError"
+    # Nothing hangs: each record sent before close() began was flushed, and failed as unconfirmed.
+    assert accepted and all(f.done() for f in accepted)
+    assert all(isinstance(f.exception(0), ProducerClosedError) for f in accepted)
+    assert len(producer) == 0
+    with pytest.raises(ProducerClosedError):
+        producer.send("closing-race", b"after close")
+    from_thread: list[BaseException] = []
+
+    def send_after_close() -> None:
+        try:
+            producer.send("closing-race", b"after close", headers={"a": b"b"})
+        except ProducerClosedError as exc:
+            from_thread.append(exc)
+
+    thread = threading.Thread(target=send_after_close)
+    thread.start()
+    thread.join(30)
+    assert len(from_thread) == 1
+
+
+def test_waits_in_an_on_delivery_callback_raise_instead_of_deadlocking(broker, topic_factory, sidecar) -> None:
+    topic, unknown_to_the_producer = topic_factory(1), topic_factory(1)
+    daemon = sidecar(broker.bootstrap)
+    raised: dict[str, KafkaError] = {}
+    with Producer(daemon.endpoint) as producer:
+
+        def wait_in_callback(err: KafkaError | None, metadata: RecordMetadata | None) -> None:
+            # Callbacks run on the I/O thread: what these would wait for only that thread brings.
+            for name, call in (("flush", producer.flush), ("close", producer.close),
+                               ("send", lambda: producer.send(unknown_to_the_producer, b"needs metadata"))):
+                try:
+                    call()
+                except KafkaError as exc:
+                    raised[name] = exc
+
+        future = producer.send(topic, b"v", on_delivery=wait_in_callback)
+        assert producer.flush(30) == 0
+        assert future.result(0).offset == 0
+        assert producer.send(topic, b"still open").result(30).offset == 1
+    assert sorted(raised) == ["close", "flush", "send"]
+    assert all("on_delivery callback" in str(exc) for exc in raised.values()), raised
+
+
+def test_a_welcome_of_another_protocol_version_is_refused(tmp_path) -> None:
+    """A daemon answering HELLO with a WELCOME of version 99 (a fake: a ROUTER socket in the test)."""
+    endpoint = f"ipc://{tmp_path}/other-version.sock"
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    hellos: list[list] = []
+    stop = threading.Event()
+
+    def answer_hellos() -> None:
+        while not stop.is_set():
+            if router.poll(50):
+                identity, data = router.recv_multipart()
+                message = ipc.unpack(data)
+                if message[0] == ipc.HELLO:
+                    hellos.append(message)
+                    router.send_multipart([identity, ipc.pack(ipc.WELCOME, 99, 1, "no-such-segment", 16384, 8,
+                                                              {"max_block_ms": 60000}, "fake-daemon")])
+
+    fake_daemon = threading.Thread(target=answer_hellos)
+    fake_daemon.start()
+    try:
+        producer = Producer(endpoint, max_block_ms=30_000)
+        started = time.monotonic()
+        with pytest.raises(SidecarUnavailableError,
+                           match=rf"other-version.sock speaks protocol version 99, this client {ipc.PROTOCOL_VERSION}"):
+            producer.send("t", b"v")
+        assert time.monotonic() - started < 10, "refused at the WELCOME, not after max_block_ms"
+        assert [hello[1] for hello in hellos] == [ipc.PROTOCOL_VERSION]
+        producer.close(0)
+    finally:
+        stop.set()
+        fake_daemon.join()
+        router.close()
+        context.term()

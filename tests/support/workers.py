@@ -8,10 +8,13 @@ null; results (RecordMetadata per record) go to a JSON-lines file.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
 import time
+from multiprocessing.queues import Queue
 from pathlib import Path
+from typing import Any
 
 from client_stub import Producer
 
@@ -62,6 +65,24 @@ def write_results(path: str, futures: list) -> None:
 def read_results(path: str | Path) -> list[dict]:
     with open(path) as lines:
         return [json.loads(line) for line in lines]
+
+
+def run_children(children: list[multiprocessing.Process], queue: Queue, timeout: float = 120) -> list[Any]:
+    """Start the child processes, collect one result from each on ``queue``, check that each exited 0,
+    and make sure none is left running."""
+    try:
+        for child in children:
+            child.start()
+        results = [queue.get(timeout=timeout) for _ in children]
+        for child in children:
+            child.join(30)
+            assert child.exitcode == 0
+        return results
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.kill()
+                child.join()
 
 
 def seal_then_keep_writing(endpoint: str, topic: str, client: int, sealed: int) -> None:
