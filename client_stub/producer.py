@@ -271,6 +271,8 @@ class Producer:
         self._context: zmq.Context | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
+        self._wake_pending = False
+        self._io_ident: int | None = None
 
     def _forget_parent(self) -> None:
         # In a forked child: the parent's sockets, threads, blocks and records are the
@@ -646,6 +648,10 @@ class Producer:
         self._wake()
 
     def _wake(self) -> None:
+        # The I/O thread sends what was queued before it polls again; a wake-up pending is enough.
+        if self._wake_pending or threading.get_ident() == self._io_ident:
+            return
+        self._wake_pending = True
         try:
             self._wake_w.send(b"\x00")  # type: ignore[union-attr]
         except (BlockingIOError, AttributeError):
@@ -655,6 +661,7 @@ class Producer:
 
     def _io_loop(self) -> None:
         assert self._context is not None and self._wake_r is not None
+        self._io_ident = threading.get_ident()
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 2000)
         sock.setsockopt(zmq.SNDHWM, 0)
@@ -678,6 +685,7 @@ class Producer:
                 # In whole milliseconds, rounded up: rounding down would spin until the deadline.
                 events = dict(poller.poll(max(math.ceil((wake_at - time.monotonic()) * 1000), 0)))
                 if wake_fd in events:
+                    self._wake_pending = False  # before the queues are read: a later wake-up must come
                     _drain(self._wake_r)
                 if sock in events:
                     self._receive_all(sock)
@@ -921,9 +929,9 @@ class Producer:
 
 
 def _drain(sock: socket.socket) -> None:
+    # One read: a wake-up is one byte, and whatever is left wakes the next poll at once.
     try:
-        while sock.recv(4096):
-            pass
+        sock.recv(4096)
     except BlockingIOError:
         pass
 
