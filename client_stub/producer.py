@@ -48,10 +48,12 @@ from .shm import Segment
 
 log = logging.getLogger(__name__)
 
-# Spare blocks kept at hand so that opening a batch needs no round trip: a grant of this many at
-# first, asked for again when half of it is left; doubled whenever send() had to wait for one, up to
-# 1/_MAX_GRANT_SHARE of the pool.
-_FIRST_GRANT = 8
+# Spare blocks kept at hand so that opening a batch needs no round trip: a grant is what this process
+# used in the last _GRANT_HORIZON_S (at least _MIN_GRANT, at most 1/_MAX_GRANT_SHARE of the pool), and
+# the next one is asked for when half is left. A spare block is memory that nobody else can use, and
+# once written, shared memory that stays resident: no more than the process needs.
+_MIN_GRANT = 4
+_GRANT_HORIZON_S = 0.025
 _MAX_GRANT_SHARE = 16
 # A batch not reported this long after the daemon's delivery.timeout.ms is given up on.
 _REPORT_GRACE_MS = 30_000
@@ -249,7 +251,9 @@ class Producer:
         self._session_error: KafkaError | None = None
         self._segment: Segment | None = None
         self._spare: list[int] = []
-        self._grant = _FIRST_GRANT
+        self._grant = _MIN_GRANT
+        self._blocks_taken = 0  # since the last grant request
+        self._grant_asked = 0.0  # time.monotonic() of the last grant request
         self._spare_requested = False
         self._sealed: dict[int, OpenBatch] = {}
         # Per (topic, partition): how many of the sealed batches await their reports.
@@ -451,12 +455,10 @@ class Producer:
         if count == 1:
             if self._spare:
                 block = self._spare.pop()
+                self._blocks_taken += 1
                 self._maybe_request_spare()  # the next blocks are asked for before they are needed
                 return [block]
             self._maybe_request_spare()
-
-            # This producer uses blocks faster than it asks for them: ask for more at a time.
-            self._grant = min(self._grant * 2, self._max_grant())
 
             def waiting() -> bool:
                 # Spare blocks may go back to the daemon meanwhile (SEAL_NOW): ask again if so.
@@ -483,13 +485,20 @@ class Producer:
 
     def _maybe_request_spare(self) -> None:
         # One grant request at a time: spare blocks are for the next few batches, not a hoard.
-        if not self._spare_requested and len(self._spare) <= self._grant // 2:
-            self._spare_requested = True
-            self._request_blocks(min(self._grant, self._max_grant()), contiguous=False)
+        if self._spare_requested or len(self._spare) > self._grant // 2:
+            return
+        now = time.monotonic()
+        if self._grant_asked:
+            rate = self._blocks_taken / max(now - self._grant_asked, 0.001)
+            self._grant = min(max(math.ceil(rate * _GRANT_HORIZON_S), _MIN_GRANT), self._max_grant())
+        self._blocks_taken = 0
+        self._grant_asked = now
+        self._spare_requested = True
+        self._request_blocks(self._grant, contiguous=False)
 
     def _max_grant(self) -> int:
         # Never a large share of a small pool.
-        block_count = self._welcome["block_count"] if self._welcome else _FIRST_GRANT
+        block_count = self._welcome["block_count"] if self._welcome else _MIN_GRANT
         return max(1, block_count // _MAX_GRANT_SHARE)
 
     def _request_blocks(self, count: int, contiguous: bool) -> int:
