@@ -96,6 +96,19 @@ class MockCluster:
         reply = self._request({"op": "ensure_topic", "topic": name, "timeout": timeout}, timeout)
         return {int(partition): leader for partition, leader in reply["leaders"].items()}
 
+    def topic_led_by_several(self, prefix: str, *, leaders: int = 2, tries: int = 10) -> tuple[str, dict[int, int]]:
+        """A new topic whose partitions have at least ``leaders`` distinct leaders: its name and leaders.
+
+        The mock picks each partition's leader at random, so a 4-partition topic has all its
+        leaders on one of 3 brokers about one time in 27; the next name is tried then.
+        """
+        for attempt in range(tries):
+            name = f"{prefix}-{attempt}"
+            found = self.ensure_topic(name)
+            if len(set(found.values())) >= leaders:
+                return name, found
+        raise RuntimeError(f"no topic with {leaders} distinct leaders in {tries} tries")
+
     def _request(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         with self._lock:
             if self._process is None:
