@@ -8,6 +8,7 @@
  *     shared-memory block: the one encoder of the project (client_stub.records
  *     and the daemon use it too);
  *   - murmur2, the Java producer's hash of keys;
+ *   - rebase_records(), which the daemon uses to coalesce small batches of one partition into one;
  *   - OpenBatch, a batch being written by this process;
  *   - Appender.send(), the common case of Producer.send(): a known topic, bytes
  *     or None for key and value, no headers, a batch with room. It answers None
@@ -302,6 +303,129 @@ static PyObject *record_size(PyObject *module, PyObject *args, PyObject *kwargs)
         result = PyLong_FromSsize_t(record_size_of(&record, &body));
     }
     held_release(&held);
+    return result;
+}
+
+/* -- reading records back: rebasing them into another batch --------------------------------------- */
+
+/* Read a zig-zag varint at *pos (below end); 0 if it is not a whole varint of 64 bits or less. */
+static int get_varint(const unsigned char *data, Py_ssize_t end, Py_ssize_t *pos, int64_t *value) {
+    uint64_t result = 0;
+    for (int shift = 0; shift < 64 && *pos < end; shift += 7) {
+        unsigned char byte = data[(*pos)++];
+        result |= (uint64_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80)) {
+            *value = (int64_t)(result >> 1) ^ -(int64_t)(result & 1);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A length-prefixed field at *pos: 0 if its length is below ``min`` or it runs past end. */
+static int skip_field(const unsigned char *data, Py_ssize_t end, Py_ssize_t *pos, int64_t min) {
+    int64_t length;
+    if (!get_varint(data, end, pos, &length) || length < min || length > end - *pos) {
+        return 0;
+    }
+    if (length > 0) {
+        *pos += length;
+    }
+    return 1;
+}
+
+/* One record's layout, as found at its start. */
+typedef struct {
+    Py_ssize_t body_end;   /* where the record ends */
+    Py_ssize_t rest;       /* where its key length starts: everything from there is kept as it is */
+    unsigned char attributes;
+    int64_t timestamp_delta;
+} ParsedRecord;
+
+/* Parse the whole record at *pos, checking every length in it as a broker would; 0 if malformed. */
+static int parse_record(const unsigned char *data, Py_ssize_t end, Py_ssize_t *pos, ParsedRecord *record) {
+    int64_t length, offset_delta, headers;
+    if (!get_varint(data, end, pos, &length) || length < 1 || length > end - *pos) {
+        return 0;
+    }
+    Py_ssize_t p = *pos;
+    Py_ssize_t body_end = p + length;
+    record->attributes = data[p++];
+    if (!get_varint(data, body_end, &p, &record->timestamp_delta) ||
+        !get_varint(data, body_end, &p, &offset_delta)) {
+        return 0;
+    }
+    record->rest = p;
+    if (!skip_field(data, body_end, &p, -1) || !skip_field(data, body_end, &p, -1) ||
+        !get_varint(data, body_end, &p, &headers) || headers < 0) {
+        return 0;
+    }
+    for (int64_t i = 0; i < headers; i++) {
+        if (!skip_field(data, body_end, &p, 0) || !skip_field(data, body_end, &p, -1)) {
+            return 0;
+        }
+    }
+    if (p != body_end) {
+        return 0;
+    }
+    record->body_end = body_end;
+    *pos = body_end;
+    return 1;
+}
+
+PyDoc_STRVAR(rebase_records_doc,
+"rebase_records(records, record_count, first_offset_delta, timestamp_shift) -> bytes\n\n"
+"The records of one batch, re-encoded for another that holds them from ``first_offset_delta`` on,\n"
+"with a base timestamp ``timestamp_shift`` ms lower. ValueError unless ``records`` is exactly\n"
+"``record_count`` well-formed records.");
+
+static PyObject *rebase_records(PyObject *module, PyObject *args) {
+    Py_buffer src;
+    Py_ssize_t count;
+    long long first_offset, shift;
+    if (!PyArg_ParseTuple(args, "y*nLL:rebase_records", &src, &count, &first_offset, &shift)) {
+        return NULL;
+    }
+    const unsigned char *data = src.buf;
+    PyObject *result = NULL;
+    /* First pass: check every record and size the result. */
+    Py_ssize_t pos = 0, size = 0, n = 0;
+    ParsedRecord record;
+    while (pos < src.len && n < count) {
+        if (!parse_record(data, src.len, &pos, &record)) {
+            break;
+        }
+        Py_ssize_t body = 1 + varint_size(record.timestamp_delta + shift) + varint_size(first_offset + n) +
+                          (record.body_end - record.rest);
+        size += varint_size(body) + body;
+        n++;
+    }
+    if (n != count || pos != src.len) {
+        PyErr_Format(PyExc_ValueError, "not %zd well-formed records (record %zd, byte %zd of %zd)", count, n, pos,
+                     src.len);
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, size);
+    if (result == NULL) {
+        goto done;
+    }
+    /* Second pass: write them with their new deltas. */
+    char *out = PyBytes_AS_STRING(result);
+    pos = 0;
+    for (n = 0; n < count; n++) {
+        parse_record(data, src.len, &pos, &record);
+        Py_ssize_t rest = record.body_end - record.rest;
+        int64_t timestamp_delta = record.timestamp_delta + shift;
+        Py_ssize_t body = 1 + varint_size(timestamp_delta) + varint_size(first_offset + n) + rest;
+        out = put_varint(out, body);
+        *out++ = (char)record.attributes;
+        out = put_varint(out, timestamp_delta);
+        out = put_varint(out, first_offset + n);
+        memcpy(out, data + record.rest, (size_t)rest);
+        out += rest;
+    }
+done:
+    PyBuffer_Release(&src);
     return result;
 }
 
@@ -1204,6 +1328,7 @@ static PyMethodDef module_methods[] = {
      encode_record_into_doc},
     {"record_size", (PyCFunction)(void (*)(void))record_size, METH_VARARGS | METH_KEYWORDS, record_size_doc},
     {"murmur2", (PyCFunction)murmur2, METH_O, murmur2_doc},
+    {"rebase_records", (PyCFunction)rebase_records, METH_VARARGS, rebase_records_doc},
     {NULL},
 };
 

@@ -97,6 +97,9 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
               doc="a client silent this long is gone: its unsealed blocks return to the pool"),
     ConfigKey("sidecar.close.timeout.ms", int, 30000, 0, INT_MAX,
               doc="on shutdown, how long to go on sending what is queued"),
+    ConfigKey("sidecar.coalesce.batches", _to_bool, True,
+              doc="coalesce the small batches of a partition, from any clients, into one of at most batch.size "
+                  "bytes when they are sent (a broker takes one batch per partition per request)"),
     ConfigKey("security.protocol", str, "PLAINTEXT", choices=("PLAINTEXT",),
               doc="SSL, SASL_PLAINTEXT and SASL_SSL come with TLS and SASL support"),
 )}

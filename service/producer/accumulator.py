@@ -8,11 +8,17 @@ none starves. Batches arrive sealed (the application filled and sealed them),
 so a queued batch is sendable at once unless its partition backs off after a
 failure (retry.backoff.ms, doubled per attempt with jitter, at most
 retry.backoff.max.ms), is muted, or has no known leader.
+
+Many clients feed one partition with small batches, and a request takes one
+batch per partition: drain() coalesces the small batches queued at the head of
+a partition, never sent yet, into one of at most ``coalesce_bytes`` bytes of
+records (batch.size in the daemon, unless sidecar.coalesce.batches is off).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import random
 from collections import deque
@@ -46,13 +52,16 @@ class RecordAccumulator:
     """The daemon's queues of batches waiting to be sent, and every batch not yet finished."""
 
     def __init__(self, *, retry_backoff_ms: int, retry_backoff_max_ms: int, delivery_timeout_ms: int,
-                 transaction_manager: TransactionManager | None = None, rng: random.Random | None = None) -> None:
+                 coalesce_bytes: int = 0, transaction_manager: TransactionManager | None = None,
+                 rng: random.Random | None = None) -> None:
         self._retry_backoff = ExponentialBackoff(retry_backoff_ms, RETRY_BACKOFF_MULTIPLIER, retry_backoff_max_ms,
                                                  RETRY_BACKOFF_JITTER, rng)
         # The backoff of each queued batch back from a failed attempt. Drawn once per attempt (Java
         # draws at every check), so that ready() and drain() agree on when the batch may go.
         self._backoffs: dict[ProducerBatch, int] = {}
         self.delivery_timeout_ms = delivery_timeout_ms
+        # Coalesced batches hold at most this many bytes of records (0: no coalescing).
+        self.coalesce_bytes = coalesce_bytes
         self.transaction_manager = transaction_manager
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
         self._muted: set[TopicPartition] = set()
@@ -227,6 +236,8 @@ class RecordAccumulator:
             batch = queue[0]
             if batch.last_attempt_ms + self._backoff_ms(batch) > now:
                 continue
+            if self.coalesce_bytes and batch.coalescible and len(queue) > 1:
+                batch = self._coalesce(queue)
             if ready and size + batch.size_in_bytes > max_size:
                 # The first partition that did not fit goes first next time.
                 self._drain_start[node_id] = tp
@@ -235,12 +246,28 @@ class RecordAccumulator:
                 continue
             queue.popleft()
             self._backoffs.pop(batch, None)
+            batch.coalescible = False
             if tm is not None and not batch.has_sequence:
                 tm.assign_sequence(batch)
             batch.drained_ms = now
             size += batch.size_in_bytes
             ready.append(batch)
         return ready
+
+    # At most this many queued batches are looked at for one coalesced batch.
+    _COALESCE_CANDIDATES = 256
+
+    def _coalesce(self, queue: deque[ProducerBatch]) -> ProducerBatch:
+        """Put one batch in place of the small ones at the head of ``queue``, if two fit; the head batch."""
+        candidates = list(itertools.islice(queue, self._COALESCE_CANDIDATES))
+        combined, taken = ProducerBatch.coalesce(candidates, self.coalesce_bytes)
+        if combined is None:
+            return queue[0]
+        for _ in range(taken):
+            self.incomplete.discard(queue.popleft())
+        queue.appendleft(combined)
+        self.incomplete.add(combined)
+        return combined
 
     # -- expiry and abort ------------------------------------------------------------------------
 

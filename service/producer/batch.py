@@ -4,6 +4,10 @@ The records are already in Kafka's v2 record format, written by the
 application into a buffer the daemon does not copy (shared memory). The batch
 adds what only the sender knows: producer id, epoch and sequence, attempts,
 compression, and the final outcome, which is set exactly once.
+
+Small batches of one partition from several clients are coalesced at drain
+time into one batch that holds copies of their records (a broker takes one
+batch per partition per request): its outcome becomes theirs.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from client_stub.errors import KafkaError
-from client_stub.records import Buffer, decode_records, encode_record
+from client_stub.records import Buffer, decode_records, encode_record, rebase_records
 
 from ..protocol.compression import CompressionType, compress
 from ..protocol.record_batch import HEADER_SIZE, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, encode_batch_header
@@ -43,14 +47,15 @@ class ProducerBatch:
     ``release()`` gives the record buffer back; it runs once, when the batch is
     final and no request can still be writing its bytes. ``origin`` and
     ``origin_index`` tie the batch to what its producer handed off (after a
-    split, each half knows where its records started).
+    split, each half knows where its records started). A coalesced batch has
+    ``parts``: the batches whose records it holds, in order.
     """
 
     __slots__ = ("tp", "records", "record_count", "base_timestamp", "max_timestamp", "created_ms",
                  "on_complete", "release", "origin", "origin_index", "attempts", "last_attempt_ms",
                  "drained_ms", "producer_id", "producer_epoch", "base_sequence", "sequence_reset",
                  "final_state", "base_offset", "log_append_time_ms", "error", "in_flight",
-                 "_released", "_payload", "_header", "_header_key", "in_retry")
+                 "_released", "_payload", "_header", "_header_key", "in_retry", "parts", "coalescible")
 
     def __init__(self, tp: TopicPartition, records: Buffer, record_count: int, *, base_timestamp: int,
                  max_timestamp: int, created_ms: int,
@@ -85,6 +90,46 @@ class ProducerBatch:
         self._payload: tuple[CompressionType, Buffer] | None = None
         self._header: bytearray | None = None
         self._header_key: tuple | None = None
+        self.parts: list[ProducerBatch] = []
+        # Until it is first sent, a batch may be coalesced with the next ones of its partition.
+        self.coalescible = True
+
+    @classmethod
+    def coalesce(cls, batches: list[ProducerBatch], max_records_bytes: int) -> tuple[ProducerBatch | None, int]:
+        """One batch holding the records of the first of ``batches`` that fit in ``max_records_bytes``.
+
+        Returns it (None if fewer than two fit) and how many batches it took. The records
+        are re-encoded with offset deltas running on across the parts and timestamp deltas
+        from the earliest base timestamp. A batch whose records do not parse is not taken,
+        nor any after it (order is kept), and is marked to go alone: the broker refuses it,
+        not its neighbours.
+        """
+        base_timestamp = min(b.base_timestamp for b in batches)
+        pieces: list[bytes] = []
+        parts: list[ProducerBatch] = []
+        size = offset = 0
+        for batch in batches:
+            if not batch.coalescible or size + batch.records_size > max_records_bytes:
+                break
+            try:
+                piece = rebase_records(batch.records, batch.record_count, offset,
+                                       batch.base_timestamp - base_timestamp)
+            except ValueError as exc:
+                log.warning("%s is not coalesced: %s", batch, exc)
+                batch.coalescible = False
+                break
+            pieces.append(piece)
+            parts.append(batch)
+            size += len(piece)
+            offset += batch.record_count
+        if len(parts) < 2:
+            return None, 0
+        combined = cls(parts[0].tp, b"".join(pieces), offset, base_timestamp=base_timestamp,
+                       max_timestamp=max(b.max_timestamp for b in parts),
+                       created_ms=min(b.created_ms for b in parts), on_complete=_complete_parts)
+        combined.parts = parts
+        combined.coalescible = False
+        return combined, len(parts)
 
     def __repr__(self) -> str:
         return (f"ProducerBatch({self.tp}, records={self.record_count}, bytes={self.size_in_bytes}, "
@@ -161,7 +206,10 @@ class ProducerBatch:
 
         Offset deltas restart at 0 in every new batch, so the records are
         re-encoded; the new batches own copies, so this batch's buffer can go.
+        A coalesced batch splits into its parts, which take its sequences in turn.
         """
+        if self.parts:
+            return self._uncoalesce()
         records = decode_records(self.records, self.record_count)
         pieces: list[list[bytes]] = [[]]
         # Each part's maxTimestamp is that of its own records, as the header says.
@@ -192,9 +240,21 @@ class ProducerBatch:
                 sequence = (sequence + len(chunk)) & 0x7FFFFFFF
             batch.attempts = self.attempts
             batch.last_attempt_ms = self.last_attempt_ms
+            batch.coalescible = False  # or the parts would be put together again, as large as before
             batches.append(batch)
             index += len(chunk)
         return batches
+
+    def _uncoalesce(self) -> list[ProducerBatch]:
+        sequence = self.base_sequence
+        for part in self.parts:
+            if self.has_sequence:
+                part.set_producer_state(self.producer_id, self.producer_epoch, sequence)
+                sequence = (sequence + part.record_count) & 0x7FFFFFFF
+            part.attempts = self.attempts
+            part.last_attempt_ms = self.last_attempt_ms
+            part.coalescible = False
+        return self.parts
 
     # -- completion ------------------------------------------------------------------------------
 
@@ -253,3 +313,15 @@ class ProducerBatch:
             self.records = b""
             if self.release is not None:
                 self.release()
+
+
+def _complete_parts(batch: ProducerBatch) -> None:
+    """A coalesced batch is final: so is each of its parts, at its place in the batch."""
+    offset = 0
+    for part in batch.parts:
+        if batch.final_state is FinalState.ABORTED:
+            part.abort(batch.error)  # type: ignore[arg-type]
+        else:
+            part.done(batch.base_offset + offset if batch.base_offset >= 0 else -1, batch.log_append_time_ms,
+                      batch.error)
+        offset += part.record_count

@@ -52,6 +52,8 @@ class ProducerCore:
         self.accumulator = RecordAccumulator(retry_backoff_ms=config["retry.backoff.ms"],
                                              retry_backoff_max_ms=config["retry.backoff.max.ms"],
                                              delivery_timeout_ms=config["delivery.timeout.ms"],
+                                             coalesce_bytes=config["batch.size"] if config["sidecar.coalesce.batches"]
+                                             else 0,
                                              transaction_manager=self.transaction_manager)
         self.metrics = SenderMetrics()
         self.sender = Sender(self.client, self.metadata, self.accumulator, config, self.transaction_manager,

@@ -170,7 +170,8 @@ def test_lost_responses_are_retried_and_recognised_as_duplicates(proxied_broker)
     tansu, proxy = proxied_broker
     tansu.create_topic("lost", 3)
     deliveries = Deliveries("lost")
-    core = make_core(proxy.address, retry_backoff_ms=10)
+    # Batch by batch, so that many requests are in flight when responses are lost.
+    core = make_core(proxy.address, retry_backoff_ms=10, sidecar_coalesce_batches=False)
     warmup = deliveries.numbered(partitions=3, batches_per_partition=1, records_per_batch=10)
     for batch in warmup:
         core.append(batch)
@@ -198,7 +199,8 @@ def test_silent_broker_expires_queued_and_in_flight_batches_once(proxied_broker)
     tansu.create_topic("silent", 2)
     clock = JumpingClock()
     deliveries = Deliveries("silent")
-    core = make_core(proxy.address, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000)
+    core = make_core(proxy.address, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000,
+                     sidecar_coalesce_batches=False)
     for batch in deliveries.numbered(partitions=2, batches_per_partition=1, records_per_batch=3):
         batch.created_ms = clock.now
         core.append(batch)
@@ -248,7 +250,8 @@ def test_after_unresolved_expiry_a_new_producer_id_is_taken_and_new_records_acce
     tansu.create_topic("bump", 1)
     clock = JumpingClock()
     deliveries = Deliveries("bump")
-    core = make_core(proxy.address, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000)
+    core = make_core(proxy.address, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000,
+                     sidecar_coalesce_batches=False)
     first = deliveries.numbered(partitions=1, batches_per_partition=2, records_per_batch=5)
     for batch in first:
         batch.created_ms = clock.now

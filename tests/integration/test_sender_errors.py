@@ -90,11 +90,14 @@ class JumpingClock:
 @pytest.fixture
 def make_core() -> Iterator[Callable[..., ProducerCore]]:
     """``make_core(*brokers, clock=None, **settings)``: a core bootstrapped from ``brokers``
-    (settings with ``_`` for ``.``; retry.backoff.ms 10 unless given), closed at teardown."""
+    (settings with ``_`` for ``.``; retry.backoff.ms 10 and no coalescing unless given), closed at teardown."""
     cores: list[ProducerCore] = []
 
     def make(*brokers: FakeBroker, clock: Callable[[], int] | None = None, **settings: Any) -> ProducerCore:
         settings.setdefault("retry_backoff_ms", 10)
+        # These tests follow batches one by one through requests and retries: the small batches they
+        # queue must not be coalesced (coalescing has tests of its own).
+        settings.setdefault("sidecar_coalesce_batches", False)
         config = ProducerConfig({"bootstrap.servers": ",".join(b.address for b in brokers),
                                  **{k.replace("_", "."): v for k, v in settings.items()}})
         core = ProducerCore(config, clock=clock or monotonic_ms)
