@@ -12,7 +12,8 @@ retry.backoff.max.ms), is muted, or has no known leader.
 Many clients feed one partition with small batches, and a request takes one
 batch per partition: drain() coalesces the small batches queued at the head of
 a partition, never sent yet, into one of at most ``coalesce_bytes`` bytes of
-records (batch.size in the daemon, unless sidecar.coalesce.batches is off).
+records (batch.size in the daemon, unless sidecar.coalesce.batches is off) that
+fits in a request.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from client_stub.errors import KafkaError
 
 from ..network.connection_states import ExponentialBackoff
 from ..network.metadata import Cluster, Node
+from ..protocol.record_batch import HEADER_SIZE
 from .batch import ProducerBatch, TopicPartition
 from .transaction_manager import TransactionManager, sequence_after
 
@@ -237,7 +239,8 @@ class RecordAccumulator:
             if batch.last_attempt_ms + self._backoff_ms(batch) > now:
                 continue
             if self.coalesce_bytes and batch.coalescible and len(queue) > 1:
-                batch = self._coalesce(queue)
+                # Never larger than a request may be (batch.size may exceed max.request.size).
+                batch = self._coalesce(queue, min(self.coalesce_bytes, max_size - HEADER_SIZE))
             if ready and size + batch.size_in_bytes > max_size:
                 # The first partition that did not fit goes first next time.
                 self._drain_start[node_id] = tp
@@ -257,10 +260,10 @@ class RecordAccumulator:
     # At most this many queued batches are looked at for one coalesced batch.
     _COALESCE_CANDIDATES = 256
 
-    def _coalesce(self, queue: deque[ProducerBatch]) -> ProducerBatch:
+    def _coalesce(self, queue: deque[ProducerBatch], max_records_bytes: int) -> ProducerBatch:
         """Put one batch in place of the small ones at the head of ``queue``, if two fit; the head batch."""
         candidates = list(itertools.islice(queue, self._COALESCE_CANDIDATES))
-        combined, taken = ProducerBatch.coalesce(candidates, self.coalesce_bytes)
+        combined, taken = ProducerBatch.coalesce(candidates, max_records_bytes)
         if combined is None:
             return queue[0]
         for _ in range(taken):

@@ -100,17 +100,25 @@ class ProducerBatch:
 
         Returns it (None if fewer than two fit) and how many batches it took. The records
         are re-encoded with offset deltas running on across the parts and timestamp deltas
-        from the earliest base timestamp. A batch whose records do not parse is not taken,
-        nor any after it (order is kept), and is marked to go alone: the broker refuses it,
-        not its neighbours.
+        from the earliest base timestamp of the parts. A batch whose records do not parse is
+        not taken, nor any after it (order is kept), and is marked to go alone: the broker
+        refuses it, not its neighbours.
         """
-        base_timestamp = min(b.base_timestamp for b in batches)
+        # Those that fit as the clients wrote them: a full batch at the head goes as it is, unparsed.
+        candidates: list[ProducerBatch] = []
+        size = 0
+        for batch in batches:
+            size += batch.records_size
+            if not batch.coalescible or size > max_records_bytes:
+                break
+            candidates.append(batch)
+        if len(candidates) < 2:
+            return None, 0
+        base_timestamp = min(b.base_timestamp for b in candidates)
         pieces: list[bytes] = []
         parts: list[ProducerBatch] = []
         size = offset = 0
-        for batch in batches:
-            if not batch.coalescible or size + batch.records_size > max_records_bytes:
-                break
+        for batch in candidates:
             try:
                 piece = rebase_records(batch.records, batch.record_count, offset,
                                        batch.base_timestamp - base_timestamp)
@@ -118,12 +126,18 @@ class ProducerBatch:
                 log.warning("%s is not coalesced: %s", batch, exc)
                 batch.coalescible = False
                 break
+            # Re-encoded, a record may take more bytes (offset deltas from 64 on, shifted timestamps).
+            if size + len(piece) > max_records_bytes:
+                break
             pieces.append(piece)
             parts.append(batch)
             size += len(piece)
             offset += batch.record_count
         if len(parts) < 2:
             return None, 0
+        if len(parts) < len(candidates) and min(b.base_timestamp for b in parts) != base_timestamp:
+            # The earliest timestamp was that of a batch left out: the base must be one of the parts'.
+            return cls.coalesce(parts, max_records_bytes)
         combined = cls(parts[0].tp, b"".join(pieces), offset, base_timestamp=base_timestamp,
                        max_timestamp=max(b.max_timestamp for b in parts),
                        created_ms=min(b.created_ms for b in parts), on_complete=_complete_parts)

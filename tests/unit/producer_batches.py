@@ -41,12 +41,12 @@ def encode_records(specs: Sequence[tuple[int, bytes | None, bytes | None, Sequen
 
 def make_batch(tp: TopicPartition = T0, count: int = 3, *, created_ms: int = 0,
                specs: Sequence[tuple[int, bytes | None, bytes | None, Sequence[Header]]] | None = None,
-               on_complete: Callable[[ProducerBatch], None] | None = None,
+               base_timestamp: int = BASE_TS, on_complete: Callable[[ProducerBatch], None] | None = None,
                release: Callable[[], None] | None = None, **kwargs: Any) -> ProducerBatch:
     """A sealed batch of ``count`` records (or of ``specs``), as the front hands them to the accumulator."""
     specs = record_specs(count) if specs is None else specs
-    return ProducerBatch(tp, encode_records(specs), len(specs), base_timestamp=BASE_TS,
-                         max_timestamp=BASE_TS + max(ts for ts, *_ in specs), created_ms=created_ms,
+    return ProducerBatch(tp, encode_records(specs), len(specs), base_timestamp=base_timestamp,
+                         max_timestamp=base_timestamp + max(ts for ts, *_ in specs), created_ms=created_ms,
                          on_complete=on_complete, release=release, **kwargs)
 
 

@@ -21,9 +21,11 @@ U0 = TopicPartition("u", 0)
 
 
 def accumulator(tm: TransactionManager | None = None, *, backoff: int = 100, backoff_max: int = 1000,
-                delivery_timeout: int = 120_000, rng: random.Random | None = None) -> RecordAccumulator:
+                delivery_timeout: int = 120_000, coalesce_bytes: int = 0,
+                rng: random.Random | None = None) -> RecordAccumulator:
     return RecordAccumulator(retry_backoff_ms=backoff, retry_backoff_max_ms=backoff_max,
-                             delivery_timeout_ms=delivery_timeout, transaction_manager=tm, rng=rng)
+                             delivery_timeout_ms=delivery_timeout, coalesce_bytes=coalesce_bytes,
+                             transaction_manager=tm, rng=rng)
 
 
 def ready_tm(producer_id: int = 1000, epoch: int = 0) -> TransactionManager:
@@ -602,3 +604,219 @@ def test_retried_batch_goes_only_when_first_in_flight() -> None:
     tm.handle_completed_batch(batches[2], 6)
     assert drain_one(acc, cluster, 12) == [fresh]
     assert fresh.base_sequence == 9
+
+
+# -- coalescing: the small batches of a partition drained as one -----------------------------------
+
+BATCH_SIZE = 16384
+
+
+def coalescing(tm: TransactionManager | None = None, **kwargs) -> RecordAccumulator:
+    return accumulator(tm, coalesce_bytes=BATCH_SIZE, **kwargs)
+
+
+def settle(acc: RecordAccumulator, batch: ProducerBatch, base_offset: int,
+           tm: TransactionManager | None = None) -> None:
+    """What the sender does with a success."""
+    if tm is not None:
+        tm.handle_completed_batch(batch, base_offset)
+    acc.completed(batch)
+    assert batch.done(base_offset, -1, None)
+
+
+def test_small_batches_of_a_partition_are_drained_as_one() -> None:
+    acc = coalescing()
+    cluster = make_cluster({T0: 1})
+    small = append(acc, T0, 5, count=2)
+    [sent] = drain_one(acc, cluster, 0)
+    assert sent.parts == small and sent.record_count == 10
+    assert not acc.has_undrained()
+    assert acc.incomplete == {sent}
+    settle(acc, sent, 40)
+    assert not acc.has_incomplete()
+    assert [b.base_offset for b in small] == [40, 42, 44, 46, 48]
+
+
+def test_without_coalesce_bytes_each_batch_goes_alone() -> None:
+    acc = accumulator()
+    cluster = make_cluster({T0: 1})
+    small = append(acc, T0, 3, count=2)
+    assert [drain_one(acc, cluster, now) for now in range(4)] == [[small[0]], [small[1]], [small[2]], []]
+
+
+def test_a_full_batch_goes_as_it_is() -> None:
+    acc = coalescing()
+    cluster = make_cluster({T0: 1})
+    [a, b] = append(acc, T0, 2, count=1)
+    full = make_batch(T0, specs=[(0, None, b"x" * (BATCH_SIZE - 20), [])])
+    assert BATCH_SIZE - 20 < full.records_size <= BATCH_SIZE
+    acc.append(full)
+    [c, d] = append(acc, T0, 2, count=1)
+    drained = [drain_one(acc, cluster, now) for now in range(4)]
+    assert [batch.parts for [batch] in drained[:3]] == [[a, b], [], [c, d]]
+    assert drained[1] == [full] and drained[3] == []
+
+
+def test_coalesced_batches_hold_at_most_coalesce_bytes_of_records() -> None:
+    acc = coalescing()
+    cluster = make_cluster({T0: 1})
+    small = append(acc, T0, 200, count=4)
+    drained = []
+    while acc.has_undrained():
+        drained += drain_one(acc, cluster, 0)
+    assert all(b.records_size <= BATCH_SIZE for b in drained)
+    assert [p for b in drained for p in b.parts] == small
+    assert len(drained) == -(-sum(b.records_size for b in drained) // BATCH_SIZE)  # as few as fit
+
+
+def test_coalesced_batches_fit_in_a_request() -> None:
+    """batch.size may be larger than max.request.size: a coalesced batch must still fit in a request."""
+    acc = accumulator(coalesce_bytes=1 << 20)
+    cluster = make_cluster({T0: 1})
+    small = append(acc, T0, 100, count=2)
+    max_size = 10 * small[0].size_in_bytes
+    drained = []
+    while acc.has_undrained():
+        [batch] = drain_one(acc, cluster, 0, max_size=max_size)
+        assert batch.size_in_bytes <= max_size
+        drained.append(batch)
+    assert [p for b in drained for p in b.parts] == small
+
+
+def test_one_batch_per_partition_per_request_still_holds() -> None:
+    acc = coalescing()
+    cluster = make_cluster({T0: 1, T1: 1, T2: 1})
+    t0 = append(acc, T0, 5)
+    t1 = append(acc, T1, 3)
+    [t2] = append(acc, T2)
+    drained = acc.drain(cluster, [cluster.nodes[1]], 1 << 20, 0)[1]
+    assert sorted(b.tp for b in drained) == [T0, T1, T2]
+    by_tp = {b.tp: b for b in drained}
+    assert by_tp[T0].parts == t0 and by_tp[T1].parts == t1 and by_tp[T2] is t2
+    assert not acc.has_undrained()
+
+
+def left_for_the_next_request(acc: RecordAccumulator, cluster) -> tuple[list[ProducerBatch], int]:
+    """Small batches of t-0 coalesced, then left queued: the request was full with t-1's large batch.
+    Returns them and the max_size of the drains."""
+    [big] = append(acc, T1, count=50)
+    max_size = big.size_in_bytes + 10
+    assert drain_one(acc, cluster, 0, max_size=max_size) == [big]  # the next drain starts at t-1
+    append(acc, T1, count=50)
+    small = append(acc, T0, 3)
+    assert [b.tp for b in drain_one(acc, cluster, 0, max_size=max_size)] == [T1]
+    [queued] = acc.queued_for(T0)
+    assert queued.parts == small
+    return small, max_size
+
+
+def test_a_coalesced_batch_left_for_the_next_request_takes_no_more_parts() -> None:
+    acc = coalescing()
+    cluster = make_cluster({T0: 1, T1: 1})
+    small, max_size = left_for_the_next_request(acc, cluster)
+    later = append(acc, T0, 2)
+    assert [b.parts for b in drain_one(acc, cluster, 1, max_size=max_size)] == [small]
+    assert [b.parts for b in drain_one(acc, cluster, 1, max_size=max_size)] == [later]
+    assert not acc.has_undrained()
+
+
+def test_queued_coalesced_batch_is_aborted_with_its_parts() -> None:
+    acc = coalescing()
+    cluster = make_cluster({T0: 1, T1: 1})
+    small, _ = left_for_the_next_request(acc, cluster)
+    [queued] = acc.queued_for(T0)
+    assert acc.abort_undrained(KafkaError("closing")) == 1
+    assert queued.is_done
+    assert all(b.is_done and str(b.error) == "closing" for b in small)
+    assert queued not in acc.incomplete and not set(small) & acc.incomplete
+
+
+def test_a_retried_batch_is_never_coalesced() -> None:
+    acc = coalescing(backoff=0)
+    cluster = make_cluster({T0: 1})
+    [first] = append(acc, T0)
+    assert drain_one(acc, cluster, 0) == [first]
+    acc.reenqueue(first, 10)
+    fresh = append(acc, T0, 3)
+    assert drain_one(acc, cluster, 10) == [first]
+    [sent] = drain_one(acc, cluster, 11)
+    assert sent.parts == fresh
+
+
+def test_a_malformed_batch_goes_alone() -> None:
+    acc = coalescing()
+    cluster = make_cluster({T0: 1})
+    good = append(acc, T0, 2)
+    records = make_batch(T0).records
+    bad = ProducerBatch(T0, records[:-1], 3, base_timestamp=0, max_timestamp=0, created_ms=0)
+    acc.append(bad)
+    later = append(acc, T0, 2)
+    drained = [drain_one(acc, cluster, now) for now in range(4)]
+    assert [b.parts for [b] in drained[:3]] == [good, [], later]
+    assert drained[1] == [bad] and drained[3] == []
+
+
+
+def test_a_coalesced_batch_takes_the_sequences_of_its_records() -> None:
+    tm = ready_tm(producer_id=77, epoch=1)
+    acc = coalescing(tm)
+    cluster = make_cluster({T0: 1})
+    first = append(acc, T0, 4)
+    [a] = drain_one(acc, cluster, 0)
+    second = append(acc, T0, 2, count=5)
+    [b] = drain_one(acc, cluster, 1)  # with idempotence, up to five in flight
+    assert (a.parts, b.parts) == (first, second)
+    assert [(x.producer_id, x.producer_epoch, x.base_sequence) for x in (a, b)] == [(77, 1, 0), (77, 1, 12)]
+    assert not any(p.has_sequence for p in first + second)
+    assert tm.sequence_number(T0) == 22 and tm.first_in_flight_sequence(T0) == 0
+    settle(acc, a, 0, tm)
+    settle(acc, b, 12, tm)
+    assert not tm.has_in_flight_batches(T0) and not acc.has_incomplete()
+    assert [p.base_offset for p in first + second] == [0, 3, 6, 9, 12, 17]
+
+
+def test_parts_of_a_split_coalesced_batch_keep_its_sequences_and_go_alone_in_order() -> None:
+    """MESSAGE_TOO_LARGE for a coalesced batch: its parts go one by one under its sequences, never
+    coalesced again, and only then the batches queued after them."""
+    tm = ready_tm()
+    acc = coalescing(tm, backoff=0)
+    cluster = make_cluster({T0: 1})
+    parts = [make_batch(T0, n) for n in (2, 3, 1, 4)]
+    for part in parts:
+        acc.append(part)
+    [combined] = drain_one(acc, cluster, 0)
+    assert combined.parts == parts and combined.base_sequence == 0
+    later = append(acc, T0, 2)
+    # what the sender does on MESSAGE_TOO_LARGE
+    tm.handle_failed_batch(combined, for_code(10), adjust_sequences=False)
+    assert acc.split_and_reenqueue(combined, combined.records_size // 2, 50) == 4
+    assert acc.queued_for(T0) == parts + later
+    assert [p.base_sequence for p in parts] == [0, 2, 5, 6]
+    assert combined not in acc.incomplete and set(parts) | set(later) == acc.incomplete
+    offset = 100
+    for part in parts[:-1]:
+        assert drain_one(acc, cluster, 60) == [part]
+        assert drain_one(acc, cluster, 60) == []  # the next part waits for this one's outcome
+        settle(acc, part, offset, tm)
+        offset += part.record_count
+    assert drain_one(acc, cluster, 60) == [parts[-1]]
+    # New batches need not wait: their sequences come after the parts'.
+    [rest] = drain_one(acc, cluster, 61)
+    assert rest.parts == later and rest.base_sequence == 10
+    settle(acc, parts[-1], offset, tm)
+    settle(acc, rest, offset + parts[-1].record_count, tm)
+    assert not acc.has_incomplete()
+    assert [p.base_offset for p in parts + later] == [100, 102, 105, 106, 110, 113]
+
+
+def test_parts_of_a_split_coalesced_batch_go_alone_without_idempotence() -> None:
+    acc = coalescing()
+    cluster = make_cluster({T0: 1})
+    parts = append(acc, T0, 3)
+    [combined] = drain_one(acc, cluster, 0)
+    later = append(acc, T0, 2)
+    assert acc.split_and_reenqueue(combined, combined.records_size // 2, 50) == 3
+    assert acc.queued_for(T0) == parts + later
+    assert [drain_one(acc, cluster, 60) for _ in parts] == [[p] for p in parts]
+    [rest] = drain_one(acc, cluster, 60)
+    assert rest.parts == later

@@ -11,7 +11,7 @@ from service.producer.batch import FinalState, ProducerBatch, TopicPartition
 from service.protocol.compression import CompressionType
 from service.protocol.record_batch import HEADER_SIZE, NO_SEQUENCE, decode_batch
 
-from .producer_batches import BASE_TS, encode_records, make_batch, record_specs
+from .producer_batches import BASE_TS, T0, encode_records, make_batch, record_specs
 
 
 class Outcomes:
@@ -341,3 +341,243 @@ def test_reenqueued_counts_attempts() -> None:
 def test_empty_batch_refused() -> None:
     with pytest.raises(ValueError):
         ProducerBatch(TopicPartition("t", 0), b"", 0, base_timestamp=0, max_timestamp=0, created_ms=0)
+
+
+# -- coalesce ------------------------------------------------------------------------------------
+
+
+def absolute(batch: ProducerBatch) -> list[tuple[int, bytes | None, bytes | None, list]]:
+    """(timestamp, key, value, headers) of each record, as a consumer reads them from the batch on the wire."""
+    decoded = decode(batch.wire_pieces(CompressionType.NONE, None))
+    assert decoded.crc_valid
+    assert [r.offset_delta for r in decoded.records] == list(range(batch.record_count))
+    return [(decoded.base_timestamp + r.timestamp_delta, r.key, r.value, r.headers) for r in decoded.records]
+
+
+def one_record(value: bytes, *, base_timestamp: int = BASE_TS, **kwargs) -> ProducerBatch:
+    return make_batch(specs=[(0, None, value, [])], base_timestamp=base_timestamp, **kwargs)
+
+
+def test_coalesced_batch_holds_the_parts_records_in_order() -> None:
+    # Parts from different clients: their own base timestamps, not in order; a record earlier than its
+    # batch's base (a timestamp given to send()); a buffer of bytes as well as shared-memory views.
+    parts = [
+        make_batch(specs=record_specs(4, prefix="a"), base_timestamp=BASE_TS + 50, created_ms=30),
+        make_batch(specs=[(-30, b"early", b"v", [(b"h", None)]), *record_specs(2, prefix="b")],
+                   base_timestamp=BASE_TS + 40, created_ms=10),
+        ProducerBatch(T0, encode_records(record_specs(3, prefix="c"), into_memoryview=False), 3,
+                      base_timestamp=BASE_TS + 90, max_timestamp=BASE_TS + 104, created_ms=20),
+    ]
+    expected = [record for part in parts for record in absolute(part)]
+    combined, taken = ProducerBatch.coalesce(parts, 10**6)
+    assert taken == 3 and combined is not None
+    assert combined.parts == parts and combined.tp == T0
+    assert combined.record_count == 10
+    assert absolute(combined) == expected
+    assert combined.base_timestamp == BASE_TS + 40  # the earliest of the parts' bases
+    assert combined.max_timestamp == BASE_TS + 104 == max(ts for ts, *_ in expected)
+    assert combined.created_ms == 10
+    assert not combined.has_sequence and combined.attempts == 0
+    assert not combined.coalescible
+
+
+def test_coalesce_stops_before_the_part_that_would_not_fit() -> None:
+    parts = [make_batch(count=2) for _ in range(6)]
+    size = parts[0].records_size
+    for limit in (2 * size, 3 * size - 1, 3 * size, 6 * size, 10**6):
+        combined, taken = ProducerBatch.coalesce(parts, limit)
+        assert taken == min(limit // size, 6)
+        assert combined.parts == parts[:taken]
+        assert combined.records_size <= limit
+
+
+def test_coalesce_limit_counts_the_records_as_re_encoded() -> None:
+    """Offset deltas from 64 on take two bytes where the clients wrote one: the limit holds for what
+    is sent, not for what the clients wrote."""
+    parts = [one_record(b"v%03d" % n) for n in range(100)]
+    written = sum(p.records_size for p in parts)
+    for limit in range(written - 40, written + 1):
+        combined, taken = ProducerBatch.coalesce(parts, limit)
+        assert combined.records_size <= limit, limit
+        # and it stops only when the next part would not fit
+        more, _ = ProducerBatch.coalesce(parts[:taken + 1], 10**6)
+        assert taken == 100 or more.records_size > limit
+        assert absolute(combined) == [r for p in parts[:taken] for r in absolute(p)]
+
+
+def test_fewer_than_two_parts_is_no_coalesced_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    small = make_batch(count=2)
+    full = make_batch(count=10)
+    assert ProducerBatch.coalesce([small], 10**6) == (None, 0)
+    assert ProducerBatch.coalesce([small, make_batch(count=2)], 2 * small.records_size - 1) == (None, 0)
+    # A full batch goes as it is: not even parsed.
+    calls = []
+    monkeypatch.setattr(batch_module, "rebase_records", lambda *args: calls.append(args))
+    assert ProducerBatch.coalesce([full, small, small], full.records_size) == (None, 0)
+    assert calls == []
+    sent = make_batch(count=2)
+    sent.coalescible = False  # it has been sent before
+    assert ProducerBatch.coalesce([sent, small], 10**6) == (None, 0)
+    assert calls == []
+
+
+def test_a_part_that_was_sent_ends_the_coalesced_batch() -> None:
+    parts = [make_batch(count=2) for _ in range(4)]
+    parts[2].coalescible = False
+    combined, taken = ProducerBatch.coalesce(parts, 10**6)
+    assert taken == 2 and combined.parts == parts[:2]
+
+
+def malformed_batch() -> ProducerBatch:
+    """A batch whose last record is cut short: a broker would refuse it (CORRUPT_MESSAGE)."""
+    records = encode_records(record_specs(3), into_memoryview=False)
+    return ProducerBatch(T0, records[:-1], 3, base_timestamp=BASE_TS, max_timestamp=BASE_TS, created_ms=0)
+
+
+def test_a_malformed_part_is_left_out_with_every_part_after_it(caplog: pytest.LogCaptureFixture) -> None:
+    good = [make_batch(count=2) for _ in range(4)]
+    bad = malformed_batch()
+    queue = [good[0], good[1], bad, good[2], good[3]]
+    with caplog.at_level("WARNING", logger=batch_module.__name__):
+        combined, taken = ProducerBatch.coalesce(queue, 10**6)
+    assert taken == 2 and combined.parts == good[:2]
+    assert "is not coalesced" in caplog.text
+    # It goes alone, and those after it are coalesced without it.
+    assert not bad.coalescible
+    assert ProducerBatch.coalesce(queue[2:], 10**6) == (None, 0)
+    combined, taken = ProducerBatch.coalesce(queue[3:], 10**6)
+    assert taken == 2 and combined.parts == good[2:]
+    # At the head, with nothing coalescible before it: no coalesced batch either.
+    assert ProducerBatch.coalesce([malformed_batch(), *good], 10**6) == (None, 0)
+
+
+def test_the_base_timestamp_is_a_parts_even_when_an_earlier_one_is_left_out() -> None:
+    first = one_record(b"a", base_timestamp=BASE_TS + 100)
+    second = one_record(b"b", base_timestamp=BASE_TS + 101)
+    earliest_but_too_large = make_batch(count=3, base_timestamp=BASE_TS)
+    limit = first.records_size + second.records_size + 2
+    combined, taken = ProducerBatch.coalesce([first, second, earliest_but_too_large], limit)
+    assert taken == 2
+    assert combined.base_timestamp == BASE_TS + 100
+    assert combined.max_timestamp == BASE_TS + 101
+    assert absolute(combined) == absolute(first) + absolute(second)
+    # Left out as malformed, the same.
+    late = malformed_batch()
+    late.base_timestamp = BASE_TS
+    combined, taken = ProducerBatch.coalesce([first, second, late], 10**6)
+    assert taken == 2 and combined.base_timestamp == BASE_TS + 100
+
+
+# -- the outcome of a coalesced batch is its parts' -------------------------------------------------
+
+
+class PartOutcomes:
+    """on_complete and release of each part, by its origin."""
+
+    def __init__(self) -> None:
+        self.completed: list[tuple[object, FinalState | None, int, int, KafkaError | None]] = []
+        self.released: list[object] = []
+
+    def part(self, origin: object, count: int) -> ProducerBatch:
+        return make_batch(count=count, origin=origin, on_complete=self.on_complete,
+                          release=lambda: self.released.append(origin))
+
+    def on_complete(self, batch: ProducerBatch) -> None:
+        self.completed.append((batch.origin, batch.final_state, batch.base_offset, batch.log_append_time_ms,
+                               batch.error))
+
+
+def coalesced(outcomes: PartOutcomes, counts: tuple[int, ...] = (2, 3, 1)) -> ProducerBatch:
+    combined, taken = ProducerBatch.coalesce([outcomes.part(f"p{i}", n) for i, n in enumerate(counts)], 10**6)
+    assert taken == len(counts)
+    return combined
+
+
+def test_success_gives_each_part_its_own_base_offset() -> None:
+    outcomes = PartOutcomes()
+    combined = coalesced(outcomes)
+    assert outcomes.released == []  # the parts' buffers are held until the outcome
+    assert combined.done(100, 1234, None)
+    assert outcomes.completed == [("p0", FinalState.SUCCEEDED, 100, 1234, None),
+                                  ("p1", FinalState.SUCCEEDED, 102, 1234, None),
+                                  ("p2", FinalState.SUCCEEDED, 105, 1234, None)]
+    assert outcomes.released == ["p0", "p1", "p2"]
+    # Nothing twice: not on a late answer, nor on an abort.
+    assert not combined.done(200, -1, None)
+    assert not combined.abort(KafkaError("closing"))
+    combined.maybe_release()
+    assert len(outcomes.completed) == 3 and len(outcomes.released) == 3
+
+
+def test_success_without_offsets_gives_none_to_the_parts() -> None:
+    outcomes = PartOutcomes()
+    assert coalesced(outcomes).done(-1, -1, None)  # acks=0
+    assert [offset for _, _, offset, _, _ in outcomes.completed] == [-1, -1, -1]
+
+
+def test_an_error_fails_every_part_once() -> None:
+    outcomes = PartOutcomes()
+    combined = coalesced(outcomes)
+    error = for_code(87)  # INVALID_RECORD
+    assert combined.done(-1, -1, error)
+    assert combined.done(-1, -1, KafkaTimeoutError("expired")) is False
+    assert outcomes.completed == [(f"p{i}", FinalState.FAILED, -1, -1, error) for i in range(3)]
+    assert outcomes.released == ["p0", "p1", "p2"]
+
+
+def test_an_abort_aborts_every_part_once() -> None:
+    outcomes = PartOutcomes()
+    combined = coalesced(outcomes)
+    closing = KafkaError("closing")
+    assert combined.abort(closing)
+    assert not combined.done(0, -1, None)
+    assert outcomes.completed == [(f"p{i}", FinalState.ABORTED, -1, -1, closing) for i in range(3)]
+    assert outcomes.released == ["p0", "p1", "p2"]
+
+
+def test_parts_are_released_once_final_even_while_the_copy_is_on_the_wire() -> None:
+    """The coalesced batch owns copies of the records: the parts' shared memory is not on the wire."""
+    outcomes = PartOutcomes()
+    combined = coalesced(outcomes)
+    combined.wire_pieces(CompressionType.NONE, None)
+    combined.in_flight = True
+    assert combined.done(-1, -1, KafkaTimeoutError("expired in flight"))
+    assert outcomes.released == ["p0", "p1", "p2"]
+    combined.in_flight = False
+    combined.maybe_release()
+    assert outcomes.released == ["p0", "p1", "p2"]
+
+
+# -- a coalesced batch split back into its parts ---------------------------------------------------
+
+
+def test_split_of_a_coalesced_batch_gives_back_its_parts_with_its_sequences() -> None:
+    outcomes = PartOutcomes()
+    combined = coalesced(outcomes, (2, 3, 1, 4))
+    combined.set_producer_state(555, 2, 1000)
+    combined.attempts = 1
+    combined.last_attempt_ms = 4321
+    parts = combined.split(combined.records_size // 2)
+    assert parts == combined.parts
+    assert [p.origin for p in parts] == ["p0", "p1", "p2", "p3"]
+    assert [(p.producer_id, p.producer_epoch, p.base_sequence) for p in parts] == [
+        (555, 2, 1000), (555, 2, 1002), (555, 2, 1005), (555, 2, 1006)]
+    assert parts[-1].last_sequence == combined.last_sequence
+    assert all(p.attempts == 1 and p.last_attempt_ms == 4321 for p in parts)
+    for part in parts:
+        # Each goes as the client wrote it: its own buffer, offset deltas from 0, its own sequence.
+        assert part.wire_pieces(CompressionType.NONE, None)[1] is part.records
+        assert decode(part.wire_pieces(CompressionType.NONE, None)).base_sequence == part.base_sequence
+        assert absolute(part) == [(BASE_TS + ts, k, v, [(hk.decode(), hv) for hk, hv in h])
+                                  for ts, k, v, h in record_specs(part.record_count)]
+    # never coalesced again: they would be as large as before
+    assert ProducerBatch.coalesce(parts, 10**6) == (None, 0)
+    assert outcomes.completed == [] and outcomes.released == []
+
+
+def test_split_of_a_coalesced_batch_without_sequence() -> None:
+    combined = coalesced(PartOutcomes())
+    parts = combined.split(1)
+    assert [p.record_count for p in parts] == [2, 3, 1]
+    assert not any(p.has_sequence for p in parts)
+    assert ProducerBatch.coalesce(parts, 10**6) == (None, 0)

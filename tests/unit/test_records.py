@@ -12,6 +12,7 @@ from client_stub.records import (
     decode_records,
     encode_record,
     encode_record_into,
+    rebase_records,
     record_boundaries,
     record_size,
 )
@@ -186,3 +187,91 @@ def test_record_count_mismatch_raises() -> None:
     with pytest.raises(ValueError):
         decode_records(KEYED + NULL_KEY, 1)
     assert len(decode_records(KEYED + NULL_KEY, 2)) == 2
+
+
+# -- rebase_records: a batch's records moved into a coalesced batch ------------------------------
+
+# Deltas that stay within int64 once shifted.
+small_timestamp_deltas = st.integers(-(2**40), 2**40)
+rebased_records = st.tuples(deltas, small_timestamp_deltas, payloads, payloads, headers_lists)
+
+
+@settings(max_examples=200)
+@given(st.lists(rebased_records, min_size=1, max_size=8), st.integers(0, 2**31 - 9), small_timestamp_deltas)
+def test_rebase_is_the_encoder_with_new_deltas(recs, first: int, shift: int) -> None:
+    """Byte for byte what the encoder writes at offset deltas ``first``, ``first + 1``... and timestamp
+    deltas ``shift`` higher, whatever offset deltas the records had."""
+    data = b"".join(encode_record(*rec) for rec in recs)
+    expected = b"".join(encode_record(first + i, ts + shift, k, v, h) for i, (_, ts, k, v, h) in enumerate(recs))
+    assert rebase_records(data, len(recs), first, shift) == expected
+    assert rebase_records(memoryview(bytearray(data)), len(recs), first, shift) == expected
+
+
+def test_rebase_keeps_keys_values_headers_and_nulls() -> None:
+    # Offset deltas from 64 take two bytes (zig-zag 128): every record's length changes.
+    rebased = rebase_records(KEYED + WITH_HEADERS + NULL_KEY + NULL_VALUE + EMPTY_VALUE + LONG_VALUE, 6, 64, 100)
+    assert decode_records(rebased, 6) == [
+        Record(64, 105, b"k", b"value", [], 0),
+        Record(65, 99, None, b"v", [("h1", b"x"), ("h2", None)], 0),
+        Record(66, 100, None, b"v", [], 0),
+        Record(67, 100, b"k", None, [], 0),
+        Record(68, 100, None, b"", [], 0),
+        Record(69, 100, None, b"x" * 100, [], 0),
+    ]
+
+
+def test_rebase_of_nothing_is_nothing() -> None:
+    assert rebase_records(b"", 0, 5, 5) == b""
+
+
+@pytest.mark.parametrize("encoded", [KEYED, NULL_KEY, NULL_VALUE, EMPTY_VALUE, WITH_HEADERS, LONG_VALUE])
+def test_rebase_refuses_a_truncated_record(encoded: bytes) -> None:
+    for cut in range(len(encoded)):
+        with pytest.raises(ValueError, match="well-formed"):
+            rebase_records(KEYED + encoded[:cut], 2, 0, 0)
+
+
+@pytest.mark.parametrize(("data", "count"), [
+    pytest.param(KEYED + b"\x00", 1, id="a trailing byte"),
+    pytest.param(KEYED + NULL_KEY, 1, id="a record more than counted"),
+    pytest.param(KEYED + NULL_KEY, 3, id="a record less than counted"),
+    pytest.param(KEYED, 0, id="records where none are counted"),
+    pytest.param(KEYED, -1, id="a negative count"),
+])
+def test_rebase_refuses_records_that_are_not_the_count(data: bytes, count: int) -> None:
+    with pytest.raises(ValueError, match="well-formed"):
+        rebase_records(data, count, 0, 0)
+
+
+@pytest.mark.parametrize("data", [
+    pytest.param(b"\x16" + KEYED[1:], id="record length shorter than its fields"),
+    pytest.param(b"\x1a" + KEYED[1:] + b"\x00", id="record length longer than its fields"),
+    pytest.param(b"\x00", id="record length 0"),
+    pytest.param(b"\x01" + KEYED, id="record length -1"),
+    pytest.param(b"\xff" * 11, id="a varint of more than 64 bits"),
+    pytest.param(KEYED[:4] + b"\x14" + KEYED[5:], id="key length past the record"),
+    pytest.param(KEYED[:6] + b"\x14" + KEYED[7:], id="value length past the record"),
+    pytest.param(bytes([0x0c, 0x00, 0x00, 0x00, 0x01, 0x00, 0x01]), id="header count -1"),
+    pytest.param(bytes([0x0c, 0x00, 0x00, 0x00, 0x01, 0x00, 0x02]), id="a header missing"),
+    pytest.param(bytes([0x10, 0x00, 0x00, 0x00, 0x01, 0x00, 0x02, 0x01, 0x00]), id="null header key"),
+])
+def test_rebase_refuses_bad_lengths_inside_a_record(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_records(data, 1)  # the decoder agrees that these are not records
+    with pytest.raises(ValueError, match="well-formed"):
+        rebase_records(data, 1, 0, 0)
+    with pytest.raises(ValueError, match="well-formed"):
+        rebase_records(KEYED + data, 2, 0, 0)  # nor after a good one
+
+
+@pytest.mark.parametrize("data", [
+    pytest.param(bytes([0x0e, 0x00, 0x00, 0x00, 0x03, 0x02, *b"v", 0x00]), id="key length -2"),
+    pytest.param(bytes([0x0c, 0x00, 0x00, 0x00, 0x01, 0x03, 0x00]), id="value length -2"),
+    pytest.param(bytes([0x10, 0x00, 0x00, 0x00, 0x01, 0x00, 0x02, 0x00, 0x03]), id="header value length -2"),
+])
+def test_rebase_refuses_lengths_below_null(data: bytes) -> None:
+    """Stricter than Java's reader (any negative length is null there): no client writes these, and
+    such a batch is only left to go alone."""
+    assert len(decode_records(data, 1)) == 1
+    with pytest.raises(ValueError, match="well-formed"):
+        rebase_records(data, 1, 0, 0)
