@@ -240,7 +240,7 @@ class RecordAccumulator:
                 continue
             if self.coalesce_bytes and batch.coalescible and len(queue) > 1:
                 # Never larger than a request may be (batch.size may exceed max.request.size).
-                batch = self._coalesce(queue, min(self.coalesce_bytes, max_size - HEADER_SIZE))
+                batch = self._coalesce(queue, min(self.coalesce_bytes, max_size - HEADER_SIZE), now)
             if ready and size + batch.size_in_bytes > max_size:
                 # The first partition that did not fit goes first next time.
                 self._drain_start[node_id] = tp
@@ -260,9 +260,12 @@ class RecordAccumulator:
     # At most this many queued batches are looked at for one coalesced batch.
     _COALESCE_CANDIDATES = 256
 
-    def _coalesce(self, queue: deque[ProducerBatch], max_records_bytes: int) -> ProducerBatch:
+    def _coalesce(self, queue: deque[ProducerBatch], max_records_bytes: int, now: int) -> ProducerBatch:
         """Put one batch in place of the small ones at the head of ``queue``, if two fit; the head batch."""
-        candidates = list(itertools.islice(queue, self._COALESCE_CANDIDATES))
+        # A batch at its delivery timeout expires as it is drained: younger ones must not go with it.
+        timeout = self.delivery_timeout_ms
+        candidates = list(itertools.takewhile(lambda b: not b.has_reached_delivery_timeout(timeout, now),
+                                              itertools.islice(queue, self._COALESCE_CANDIDATES)))
         combined, taken = ProducerBatch.coalesce(candidates, max_records_bytes)
         if combined is None:
             return queue[0]

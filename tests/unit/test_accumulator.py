@@ -820,3 +820,17 @@ def test_parts_of_a_split_coalesced_batch_go_alone_without_idempotence() -> None
     assert [drain_one(acc, cluster, 60) for _ in parts] == [[p] for p in parts]
     [rest] = drain_one(acc, cluster, 60)
     assert rest.parts == later
+
+
+def test_a_batch_at_its_delivery_timeout_is_not_coalesced_with_younger_ones() -> None:
+    """The sender drains, then expires what is past delivery.timeout.ms, in flight too: a batch that
+    reaches its timeout as it is drained would take the younger batches coalesced with it along."""
+    acc = coalescing(delivery_timeout=100)
+    cluster = make_cluster({T0: 1})
+    [old] = append(acc, T0, created_ms=0)
+    young = append(acc, T0, 2, created_ms=90)
+    [later_old] = append(acc, T0, created_ms=0)
+    assert drain_one(acc, cluster, 100) == [old]
+    [sent] = drain_one(acc, cluster, 100)
+    assert sent.parts == young and sent.created_ms == 90
+    assert drain_one(acc, cluster, 100) == [later_old]
