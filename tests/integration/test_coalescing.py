@@ -13,14 +13,17 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from client_stub import Producer, RecordMetadata
+from client_stub.errors import KafkaTimeoutError
 from service.producer.batch import FinalState, ProducerBatch
 from service.producer.core import ProducerCore
 from service.protocol.messages import PRODUCE
 from service.protocol.record_batch import decode_batches
 from tests.integration.test_sender import (
+    JumpingClock,
     assert_delivered_once_in_order,
     assert_each_reported_and_released_once,
     make_core,
+    run_until,
 )
 from tests.support.batches import Deliveries, SentRecord
 from tests.support.fake_broker import produce_response, record_count
@@ -139,6 +142,44 @@ def test_coalesced_batches_retried_after_cut_connections_arrive_once_in_order(pr
              if batch.base_offset >= 0]
     assert {batch for batch, _ in known} & set(batches), "no coalesced batch was answered with its offset"
     assert all(offsets[value] == batch.base_offset for batch, value in known)
+
+
+def test_coalesced_batches_behind_a_silent_broker_expire_with_their_parts_once(proxied_broker) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("silent", 2)
+    clock = JumpingClock()
+    deliveries = Deliveries("silent")
+    core = make_core(proxy.address, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000)
+    warm_up = one_record_batches(deliveries, 2, 1, b"warm-up")
+    for batch in warm_up:
+        core.append(batch)
+    assert core.flush(30_000)
+
+    proxy.blackhole()
+    # Batches of about 5 KiB: a few to a coalesced batch, more than five requests carry. Made 35 s
+    # ago, so that they expire in flight before their requests time out.
+    stuck = deliveries.numbered(partitions=2, batches_per_partition=30, records_per_batch=100)
+    for batch in stuck:
+        batch.created_ms = clock.now - 35_000
+        core.append(batch)
+    run_until(core, lambda: core.client.in_flight_request_count() == 5)
+    in_flight = core.sender.in_flight_batches()
+    assert all(len(b.parts) > 1 for b in in_flight)
+    assert core.accumulator.queued_batches() > 0
+
+    clock.advance(25_000)
+    core.run_once(0)
+    expired = deliveries.reports[len(warm_up):]
+    assert sorted(b.origin for b in expired) == sorted(b.origin for b in stuck)  # each part once
+    assert all(b.final_state is FinalState.FAILED and isinstance(b.error, KafkaTimeoutError) for b in expired)
+    # The coalesced batches own copies of the records: every part's buffer is back, in flight or not.
+    assert all(deliveries.releases[b.origin] == 1 for b in stuck)
+    clock.advance(10_000)
+    run_until(core, lambda: core.client.in_flight_request_count() == 0)
+    assert len(deliveries.reports) == len(warm_up) + len(stuck), "a part was reported twice"
+    assert all(deliveries.releases[b.origin] == 1 for b in stuck)
+    assert not core.accumulator.has_incomplete()
+    core.close(0)
 
 
 def test_producers_at_linger_0_on_one_partition_get_the_offsets_the_verifier_reads(
