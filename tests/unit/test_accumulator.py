@@ -731,8 +731,10 @@ def test_queued_coalesced_batch_is_aborted_with_its_parts() -> None:
     assert queued not in acc.incomplete and not set(small) & acc.incomplete
 
 
-def test_a_retried_batch_is_never_coalesced() -> None:
-    acc = coalescing(backoff=0)
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_a_retried_batch_is_never_coalesced(idempotent: bool) -> None:
+    tm = ready_tm() if idempotent else None
+    acc = coalescing(tm, backoff=0)
     cluster = make_cluster({T0: 1})
     [first] = append(acc, T0)
     assert drain_one(acc, cluster, 0) == [first]
@@ -741,6 +743,8 @@ def test_a_retried_batch_is_never_coalesced() -> None:
     assert drain_one(acc, cluster, 10) == [first]
     [sent] = drain_one(acc, cluster, 11)
     assert sent.parts == fresh
+    if idempotent:
+        assert (first.base_sequence, sent.base_sequence) == (0, 3)
 
 
 def test_a_malformed_batch_goes_alone() -> None:
