@@ -50,7 +50,6 @@ _SEAL_NOW_INTERVAL_MS = 50
 # pyzmq's flags are enum.Flag members, whose | runs Python code: once per message here, so plain ints.
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)
-_RCVMORE = int(zmq.RCVMORE)
 
 
 @dataclass(eq=False, slots=True)
@@ -152,9 +151,13 @@ class SidecarFront:
         """Handle every message waiting on the socket."""
         while True:
             try:
-                frames = [self.socket.recv(_NOBLOCK)]
-                while self.socket.getsockopt(_RCVMORE):
-                    frames.append(self.socket.recv(_NOBLOCK))
+                # Frames, not bytes: a frame says whether more follow without a getsockopt(RCVMORE),
+                # which pyzmq turns into an enum lookup per call.
+                frame = self.socket.recv(_NOBLOCK, copy=False)
+                frames = [frame.bytes]
+                while frame.more:
+                    frame = self.socket.recv(_NOBLOCK, copy=False)
+                    frames.append(frame.bytes)
             except zmq.Again:
                 return
             try:
