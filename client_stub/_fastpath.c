@@ -10,9 +10,9 @@
  *   - murmur2, the Java producer's hash of keys;
  *   - rebase_records(), which the daemon uses to coalesce small batches of one partition into one;
  *   - OpenBatch, a batch being written by this process;
- *   - Appender.send(), the common case of Producer.send(): a known topic, bytes
- *     or None for key and value, no headers, a batch with room. It answers None
- *     for anything else, and Producer takes its Python path;
+ *   - Appender.send(), which is Producer.send(): it appends the record itself in
+ *     the common case (a known topic, bytes or None for key and value, no
+ *     headers, a batch with room), and hands anything else to Producer's Python path;
  *   - Completer.complete(), the delivery reports: each record's RecordMetadata
  *     or error, its future and its on_delivery callback.
  *
@@ -531,6 +531,13 @@ static inline int slot_set_new(PyObject *obj, Py_ssize_t offset, PyObject *value
 
 /* -- module state: interned names ------------------------------------------------------------------ */
 
+/* send()'s parameters, in order; the first three may be positional. */
+enum { ARG_TOPIC, ARG_VALUE, ARG_KEY, ARG_PARTITION, ARG_TIMESTAMP, ARG_HEADERS, ARG_ON_DELIVERY, ARG_COUNT };
+#define POSITIONAL_ARGS 3
+static const char *send_parameters[ARG_COUNT] = {"topic", "value", "key", "partition", "timestamp_ms", "headers",
+                                                 "on_delivery"};
+static PyObject *send_parameter_names[ARG_COUNT];
+
 static PyObject *str_notify, *str_finished, *str_running, *empty_tuple;
 
 static int module_state_init(void) {
@@ -539,6 +546,11 @@ static int module_state_init(void) {
     str_finished = PyUnicode_InternFromString("FINISHED");
     str_running = PyUnicode_InternFromString("RUNNING");
     empty_tuple = PyTuple_New(0);
+    for (int i = 0; i < ARG_COUNT; i++) {
+        if ((send_parameter_names[i] = PyUnicode_InternFromString(send_parameters[i])) == NULL) {
+            return -1;
+        }
+    }
     return str_notify && str_finished && str_running && empty_tuple ? 0 : -1;
 }
 
@@ -753,6 +765,7 @@ typedef struct {
     PyObject *sticky;           /* dict: topic -> partition for records without a key, or None */
     PyObject *seal;             /* seal(batch), called with the lock held when a batch is full, and
                                    sealing it unless another thread has meanwhile */
+    PyObject *slow_send;        /* the producer's Python path, for what the fast path does not take */
     FutureSlots slots;          /* of RecordFuture */
     int enabled;                /* off until the session is up, and when the producer cannot take this path */
     int murmur2_keys;           /* keyed records go by murmur2 (murmur2_random) */
@@ -760,11 +773,11 @@ typedef struct {
 } Appender;
 
 static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"lock", "future_type", "seal", "sticky", "murmur2_keys", NULL};
-    PyObject *lock, *future_type, *seal, *sticky;
+    static char *keywords[] = {"lock", "future_type", "seal", "slow_send", "sticky", "murmur2_keys", NULL};
+    PyObject *lock, *future_type, *seal, *slow_send, *sticky;
     int murmur2_keys;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOp:Appender", keywords, &lock, &future_type, &seal,
-                                     &sticky, &murmur2_keys)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOp:Appender", keywords, &lock, &future_type, &seal,
+                                     &slow_send, &sticky, &murmur2_keys)) {
         return -1;
     }
     if (sticky != Py_None && !PyDict_CheckExact(sticky)) {
@@ -784,6 +797,8 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
     }
     Py_INCREF(seal);
     Py_XSETREF(self->seal, seal);
+    Py_INCREF(slow_send);
+    Py_XSETREF(self->slow_send, slow_send);
     Py_INCREF(sticky);
     Py_XSETREF(self->sticky, sticky);
     self->murmur2_keys = murmur2_keys;
@@ -800,6 +815,7 @@ static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
     Py_VISIT(self->partition_counts);
     Py_VISIT(self->sticky);
     Py_VISIT(self->seal);
+    Py_VISIT(self->slow_send);
     Py_VISIT(self->slots.type);
     return 0;
 }
@@ -812,6 +828,7 @@ static int Appender_clear(Appender *self) {
     Py_CLEAR(self->partition_counts);
     Py_CLEAR(self->sticky);
     Py_CLEAR(self->seal);
+    Py_CLEAR(self->slow_send);
     Py_CLEAR(self->slots.type);
     return 0;
 }
@@ -915,19 +932,11 @@ static int seal_full(Appender *self, OpenBatch *batch) {
     return sealed == NULL || released < 0 ? -1 : 0;
 }
 
-PyDoc_STRVAR(Appender_send_doc,
-"send(topic, value, key, partition, timestamp_ms, on_delivery) -> RecordFuture | None\n\n"
-"Append the record to its partition's open batch if that is the whole job: a topic with known\n"
-"partitions, bytes or None for key and value, a batch with room, the producer's lock free.\n"
-"None means: take the Python path.");
-
-static PyObject *Appender_send(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "send() takes 6 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    PyObject *topic = args[0], *value = args[1], *key = args[2], *partition = args[3], *timestamp_arg = args[4],
-             *on_delivery = args[5];
+/* Append the record to its partition's open batch if that is the whole job: a topic with known
+   partitions, bytes or None for key and value, a batch with room, the producer's lock free. Returns
+   its future, or None (the Python path must take it), or NULL on error. */
+static PyObject *try_append(Appender *self, PyObject *topic, PyObject *value, PyObject *key, PyObject *partition,
+                            PyObject *timestamp_arg, PyObject *on_delivery) {
     if (!self->enabled || (key != Py_None && !PyBytes_CheckExact(key)) ||
         (value != Py_None && !PyBytes_CheckExact(value)) || !PyUnicode_CheckExact(topic)) {
         Py_RETURN_NONE;
@@ -1020,8 +1029,77 @@ static PyObject *Appender_send(Appender *self, PyObject *const *args, Py_ssize_t
     return future;
 }
 
+/* Python's argument rules for send(topic, value=None, key=None, *, partition=None, ...). */
+static int send_arguments(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject *out[ARG_COUNT]) {
+    for (int i = 0; i < ARG_COUNT; i++) {
+        out[i] = NULL;
+    }
+    if (nargs > POSITIONAL_ARGS) {
+        PyErr_Format(PyExc_TypeError, "send() takes at most %d positional arguments (topic, value, key), %zd given",
+                     POSITIONAL_ARGS, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        out[i] = args[i];
+    }
+    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t j = 0; j < keywords; j++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, j);
+        int found = -1;
+        for (int i = 0; i < ARG_COUNT && found < 0; i++) {
+            if (name == send_parameter_names[i] || PyUnicode_Compare(name, send_parameter_names[i]) == 0) {
+                found = i;
+            }
+        }
+        if (found < 0) {
+            PyErr_Format(PyExc_TypeError, "send() got an unexpected keyword argument '%U'", name);
+            return -1;
+        }
+        if (out[found] != NULL) {
+            PyErr_Format(PyExc_TypeError, "send() got multiple values for argument '%s'", send_parameters[found]);
+            return -1;
+        }
+        out[found] = args[nargs + j];
+    }
+    if (out[ARG_TOPIC] == NULL) {
+        PyErr_SetString(PyExc_TypeError, "send() missing required argument 'topic'");
+        return -1;
+    }
+    for (int i = 0; i < ARG_COUNT; i++) {
+        if (out[i] == NULL) {
+            out[i] = Py_None;
+        }
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(Appender_send_doc,
+"send(topic, value=None, key=None, *, partition=None, timestamp_ms=None, headers=None, on_delivery=None)\n\n"
+"Producer.send(): the record is appended here when that is the whole job; else slow_send(topic, value,\n"
+"key, partition, timestamp_ms, headers, on_delivery) takes it.");
+
+static PyObject *Appender_send(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *arg[ARG_COUNT];
+    if (send_arguments(args, nargs, kwnames, arg) < 0) {
+        return NULL;
+    }
+    int no_headers = arg[ARG_HEADERS] == Py_None ? 1 : PyObject_Not(arg[ARG_HEADERS]);
+    if (no_headers < 0) {
+        return NULL;
+    }
+    if (no_headers) {
+        PyObject *future = try_append(self, arg[ARG_TOPIC], arg[ARG_VALUE], arg[ARG_KEY], arg[ARG_PARTITION],
+                                      arg[ARG_TIMESTAMP], arg[ARG_ON_DELIVERY]);
+        if (future != Py_None) {
+            return future; /* or NULL: an error */
+        }
+        Py_DECREF(future);
+    }
+    return PyObject_Vectorcall(self->slow_send, arg, ARG_COUNT, NULL);
+}
+
 static PyMethodDef Appender_methods[] = {
-    {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL, Appender_send_doc},
+    {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL | METH_KEYWORDS, Appender_send_doc},
     {NULL},
 };
 
@@ -1037,8 +1115,8 @@ static PyMemberDef Appender_members[] = {
 static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "client_stub._fastpath.Appender",
-    .tp_doc = PyDoc_STR("Appender(lock, future_type, seal, sticky, murmur2_keys)\n\n"
-                        "The open batches of a producer and the common case of its send()."),
+    .tp_doc = PyDoc_STR("Appender(lock, future_type, seal, slow_send, sticky, murmur2_keys)\n\n"
+                        "The open batches of a producer, and its send()."),
     .tp_basicsize = sizeof(Appender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,

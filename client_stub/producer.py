@@ -242,9 +242,11 @@ class Producer:
         self._cond = threading.Condition(self._lock)
         # A new random source per process: forked workers must not all pick the same sticky partitions.
         self._partitioner = Partitioner(self._partitioner_name)
-        self._appender = Appender(self._lock, RecordFuture, self._seal_filled,
+        self._appender = Appender(self._lock, RecordFuture, self._seal_filled, self._send,
                                   None if self._partitioner_name == "random" else self._partitioner.sticky,
                                   self._partitioner_name == "murmur2_random")
+        # send() is the Appender's, in C: no Python frame per record (Producer.send documents it).
+        self.send = self._appender.send
         # (topic, partition) -> the open batch; shared with the C fast path, which appends to them.
         self._open: dict[tuple[str, int], OpenBatch] = self._appender.open
         self._welcome: dict[str, Any] | None = None
@@ -327,12 +329,10 @@ class Producer:
         and free memory, then raises SidecarUnavailableError, KafkaTimeoutError or
         BufferExhaustedError. RecordTooLargeError if the record exceeds max.request.size.
         """
-        if not headers:
-            # The common case, in C; None when it needs more than an append (see _send).
-            future = self._appender.send(topic, value, key, partition, timestamp_ms, on_delivery)
-            if future is not None:
-                return future
-        return self._send(topic, value, key, partition, timestamp_ms, headers, on_delivery)
+        # Instances call the Appender's send() directly (see _init_state); it appends the common case in
+        # C and hands the rest to _send.
+        return self._appender.send(topic, value, key, partition=partition, timestamp_ms=timestamp_ms,
+                                   headers=headers, on_delivery=on_delivery)
 
     def _send(self, topic: str, value: Any, key: Any, partition: int | None, timestamp_ms: int | None,
               headers: Sequence[tuple[str, Any]] | Mapping[str, Any] | None,

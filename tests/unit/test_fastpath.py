@@ -49,18 +49,29 @@ class Calls:
             raise RuntimeError(f"callback failed at offset {metadata.offset}")
 
 
+# What the fast path handed to the Python path (the Appender's slow_send), and what it answered.
+slow_sends: list[tuple] = []
+DECLINED = object()
+
+
+def slow_send(*args: object) -> object:
+    slow_sends.append(args)
+    return DECLINED
+
+
 def appender_with_batches(partitions: int, *,
                           capacity: int = 1024) -> tuple[_fastpath.Appender, threading.Lock, list[_fastpath.OpenBatch]]:
     """An enabled Appender (murmur2_random) for TOPIC with an open batch on every partition, and what its
     seal() got."""
     lock = threading.Lock()
+    slow_sends.clear()
     sealed: list[_fastpath.OpenBatch] = []
 
     def seal(batch: _fastpath.OpenBatch) -> None:
         assert lock.locked(), "seal() runs with the producer's lock held"
         sealed.append(batch)
 
-    appender = _fastpath.Appender(lock, RecordFuture, seal, {}, True)
+    appender = _fastpath.Appender(lock, RecordFuture, seal, slow_send, {}, True)
     appender.partition_counts[TOPIC] = partitions
     for partition in range(partitions):
         appender.open[(TOPIC, partition)] = new_batch(capacity, partition=partition)[0]
@@ -76,7 +87,8 @@ def python_futures(count: int, on_delivery: Callable | None = None) -> list[Reco
 def c_futures(count: int, on_delivery: Callable | None = None) -> list[RecordFuture]:
     """Futures as the C fast path of send() makes them (key of 3 bytes, null value)."""
     appender, _, _ = appender_with_batches(1, capacity=1 << 16)
-    futures = [appender.send(TOPIC, None, b"key", None, BASE_TS + n, on_delivery) for n in range(count)]
+    futures = [appender.send(TOPIC, None, b"key", timestamp_ms=BASE_TS + n, on_delivery=on_delivery)
+               for n in range(count)]
     assert all(type(f) is RecordFuture for f in futures)
     return futures
 
@@ -274,8 +286,8 @@ def test_keyed_records_go_where_kafka_puts_them() -> None:
     for partitions in (3, 12, 50):
         appender, _, _ = appender_with_batches(partitions)
         for key, expected in KAFKA_VECTORS.items():
-            future = appender.send(TOPIC, b"v", key, None, None, None)
-            assert future is not None
+            future = appender.send(TOPIC, b"v", key)
+            assert future is not DECLINED
             [(partition, batch)] = [(p, b) for (_, p), b in appender.open.items() if future in b.futures]
             assert partition == (expected & 0x7FFFFFFF) % partitions, (key, partitions)
         assert appender.outstanding == len(KAFKA_VECTORS)
@@ -285,7 +297,7 @@ def test_the_fast_path_appends_and_seals_a_full_batch() -> None:
     record = _fastpath.encode_record(0, 0, b"key", b"v" * 100, ())
     appender, _, sealed = appender_with_batches(1, capacity=len(record) * 3 + 10)
     batch = appender.open[(TOPIC, 0)]
-    futures = [appender.send(TOPIC, b"v" * 100, b"key", 0, BASE_TS + n, None) for n in range(3)]
+    futures = [appender.send(TOPIC, b"v" * 100, b"key", partition=0, timestamp_ms=BASE_TS + n) for n in range(3)]
     assert batch.futures == futures and batch.record_count == 3
     assert [f.timestamp_ms for f in futures] == [BASE_TS + n for n in range(3)]
     # The third left too little room for a fourth like it: sealed at once, with the producer's lock held.
@@ -293,27 +305,46 @@ def test_the_fast_path_appends_and_seals_a_full_batch() -> None:
 
 
 @pytest.mark.parametrize("case", ["disabled", "unknown-topic", "str-key", "bad-partition", "no-room", "locked",
-                                  "no-batch", "no-sticky-partition-yet"])
+                                  "no-batch", "no-sticky-partition-yet", "headers"])
 def test_the_fast_path_declines_and_leaves_everything_unchanged(case: str) -> None:
     appender, lock, sealed = appender_with_batches(2, capacity=64)
-    args = [TOPIC, b"value", b"key", None, None, None]
+    args = {"topic": TOPIC, "value": b"value", "key": b"key", "partition": None, "timestamp_ms": None,
+            "headers": None, "on_delivery": None}
     if case == "disabled":
         appender.enabled = False
     elif case == "unknown-topic":
-        args[0] = "other"
+        args["topic"] = "other"
     elif case == "str-key":
-        args[2] = "key"
+        args["key"] = "key"
     elif case == "bad-partition":
-        args[3] = 2
+        args["partition"] = 2
     elif case == "no-room":
-        args[1] = b"v" * 64
+        args["value"] = b"v" * 64
     elif case == "locked":
         lock.acquire()
     elif case == "no-batch":
         appender.open.clear()
     elif case == "no-sticky-partition-yet":
-        args[2] = None  # the Python path picks one
+        args["key"] = None  # the Python path picks one
+    elif case == "headers":
+        args["headers"] = [("h", b"v")]
     before = {key: (b.pos, b.record_count) for key, b in appender.open.items()}
-    assert appender.send(*args) is None
+    assert appender.send(**args) is DECLINED
+    assert slow_sends == [tuple(args.values())]
     assert {key: (b.pos, b.record_count) for key, b in appender.open.items()} == before
     assert appender.outstanding == 0 and sealed == []
+
+
+def test_send_takes_its_arguments_as_python_would() -> None:
+    appender, _, _ = appender_with_batches(1)
+    with pytest.raises(TypeError, match="missing required argument 'topic'"):
+        appender.send()
+    with pytest.raises(TypeError, match="at most 3 positional arguments"):
+        appender.send(TOPIC, b"v", b"k", 0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'partitions'"):
+        appender.send(TOPIC, partitions=0)
+    with pytest.raises(TypeError, match="multiple values for argument 'topic'"):
+        appender.send(TOPIC, topic=TOPIC)
+    future = appender.send(value=b"v", key=b"k", topic=TOPIC, partition=0)
+    assert type(future) is RecordFuture and future.key_size == 1 and future.value_size == 1
+    assert slow_sends == []
