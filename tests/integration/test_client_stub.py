@@ -111,23 +111,6 @@ def _send_in_child(producer: Producer, topic: str, child: int, queue) -> None:
     queue.put((child, os.getpid(), [f.result(60).offset for f in futures]))
 
 
-def _run_children(children: list[multiprocessing.Process], queue) -> list:
-    """Start the children, collect one result from each, and make sure none is left running."""
-    try:
-        for child in children:
-            child.start()
-        results = [queue.get(timeout=120) for _ in children]
-        for child in children:
-            child.join(30)
-            assert child.exitcode == 0
-        return results
-    finally:
-        for child in children:
-            if child.is_alive():
-                child.kill()
-                child.join()
-
-
 def test_producer_made_before_fork_works_in_four_children(broker, topic_factory, sidecar) -> None:
     topic = topic_factory(4)
     daemon = sidecar(broker.bootstrap)
@@ -135,7 +118,7 @@ def test_producer_made_before_fork_works_in_four_children(broker, topic_factory,
     producer.send(topic, b"parent-before").result(30)
     queue = FORK.Queue()
     children = [FORK.Process(target=_send_in_child, args=(producer, topic, c, queue)) for c in range(4)]
-    results = _run_children(children, queue)
+    results = workers.run_children(children, queue)
     assert sorted(c for c, _, _ in results) == [0, 1, 2, 3]
     assert all(offsets == sorted(offsets) and min(offsets) >= 0 for _, _, offsets in results)
     producer.send(topic, b"parent-after").result(30)
@@ -156,7 +139,7 @@ def test_records_the_parent_holds_at_fork_stay_the_parents(broker, topic_factory
         assert len(producer) == 100
         queue = FORK.Queue()
         children = [FORK.Process(target=_send_in_child, args=(producer, topic, c, queue)) for c in range(4)]
-        _run_children(children, queue)
+        workers.run_children(children, queue)
         assert len(producer) == 100 and not any(f.done() for f in held)
         assert producer.flush(30) == 0
         assert all(f.result().offset >= 0 for f in held)

@@ -18,14 +18,14 @@ from service.producer.batch import FinalState, ProducerBatch
 from service.producer.core import ProducerCore
 from service.protocol.messages import PRODUCE
 from service.protocol.record_batch import decode_batches
-from tests.integration.test_sender import (
+from tests.support.batches import Deliveries, SentRecord
+from tests.support.core import (
     JumpingClock,
     assert_delivered_once_in_order,
     assert_each_reported_and_released_once,
     make_core,
     run_until,
 )
-from tests.support.batches import Deliveries, SentRecord
 from tests.support.fake_broker import produce_response, record_count
 from tests.support.proxy import FaultProxy
 from tests.support.verifier import read_topic

@@ -7,74 +7,23 @@ to ProducerCore; what arrived is read back by the confluent-kafka verifier.
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
 from client_stub.errors import KafkaTimeoutError
-from service.config import ProducerConfig
-from service.network.client import monotonic_ms
 from service.producer.batch import FinalState
-from service.producer.core import ProducerCore
 from service.producer.transaction_manager import ProducerIdAndEpoch
 from tests.support.batches import Deliveries
-from tests.support.verifier import ConsumedRecord, read_topic
+from tests.support.core import (
+    JumpingClock,
+    assert_delivered_once_in_order,
+    assert_each_reported_and_released_once,
+    make_core,
+    run_until,
+)
+from tests.support.verifier import read_topic
 
 EXPIRY_MESSAGE = re.compile(r"Expiring (\d+) record\(s\) for (.+)-(\d+):(\d+) ms has passed since batch creation")
-
-
-class JumpingClock:
-    """The loop's clock: real time, plus the jumps the test makes, so timeouts need no waiting."""
-
-    def __init__(self) -> None:
-        self.offset = 0
-
-    def __call__(self) -> int:
-        return monotonic_ms() + self.offset
-
-    @property
-    def now(self) -> int:
-        return self()
-
-    def advance(self, ms: int) -> None:
-        self.offset += ms
-
-
-def make_core(bootstrap: str, clock=None, **settings: object) -> ProducerCore:
-    config = ProducerConfig({"bootstrap.servers": bootstrap, **{k.replace("_", "."): v for k, v in settings.items()}})
-    return ProducerCore(config) if clock is None else ProducerCore(config, clock=clock)
-
-
-def run_until(core: ProducerCore, condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the sender loop did not get there in time"
-        core.run_once(20)
-
-
-def assert_delivered_once_in_order(deliveries: Deliveries, consumed: list[ConsumedRecord],
-                                   check_offsets: bool = True) -> None:
-    by_partition: dict[int, list[ConsumedRecord]] = {}
-    for record in consumed:
-        by_partition.setdefault(record.partition, []).append(record)
-    for partition in deliveries.sent:
-        expected = deliveries.records_of(partition)
-        got = by_partition.pop(partition, [])
-        assert [r.value for r in got] == [r.value for r in expected], f"partition {partition}"
-        assert [r.key for r in got] == [r.key for r in expected]
-        assert [r.timestamp_ms for r in got] == [r.timestamp_ms for r in expected]
-        assert [tuple(r.headers) for r in got] == [r.headers for r in expected]
-        if check_offsets:
-            offsets = {r.value: r.offset for r in got}
-            for batch, records in deliveries.sent[partition]:
-                assert [offsets[r.value] for r in records] == \
-                    list(range(batch.base_offset, batch.base_offset + len(records)))
-    assert not by_partition, f"records in partitions nothing was sent to: {list(by_partition)}"
-
-
-def assert_each_reported_and_released_once(deliveries: Deliveries, batches: list) -> None:
-    assert sorted(deliveries.origins_reported().values()) == [1] * len(batches)
-    assert sorted(deliveries.releases.values()) == [1] * len(batches)
 
 
 @pytest.mark.parametrize("acks", ["all", "1", "0"])
@@ -150,7 +99,8 @@ def test_connection_cut_every_few_requests_loses_and_duplicates_nothing(proxied_
     proxy.cut_every(3, api_key=0)
     deliveries = Deliveries("cut")
     batches = deliveries.numbered(partitions=6, batches_per_partition=40, records_per_batch=50)
-    core = make_core(proxy.address, retry_backoff_ms=10)
+    # Batch by batch: coalesced, these batches would take too few requests for many cuts.
+    core = make_core(proxy.address, retry_backoff_ms=10, sidecar_coalesce_batches=False)
     for batch in batches:
         core.append(batch)
     assert core.flush(90_000)

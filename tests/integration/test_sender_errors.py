@@ -37,6 +37,7 @@ from service.protocol import messages as m
 from service.protocol.api import RequestHeader, encode_request
 from service.protocol.record_batch import RecordBatch, decode_batches
 from tests.support.batches import Deliveries, SentRecord
+from tests.support.core import JumpingClock, run_until
 from tests.support.fake_broker import CLOSE, FakeBroker, codec_api_versions, produce_response
 
 TOPIC = "orders"
@@ -74,19 +75,6 @@ def expired_after_ms(batch: ProducerBatch) -> int:
     return int(match[1])
 
 
-class JumpingClock:
-    """The loop's clock: real time, plus the jumps the test makes, so timeouts need no waiting."""
-
-    def __init__(self) -> None:
-        self.offset = 0
-
-    def __call__(self) -> int:
-        return monotonic_ms() + self.offset
-
-    def advance(self, ms: int) -> None:
-        self.offset += ms
-
-
 @pytest.fixture
 def make_core() -> Iterator[Callable[..., ProducerCore]]:
     """``make_core(*brokers, clock=None, **settings)``: a core bootstrapped from ``brokers``
@@ -107,13 +95,6 @@ def make_core() -> Iterator[Callable[..., ProducerCore]]:
     yield make
     for core in cores:
         core.close(0)
-
-
-def run_until(core: ProducerCore, condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the sender loop did not get there in time"
-        core.run_once(10)
 
 
 _values = itertools.count()
