@@ -604,6 +604,12 @@ class Producer:
         else:
             del self._unreported[key]
 
+    def _drop_sealed(self) -> None:
+        """Forget every sealed batch and count no record outstanding (lock held; the caller fails them)."""
+        self._sealed.clear()
+        self._unreported.clear()
+        self._appender.outstanding = 0
+
     def flush(self, timeout: float | None = None) -> int:
         """Seal everything and wait for the outcomes; returns how many records are still undelivered."""
         if self._pid != os.getpid():
@@ -644,9 +650,7 @@ class Producer:
         error = ProducerClosedError("the producer closed before the delivery of this record was confirmed")
         with self._lock:
             futures = [f for batch in self._sealed.values() for f in batch.futures]
-            self._sealed.clear()
-            self._unreported.clear()
-            self._appender.outstanding = 0
+            self._drop_sealed()
         _fail(futures, error)
 
     # -- messages to the daemon ------------------------------------------------------------------
@@ -882,13 +886,11 @@ class Producer:
         for batch in self._open.values():
             batch.release()
         self._open.clear()
-        self._sealed.clear()
-        self._unreported.clear()
+        self._drop_sealed()
         self._seal_notices.clear()
         self._spare.clear()
         self._requests.clear()
         self._spare_requested = False
-        self._appender.outstanding = 0
         self._welcome = None
         if self._segment is not None:
             self._segment.close()
