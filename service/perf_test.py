@@ -33,7 +33,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from client_stub.errors import ConfigError
+
 DeliveryCallback = Callable[[Any, Any], None]
+
+# The shortest wait of a throttled worker (Kafka's ThroughputThrottler.MIN_SLEEP_NS): it runs this far
+# ahead of the schedule, then sleeps until the schedule catches up.
+MIN_SLEEP_S = 0.002
 
 
 class Client(Protocol):
@@ -68,6 +74,16 @@ class Workload:
     # Records each process sends, and waits for, before the measured part (not counted): connections,
     # metadata and producer id are then in place, and the figures show the steady state.
     warmup_records: int = 0
+
+    def __post_init__(self) -> None:
+        problems = [f"{name} must be at least {least}, got {value}" for name, value, least in (
+            ("num_records", self.num_records, 1), ("record_size", self.record_size, 0),
+            ("processes", self.processes, 1), ("key_size", self.key_size, 0), ("key_count", self.key_count, 1))
+            if value < least]
+        if self.throughput == 0:
+            problems.append("throughput must be positive (records/s) or negative (as fast as possible), got 0")
+        if problems:
+            raise ConfigError("perf-test: " + "; ".join(problems))
 
 
 @dataclass
@@ -243,11 +259,13 @@ def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int,
         if now >= end:
             break
         if rate and n > rate * (now - start):
-            # Ahead of the target rate: wait until the schedule catches up (Kafka's ThroughputThrottler).
+            # Ahead of the target rate: once at least MIN_SLEEP_S ahead, wait until the schedule catches
+            # up, as Kafka's ThroughputThrottler does (not a sleep per record: at thousands of records
+            # per second the wake-ups alone would load the machine more than the producer does).
             delay = n / rate - (now - start)
-            if delay > 0:
+            if delay >= MIN_SLEEP_S:
                 sleep(delay)
-            now = clock()
+                now = clock()
         client.send(topic, keys[n % key_count], payload, delivered(now))
         client.poll()
         n += 1
@@ -391,7 +409,7 @@ def main(args: Any) -> int:
 
     settings = _settings(args.settings)
     workload = Workload(args.topic, args.num_records, args.record_size, args.processes, args.throughput,
-                        args.key_size, args.key_count, getattr(args, "duration", 0.0) or 0.0)
+                        args.key_size, args.key_count)
     daemon = None
     endpoint = args.endpoint
     with tempfile.TemporaryDirectory(prefix="kafka-sidecar-perf-") as workdir:
