@@ -698,8 +698,12 @@ class Producer:
                 # In whole milliseconds, rounded up: rounding down would spin until the deadline.
                 events = dict(poller.poll(max(math.ceil((wake_at - time.monotonic()) * 1000), 0)))
                 if wake_fd in events:
-                    self._wake_pending = False  # before the queues are read: a later wake-up must come
+                    # Drained before the flag is cleared, and both before the queues are read: a wake-up
+                    # written after the drain stays in the pipe; one skipped because the flag was still
+                    # set asked for what the queues are about to show. (Cleared first, a wake-up written
+                    # between the two was drained with the flag left set, and every later _wake() skipped.)
                     _drain(self._wake_r)
+                    self._wake_pending = False
                 if sock in events:
                     self._receive_all(sock)
                 if self._lost:
