@@ -202,13 +202,16 @@ class Monitor:
             # this process with its proxy thread): other load on the machine, i.e. noise.
             "background_cpu_s": round(max(machine - result.cpu_seconds - daemon - broker - parent, 0.0), 3),
             "wall_s": round(time.monotonic() - self._start["wall"], 3),
-            "pss_baseline_mb": round(self.baseline_kb / 1024, 2),
-            "pss_peak_mb": round(self.peak_kb / 1024, 2),
-            "memory_added_mb": round((self.peak_kb - self.baseline_kb) / 1024, 2),
-            # of which (at the peak) the daemon's PSS grew by this much; the rest is the producing processes'
-            "memory_added_daemon_mb": round((self.peak_daemon_kb - self.baseline_daemon_kb) / 1024, 2),
-            "memory_samples": self.samples,
         }
+        if self.samples:
+            figures.update({
+                "pss_baseline_mb": round(self.baseline_kb / 1024, 2),
+                "pss_peak_mb": round(self.peak_kb / 1024, 2),
+                "memory_added_mb": round((self.peak_kb - self.baseline_kb) / 1024, 2),
+                # of which (at the peak) the daemon's PSS grew this much; the rest is the producing processes'
+                "memory_added_daemon_mb": round((self.peak_daemon_kb - self.baseline_daemon_kb) / 1024, 2),
+                "memory_samples": self.samples,
+            })
         if self.port is not None:
             figures["connections_before"] = self.connections_before
             figures["connections_peak"] = self.connections_peak
@@ -325,10 +328,12 @@ def measure(case: Case, client: str, broker: Any, bootstrap: str, proxy: Any, du
             if verbose:
                 print(f"      {client:15} {line}", flush=True)
 
+        # Memory and connections are sampled in W3 only, where they are figures: reading a process's
+        # smaps_rollup walks its page tables, a disturbance the latency of W1 and W2 need not have.
+        tick = monitor.tick if case.workload == "W3" else None
         try:
             result = run(workload, ADAPTERS[client], options, progress_every_s=5.0, out=out, on_ready=monitor.ready,
-                         on_tick=monitor.tick, tick_every_s=TICK_S, ready_timeout_s=180.0,
-                         timeout_s=duration * 4 + 120)
+                         on_tick=tick, tick_every_s=TICK_S, ready_timeout_s=180.0, timeout_s=duration * 4 + 120)
         except BaseException:
             if daemon is not None and not daemon.is_running():
                 print(f"      the daemon exited; its log:\n{daemon.log_tail()}", file=sys.stderr)
