@@ -146,12 +146,18 @@ def established(port: int) -> int:
 
 
 class Monitor:
-    """What the parent samples around one perf_test.run: memory, connections, CPU."""
+    """What the parent samples around one perf_test.run: memory, connections, CPU.
 
-    def __init__(self, daemon_pid: int | None, broker_pid: int | None, port: int | None) -> None:
+    Memory and connections only with ``sampling`` (W3, where they are figures): reading a
+    process's smaps_rollup walks its page tables, a disturbance the latency of W1 and W2 need
+    not have. CPU is always measured, from counters read before and after.
+    """
+
+    def __init__(self, daemon_pid: int | None, broker_pid: int | None, port: int | None, sampling: bool) -> None:
         self.daemon_pid = daemon_pid
         self.broker_pid = broker_pid
         self.port = port
+        self.sampling = sampling
         self.pids: list[int] = []
         self.baseline_kb = 0
         self.peak_kb = 0
@@ -166,11 +172,12 @@ class Monitor:
     def ready(self, worker_pids: list[int]) -> None:
         """Every worker has its library loaded, no producer exists yet: the baseline."""
         self.pids = list(worker_pids) + ([self.daemon_pid] if self.daemon_pid else [])
-        sizes = [pss_kb(pid) for pid in self.pids]
-        self.baseline_kb = self.peak_kb = sum(sizes)
-        self.baseline_daemon_kb = self.peak_daemon_kb = sizes[-1] if self.daemon_pid else 0
-        if self.port is not None:
-            self.connections_before = self.connections_peak = established(self.port)
+        if self.sampling:
+            sizes = [pss_kb(pid) for pid in self.pids]
+            self.baseline_kb = self.peak_kb = sum(sizes)
+            self.baseline_daemon_kb = self.peak_daemon_kb = sizes[-1] if self.daemon_pid else 0
+            if self.port is not None:
+                self.connections_before = self.connections_peak = established(self.port)
         own = os.times()
         self._start = {"daemon": process_cpu_s(self.daemon_pid) if self.daemon_pid else 0.0,
                        "broker": process_cpu_s(self.broker_pid) if self.broker_pid else 0.0,
@@ -203,7 +210,7 @@ class Monitor:
             "background_cpu_s": round(max(machine - result.cpu_seconds - daemon - broker - parent, 0.0), 3),
             "wall_s": round(time.monotonic() - self._start["wall"], 3),
         }
-        if self.samples:
+        if self.sampling:
             figures.update({
                 "pss_baseline_mb": round(self.baseline_kb / 1024, 2),
                 "pss_peak_mb": round(self.peak_kb / 1024, 2),
@@ -212,7 +219,7 @@ class Monitor:
                 "memory_added_daemon_mb": round((self.peak_daemon_kb - self.baseline_daemon_kb) / 1024, 2),
                 "memory_samples": self.samples,
             })
-        if self.port is not None:
+        if self.sampling and self.port is not None:
             figures["connections_before"] = self.connections_before
             figures["connections_peak"] = self.connections_peak
         return figures
@@ -321,19 +328,17 @@ def measure(case: Case, client: str, broker: Any, bootstrap: str, proxy: Any, du
         workload = case.make_workload(topic, duration, warmup)
         broker_process = getattr(broker, "_process", None)
         monitor = Monitor(daemon.pid if daemon else None, broker_process.pid if broker_process else None,
-                          proxy.port if proxy is not None else None)
+                          proxy.port if proxy is not None else None, sampling=case.workload == "W3")
         produce_before = proxy.requests_forwarded.get(0, 0) if proxy is not None else 0
 
         def out(line: str) -> None:
             if verbose:
                 print(f"      {client:15} {line}", flush=True)
 
-        # Memory and connections are sampled in W3 only, where they are figures: reading a process's
-        # smaps_rollup walks its page tables, a disturbance the latency of W1 and W2 need not have.
-        tick = monitor.tick if case.workload == "W3" else None
         try:
             result = run(workload, ADAPTERS[client], options, progress_every_s=5.0, out=out, on_ready=monitor.ready,
-                         on_tick=tick, tick_every_s=TICK_S, ready_timeout_s=180.0, timeout_s=duration * 4 + 120)
+                         on_tick=monitor.tick if monitor.sampling else None, tick_every_s=TICK_S,
+                         ready_timeout_s=180.0, timeout_s=duration * 4 + 120)
         except BaseException:
             if daemon is not None and not daemon.is_running():
                 print(f"      the daemon exited; its log:\n{daemon.log_tail()}", file=sys.stderr)
