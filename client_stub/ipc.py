@@ -88,7 +88,9 @@ def default_endpoint() -> str:
 
 
 def pack(*message: Any) -> bytes:
-    return msgpack.packb(message, use_bin_type=True)
+    # msgpack's Packer starts with a 256 KiB buffer: a malloc() per message, which in the client's
+    # I/O thread takes pages of a malloc arena of its own. A small buffer is Python's (it grows as needed).
+    return msgpack.packb(message, use_bin_type=True, buf_size=256)
 
 
 def unpack(data: bytes) -> list[Any]:

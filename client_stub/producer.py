@@ -275,6 +275,7 @@ class Producer:
         self._io_thread: threading.Thread | None = None
         self._stopping = False
         self._context: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         self._wake_pending = False
@@ -283,7 +284,8 @@ class Producer:
     def _forget_parent(self) -> None:
         # In a forked child: the parent's sockets, threads, blocks and records are the
         # parent's. Drop them without closing anything the parent still uses.
-        self._abandoned = (self._context, self._wake_r, self._wake_w, self._segment, self._appender, self._sealed)
+        self._abandoned = (self._context, self._sock, self._wake_r, self._wake_w, self._segment, self._appender,
+                           self._sealed)
         self._init_state()
         self._pid = -1
 
@@ -299,7 +301,7 @@ class Producer:
             if self._pid > 0:
                 # Forked without the at-fork hooks (a C extension's fork): start afresh all the same.
                 self._forget_parent()
-            self._context = zmq.Context()
+            self._context, self._sock = self._connect()
             self._wake_r, self._wake_w = socket.socketpair()
             self._wake_r.setblocking(False)
             self._wake_w.setblocking(False)
@@ -307,6 +309,29 @@ class Producer:
             self._io_thread = threading.Thread(target=self._io_loop, name="kafka-sidecar-io", daemon=True)
             self._pid = os.getpid()
             self._io_thread.start()
+
+    def _connect(self) -> tuple[zmq.Context, zmq.Socket]:
+        """A context of this process and its socket to the daemon (which the I/O thread then uses alone).
+
+        Made here, not on the I/O thread: what ZeroMQ allocates for the socket (its pipes, ~50 KB)
+        then comes from the process's main malloc arena, which has room, rather than from a new arena
+        of the I/O thread's, pages that stay resident in every client process.
+        """
+        context = zmq.Context()
+        # One socket is all it holds: the default of 1023 would size the context's socket tables
+        # (~12 KB) for a thousand.
+        context.set(zmq.MAX_SOCKETS, 8)
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        try:
+            sock.connect(self.endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            context.term()
+            raise ValueError(f"cannot connect to the kafka-sidecar endpoint {self.endpoint!r}: {exc}") from None
+        return context, sock
 
     def __enter__(self) -> Producer:
         return self
@@ -673,13 +698,9 @@ class Producer:
     # -- the I/O thread --------------------------------------------------------------------------
 
     def _io_loop(self) -> None:
-        assert self._context is not None and self._wake_r is not None
+        assert self._context is not None and self._sock is not None and self._wake_r is not None
         self._io_ident = threading.get_ident()
-        sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 2000)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.connect(self.endpoint)
+        sock = self._sock
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         # zmq.Poller reports a plain socket by its file descriptor, not as the object registered.
@@ -944,9 +965,11 @@ class Producer:
 
 
 def _drain(sock: socket.socket) -> None:
-    # One read: a wake-up is one byte, and whatever is left wakes the next poll at once.
+    # One read: a wake-up is one byte, and whatever is left wakes the next poll at once. A small read
+    # comes from Python's object allocator; a page-sized one would be a malloc() in this thread's own
+    # arena, whose pages stay resident in every client process.
     try:
-        sock.recv(4096)
+        sock.recv(64)
     except BlockingIOError:
         pass
 

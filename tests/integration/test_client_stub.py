@@ -455,6 +455,14 @@ def test_no_daemon_raises_sidecar_unavailable_naming_the_endpoint(tmp_path) -> N
     producer.close(0)
 
 
+def test_a_malformed_endpoint_is_refused_at_the_first_send() -> None:
+    # Refused, not waited for: max_block_ms would be the wait for a daemon that is not there yet.
+    producer = Producer("ipc:/no-slashes", max_block_ms=60_000)
+    with pytest.raises(ValueError, match="ipc:/no-slashes"):
+        producer.send("t", b"v")
+    producer.close(0)
+
+
 def test_protocol_version_mismatch_is_refused_on_both_sides(broker, sidecar, monkeypatch) -> None:
     daemon = sidecar(broker.bootstrap)
     monkeypatch.setattr(ipc, "PROTOCOL_VERSION", 99)
