@@ -40,6 +40,8 @@ DeliveryCallback = Callable[[Any, Any], None]
 # The shortest wait of a throttled worker (Kafka's ThroughputThrottler.MIN_SLEEP_NS): it runs this far
 # ahead of the schedule, then sleeps until the schedule catches up.
 MIN_SLEEP_S = 0.002
+# The latencies a worker keeps, as Kafka's Stats (at most 500 000): past that, a uniform sample.
+LATENCY_SAMPLES = 500_000
 
 
 class Client(Protocol):
@@ -92,12 +94,14 @@ class Result:
     errors: int  # delivery reports with an error
     seconds: float  # the slowest process, from its first send() to its last delivery report
     record_size: int
-    latencies_ms: list[float]  # of the successful deliveries
+    latencies_ms: list[float]  # of the successful deliveries: all of them, or a uniform sample (LATENCY_SAMPLES)
     sent: int = 0  # records handed to send()
     cpu_seconds: float = 0.0  # user + system of the producing processes, from go to after close()
     worker_cpu_seconds: list[float] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
     startup_seconds: float = 0.0  # the slowest process, from go to its producer made and warm-up delivered
+    latency_sum_ms: float | None = None  # of every successful delivery (None: take the sample's)
+    latency_max_ms: float | None = None
 
     @property
     def records_per_s(self) -> float:
@@ -116,10 +120,12 @@ class Result:
     def summary(self) -> dict[str, float]:
         lat = self.latencies_ms
         ordered = sorted(lat)
+        total = self.latency_sum_ms if self.latency_sum_ms is not None else sum(lat)
+        most = self.latency_max_ms if self.latency_max_ms is not None else (ordered[-1] if lat else 0.0)
         return {"records": self.records, "errors": self.errors, "sent": self.sent, "seconds": round(self.seconds, 3),
                 "records_per_s": round(self.records_per_s, 1), "mb_per_s": round(self.mb_per_s, 3),
-                "latency_avg_ms": round(sum(lat) / len(lat), 3) if lat else 0.0,
-                "latency_max_ms": round(ordered[-1], 3) if lat else 0.0,
+                "latency_avg_ms": round(total / self.records, 3) if self.records else 0.0,
+                "latency_max_ms": round(most, 3),
                 "latency_p50_ms": round(self.percentile(0.50, ordered), 3),
                 "latency_p95_ms": round(self.percentile(0.95, ordered), 3),
                 "latency_p99_ms": round(self.percentile(0.99, ordered), 3),
@@ -132,6 +138,39 @@ class Result:
                 f"{s['latency_avg_ms']:.2f} ms avg latency, {s['latency_max_ms']:.2f} ms max latency, "
                 f"{s['latency_p50_ms']:.0f} ms 50th, {s['latency_p95_ms']:.0f} ms 95th, "
                 f"{s['latency_p99_ms']:.0f} ms 99th, {s['latency_p999_ms']:.0f} ms 99.9th.")
+
+
+class LatencySample:
+    """Latencies kept for the percentiles: every one while there is room, then a uniform sample of all.
+
+    Its array is allocated and filled at once, as Kafka's Stats allocates its int[] up
+    front: grown by append() instead, it would be reallocated over and over in whichever
+    thread runs the delivery callbacks, memory that would count as the producer's.
+    Past ``capacity`` it is a reservoir sample (Algorithm R): each latency seen is
+    kept with the same probability.
+    """
+
+    __slots__ = ("_values", "_capacity", "_randrange", "seen")
+
+    def __init__(self, capacity: int, rng: random.Random) -> None:
+        self._values = array.array("d", [0.0]) * capacity
+        self._capacity = capacity
+        self._randrange = rng.randrange
+        self.seen = 0
+
+    def add(self, latency: float) -> None:
+        seen = self.seen
+        self.seen = seen + 1
+        if seen < self._capacity:
+            self._values[seen] = latency
+        else:
+            slot = self._randrange(seen + 1)
+            if slot < self._capacity:
+                self._values[slot] = latency
+
+    def values(self) -> array.array:
+        """The latencies kept."""
+        return self._values[:min(self.seen, self._capacity)]
 
 
 class _Progress:
@@ -202,14 +241,15 @@ def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int,
     keys = [rng.randbytes(workload.key_size) for _ in range(workload.key_count)] if workload.key_size else [None]
     key_count = len(keys)
     payload = rng.randbytes(workload.record_size)
-    latencies = array.array("d")
+    # Made before the parent's memory baseline: the benchmark's own bookkeeping is not memory the producer adds.
+    latencies = LatencySample(min(count, LATENCY_SAMPLES), rng)
+    record_latency = latencies.add
     errors = [0]
     rate = workload.throughput / workload.processes if workload.throughput > 0 else 0.0
     clock = time.perf_counter
     acked = progress.acked
     lat_sum = progress.latency_sum
     lat_max = progress.latency_max
-    record_latency = latencies.append
 
     def delivered(started: float) -> DeliveryCallback:
         def callback(err: Any, _metadata: Any) -> None:
@@ -218,10 +258,10 @@ def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int,
                 errors[0] += 1
             else:
                 record_latency(latency)
+                lat_sum[index] += latency
+                if latency > lat_max[index]:
+                    lat_max[index] = latency
             acked[index] += 1
-            lat_sum[index] += latency
-            if latency > lat_max[index]:
-                lat_max[index] = latency
         return callback
 
     events.put(("ready", index, os.getpid()))
@@ -278,7 +318,8 @@ def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int,
     seconds = clock() - start
     client.close()
     cpu = _cpu_seconds() - cpu_start
-    events.put(("result", index, n, len(latencies), errors[0], seconds, cpu, latencies.tobytes(), startup))
+    events.put(("result", index, n, latencies.seen, errors[0], seconds, cpu, latencies.values().tobytes(), startup,
+                lat_sum[index], lat_max[index]))
 
 
 def run(workload: Workload, adapter: str = "service.perf_test:make_sidecar_client",
@@ -290,8 +331,8 @@ def run(workload: Workload, adapter: str = "service.perf_test:make_sidecar_clien
 
     ``on_ready(pids)`` runs once every worker has loaded its client library and before
     any makes its producer; ``on_tick()`` runs about every ``tick_every_s`` seconds while
-    they send. ``timeout_s`` bounds the run after go (None: no bound). Workers that are
-    still alive when this returns or raises are terminated.
+    they all send (until the first has finished). ``timeout_s`` bounds the run after go
+    (None: no bound). Workers that are still alive when this returns or raises are terminated.
     """
     context = multiprocessing.get_context("spawn")
     progress = _Progress(context, workload.processes)
@@ -330,13 +371,16 @@ def run(workload: Workload, adapter: str = "service.perf_test:make_sidecar_clien
             if now > end:
                 raise TimeoutError(f"perf-test run not finished after {timeout_s}s "
                                    f"({len(finished)} of {len(workers)} workers done)")
-            wait = min(next_progress, next_tick if on_tick is not None else math.inf, end) - now
+            # Ticks while every worker sends: one that has finished is sending its result (a copy of its
+            # latencies), which is the benchmark's memory, not the producer's.
+            ticking = on_tick is not None and not finished
+            wait = min(next_progress, next_tick if ticking else math.inf, end) - now
             event = _next_event(events, workers, max(wait, 0.0))
             if event is not None:
                 finished.append(event)
                 continue
             now = time.perf_counter()
-            if on_tick is not None and now >= next_tick:
+            if ticking and now >= next_tick:
                 on_tick()
                 next_tick = now + tick_every_s
             if now >= next_progress:
@@ -363,7 +407,8 @@ def run(workload: Workload, adapter: str = "service.perf_test:make_sidecar_clien
                   seconds=max(e[5] for e in finished), record_size=workload.record_size, latencies_ms=latencies,
                   sent=sum(e[2] for e in finished), cpu_seconds=sum(e[6] for e in finished),
                   worker_cpu_seconds=[e[6] for e in finished], pids=pids,  # type: ignore[arg-type]
-                  startup_seconds=max(e[8] for e in finished))
+                  startup_seconds=max(e[8] for e in finished), latency_sum_ms=sum(e[9] for e in finished),
+                  latency_max_ms=max(e[10] for e in finished))
 
 
 def _next_event(events: Any, workers: list[Any], timeout: float) -> tuple[Any, ...] | None:
