@@ -122,11 +122,18 @@ def process_cpu_s(pid: int) -> float:
 
 
 def machine_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
+    """CPU seconds the whole machine spent busy (all cores), from /proc/stat; steal time included."""
     with open("/proc/stat") as f:
         fields = [int(v) for v in f.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle, iowait
     return (sum(fields[:8]) - idle) / CLOCK_TICKS  # guest time is already in user
+
+
+def machine_steal_s() -> float:
+    """CPU seconds the hypervisor gave to others while this virtual machine wanted them (all cores)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    return int(fields[7]) / CLOCK_TICKS if len(fields) > 7 else 0.0
 
 
 def established(port: int) -> int:
@@ -181,7 +188,8 @@ class Monitor:
         own = os.times()
         self._start = {"daemon": process_cpu_s(self.daemon_pid) if self.daemon_pid else 0.0,
                        "broker": process_cpu_s(self.broker_pid) if self.broker_pid else 0.0,
-                       "self": own.user + own.system, "machine": machine_busy_s(), "wall": time.monotonic()}
+                       "self": own.user + own.system, "machine": machine_busy_s(), "steal": machine_steal_s(),
+                       "wall": time.monotonic()}
 
     def tick(self) -> None:
         self.samples += 1
@@ -198,6 +206,7 @@ class Monitor:
         broker = (process_cpu_s(self.broker_pid) - self._start["broker"]) if self.broker_pid else 0.0
         parent = own.user + own.system - self._start["self"]
         machine = machine_busy_s() - self._start["machine"]
+        steal = machine_steal_s() - self._start["steal"]
         figures = {
             "cpu_s_workers": round(result.cpu_seconds, 3),
             "cpu_s_daemon": round(daemon, 3),
@@ -206,8 +215,10 @@ class Monitor:
             else 0.0,
             "broker_cpu_s": round(broker, 3),
             # Busy CPU time of the machine during the run that was none of ours (workers, daemon, broker,
-            # this process with its proxy thread): other load on the machine, i.e. noise.
-            "background_cpu_s": round(max(machine - result.cpu_seconds - daemon - broker - parent, 0.0), 3),
+            # this process with its proxy thread) nor stolen: other load on the machine, i.e. noise.
+            "background_cpu_s": round(max(machine - steal - result.cpu_seconds - daemon - broker - parent, 0.0), 3),
+            # Time the hypervisor took from this machine's cores during the run: noise from outside.
+            "steal_cpu_s": round(steal, 3),
             "wall_s": round(time.monotonic() - self._start["wall"], 3),
         }
         if self.sampling:
@@ -726,6 +737,8 @@ def _brief(case: Case, f: dict[str, Any]) -> str:
         line += f", {f['errors']} DELIVERY ERRORS"
     if f["background_cpu_s"] > 0.05 * f["wall_s"] * (os.cpu_count() or 1):
         line += f" (background load: {f['background_cpu_s']:.1f} CPU s)"
+    if f.get("steal_cpu_s", 0.0) > 0.05 * f["wall_s"] * (os.cpu_count() or 1):
+        line += f" (stolen by the hypervisor: {f['steal_cpu_s']:.1f} CPU s)"
     return line
 
 
