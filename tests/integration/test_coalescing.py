@@ -149,11 +149,8 @@ def test_coalesced_batches_behind_a_silent_broker_expire_with_their_parts_once(p
     tansu.create_topic("silent", 2)
     clock = JumpingClock()
     deliveries = Deliveries("silent")
-    core = make_core(proxy.address, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000)
-    warm_up = one_record_batches(deliveries, 2, 1, b"warm-up")
-    for batch in warm_up:
-        core.append(batch)
-    assert core.flush(30_000)
+    core, warm_up = warmed_up_core(proxy, deliveries, 2, clock=clock, delivery_timeout_ms=60_000,
+                                   request_timeout_ms=30_000)
 
     proxy.blackhole()
     # Batches of about 5 KiB: a few to a coalesced batch, more than five requests carry. Made 35 s

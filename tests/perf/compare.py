@@ -121,19 +121,14 @@ def process_cpu_s(pid: int) -> float:
         return 0.0
 
 
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (all cores), from /proc/stat; steal time included."""
+def machine_cpu_s() -> tuple[float, float]:
+    """CPU seconds of the whole machine (all cores), from /proc/stat: busy (steal included), and stolen
+    (time the hypervisor gave to others while this virtual machine wanted it)."""
     with open("/proc/stat") as f:
         fields = [int(v) for v in f.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle, iowait
-    return (sum(fields[:8]) - idle) / CLOCK_TICKS  # guest time is already in user
-
-
-def machine_steal_s() -> float:
-    """CPU seconds the hypervisor gave to others while this virtual machine wanted them (all cores)."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()[1:]
-    return int(fields[7]) / CLOCK_TICKS if len(fields) > 7 else 0.0
+    steal = fields[7] if len(fields) > 7 else 0
+    return (sum(fields[:8]) - idle) / CLOCK_TICKS, steal / CLOCK_TICKS  # guest time is already in user
 
 
 def established(port: int) -> int:
@@ -186,10 +181,10 @@ class Monitor:
             if self.port is not None:
                 self.connections_before = self.connections_peak = established(self.port)
         own = os.times()
+        machine, steal = machine_cpu_s()
         self._start = {"daemon": process_cpu_s(self.daemon_pid) if self.daemon_pid else 0.0,
                        "broker": process_cpu_s(self.broker_pid) if self.broker_pid else 0.0,
-                       "self": own.user + own.system, "machine": machine_busy_s(), "steal": machine_steal_s(),
-                       "wall": time.monotonic()}
+                       "self": own.user + own.system, "machine": machine, "steal": steal, "wall": time.monotonic()}
 
     def tick(self) -> None:
         self.samples += 1
@@ -205,8 +200,9 @@ class Monitor:
         daemon = (process_cpu_s(self.daemon_pid) - self._start["daemon"]) if self.daemon_pid else 0.0
         broker = (process_cpu_s(self.broker_pid) - self._start["broker"]) if self.broker_pid else 0.0
         parent = own.user + own.system - self._start["self"]
-        machine = machine_busy_s() - self._start["machine"]
-        steal = machine_steal_s() - self._start["steal"]
+        machine, steal = machine_cpu_s()
+        machine -= self._start["machine"]
+        steal -= self._start["steal"]
         figures = {
             "cpu_s_workers": round(result.cpu_seconds, 3),
             "cpu_s_daemon": round(daemon, 3),
@@ -246,9 +242,9 @@ def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.25) -> float:
     deadline = time.monotonic() + max_wait_s
     said = False
     while True:
-        own_before, busy_before, start = os.times(), machine_busy_s(), time.monotonic()
+        own_before, (busy_before, _), start = os.times(), machine_cpu_s(), time.monotonic()
         time.sleep(1.0)
-        own_after, busy_after = os.times(), machine_busy_s()
+        own_after, (busy_after, _) = os.times(), machine_cpu_s()
         own = own_after.user + own_after.system - own_before.user - own_before.system
         busy = max(busy_after - busy_before - own, 0.0) / (time.monotonic() - start)
         if busy <= threshold_cores or time.monotonic() >= deadline:
@@ -737,7 +733,7 @@ def _brief(case: Case, f: dict[str, Any]) -> str:
         line += f", {f['errors']} DELIVERY ERRORS"
     if f["background_cpu_s"] > 0.05 * f["wall_s"] * (os.cpu_count() or 1):
         line += f" (background load: {f['background_cpu_s']:.1f} CPU s)"
-    if f.get("steal_cpu_s", 0.0) > 0.05 * f["wall_s"] * (os.cpu_count() or 1):
+    if f["steal_cpu_s"] > 0.05 * f["wall_s"] * (os.cpu_count() or 1):
         line += f" (stolen by the hypervisor: {f['steal_cpu_s']:.1f} CPU s)"
     return line
 
