@@ -63,11 +63,14 @@ _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
 # The batch header the daemon writes around a block's records (counted against max.request.size).
 _BATCH_OVERHEAD = 61
-# Sealed batches of a partition awaiting their reports beyond which its open batch is not sealed at
-# linger_ms: it keeps filling until full (or flush), as a Java batch that is ready but not yet drained
-# does. Without it, many clients each sealing a batch every linger_ms queue more batches per partition
-# than the daemon can send (one per partition per request), and the queue only grows.
-_SEALED_PER_PARTITION = 1
+# Reports are slow when they take this many linger_ms (smoothed, or the oldest awaited one so far).
+# The daemon or the broker is then behind, and a partition's open batch is not sealed at linger_ms
+# while its previous sealed batch awaits its report: it keeps filling until full (or flush), as a
+# Java batch that is ready but not yet drained does. Without that, many clients each sealing a batch
+# every linger_ms queue more batches per partition than the daemon can send (one per partition per
+# request), and the queue only grows. While reports come back quickly, holding a batch would only
+# add the previous one's round trip to the latency of its records.
+_SLOW_REPORT_LINGERS = 2
 
 Serializer = Callable[[Any], "bytes | None"]
 DeliveryCallback = Callable[["KafkaError | None", "RecordMetadata | None"], None]
@@ -260,6 +263,9 @@ class Producer:
         self._sealed: dict[int, OpenBatch] = {}
         # Per (topic, partition): how many of the sealed batches await their reports.
         self._unreported: dict[tuple[str, int], int] = {}
+        # Seal to report, smoothed; and whether reports were slow when the I/O thread last looked.
+        self._report_time_s = 0.0
+        self._holding = False
         self._topics: dict[str, _Topic] = {}
         self._requests: dict[int, _BlockRequest] = {}
         self._outbox: deque[bytes] = deque()
@@ -470,8 +476,8 @@ class Producer:
                           self._segment.blocks(blocks[0], len(blocks)), timestamp_ms, time.monotonic())
         self._next_batch_id += 1
         self._open[key] = batch
-        if (batch.created + self._linger_s < self._io_wakes_at
-                and self._unreported.get(key, 0) < _SEALED_PER_PARTITION):
+        if (self._linger_deadline(batch.created) < self._io_wakes_at
+                and not (self._holding and key in self._unreported)):
             self._wake()  # the I/O thread must wake sooner than it planned, for this batch's linger
         return batch
 
@@ -778,22 +784,38 @@ class Producer:
         Sealing the younger batches too is what the Java producer does in effect (a
         ready node takes the first batch of each of its partitions, lingered or not),
         and it puts them all in one SEAL message, one wake-up of the I/O thread.
-        Batches of partitions with _SEALED_PER_PARTITION batches awaiting reports
-        stay open: a report wakes the I/O thread, which looks again then.
+        While reports are slow, batches of partitions with a batch awaiting its
+        report stay open: a report wakes the I/O thread, which looks again then.
         """
         now = time.monotonic()
         with self._lock:
-            unreported = self._unreported
-            due = [b for key, b in self._open.items() if unreported.get(key, 0) < _SEALED_PER_PARTITION]
+            self._holding = self._reports_slow(now)
+            if self._holding:
+                unreported = self._unreported
+                due = [b for key, b in self._open.items() if key not in unreported]
+            else:
+                due = list(self._open.values())
             oldest = min((b.created for b in due), default=None)
-            if oldest is not None and oldest + self._linger_s <= now:
+            if oldest is not None and self._linger_deadline(oldest) <= now:
                 for batch in due:
                     self._seal(batch)
                 oldest = None
-            next_due = now + 1.0 if oldest is None else oldest + self._linger_s
+            next_due = now + 1.0 if oldest is None else self._linger_deadline(oldest)
             self._io_wakes_at = next_due
             self._queue_seal_notices()
         return next_due
+
+    def _linger_deadline(self, created: float) -> float:
+        """When a batch opened at ``created`` has lingered: linger_ms later on a clock of whole
+        milliseconds, as the Java producer counts a batch's waited time."""
+        return math.floor(created * 1000) / 1000 + self._linger_s
+
+    def _reports_slow(self, now: float) -> bool:
+        """Whether reports take _SLOW_REPORT_LINGERS x linger_ms, lately or the oldest awaited (lock held)."""
+        # Sealed batches are kept in the order they were sealed: the first one waited longest.
+        oldest = next(iter(self._sealed.values()), None)
+        waited = now - oldest.sealed if oldest is not None else 0.0
+        return max(self._report_time_s, waited) >= _SLOW_REPORT_LINGERS * self._linger_s
 
     def _queue_seal_notices(self) -> None:
         """Move the waiting seal notices to the outbox as one SEAL message (lock held)."""
@@ -934,6 +956,7 @@ class Producer:
     def _deliver(self, reports: list[list[Any]]) -> None:
         # Only the bookkeeping holds the lock: send() must not wait while futures complete.
         reported = []
+        now = time.monotonic()
         with self._lock:
             for batch_id, first, count, base_offset, log_append_time, error_wire in reports:
                 batch = self._sealed.get(batch_id)
@@ -943,6 +966,8 @@ class Producer:
                 batch.reported += count
                 if batch.reported >= batch.record_count:
                     self._forget_sealed(batch)
+                    # Smoothed as TCP smooths its round-trip time (RFC 6298): one slow report is not slow reports.
+                    self._report_time_s += (now - batch.sealed - self._report_time_s) / 8
                 reported.append((batch, first, count, base_offset, log_append_time, error_wire))
         try:
             for batch, first, count, base_offset, log_append_time, error_wire in reported:

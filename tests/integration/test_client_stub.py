@@ -222,8 +222,9 @@ def test_exhausted_pool_raises_after_max_block_ms_and_recovers(proxied_broker, s
 
 
 def test_a_slow_broker_makes_batches_bigger_not_more_numerous(proxied_broker, sidecar) -> None:
-    # As in the Java producer, a batch that has lingered but cannot be sent yet keeps filling: a
-    # client does not seal a batch every linger_ms while the partition's previous one awaits its report.
+    # As in the Java producer, a batch that has lingered but cannot be sent yet keeps filling: while
+    # reports are slow (here 600 ms, linger.ms 5), a client does not seal a batch every linger_ms
+    # while the partition's previous one awaits its report.
     tansu, proxy = proxied_broker
     tansu.create_topic("slow", 1)
     daemon = sidecar(proxy.address, settings={"linger.ms": 5})
@@ -241,6 +242,26 @@ def test_a_slow_broker_makes_batches_bigger_not_more_numerous(proxied_broker, si
     assert produce_requests <= 20, f"{produce_requests} produce requests for 200 records"
     values = [r.value for r in read_topic(proxy.address, "slow", expected=201)]
     assert values == [b"warm"] + [b"%d" % n for n in range(200)]
+
+
+def test_a_partition_pipelines_its_batches_while_reports_come_back_in_time(proxied_broker, sidecar) -> None:
+    # A produce round trip of 1 s, between linger_ms and twice that: the daemon and the broker keep up,
+    # and the next batch of the partition goes at linger_ms, while the previous one awaits its
+    # response. (Held for the previous batch's report, it would wait about 200 ms longer, and one
+    # produce request would be outstanding at a time.)
+    tansu, proxy = proxied_broker
+    tansu.create_topic("quick", 1)
+    daemon = sidecar(proxy.address, settings={"linger.ms": 600})
+    with Producer(daemon.endpoint) as producer:
+        producer.send("quick", b"warm").result(30)
+        proxy.delay(500)
+        first = producer.send("quick", b"first")
+        time.sleep(0.8)  # its batch was sealed at 600 ms; the response comes back at about 1600 ms
+        second = producer.send("quick", b"second")  # a new batch, lingered by 1400 ms
+        offsets = [first.result(30).offset, second.result(30).offset]
+    assert offsets == [1, 2]
+    assert proxy.most_produce_requests_outstanding == 2
+    assert [r.value for r in read_topic(proxy.address, "quick", expected=3)] == [b"warm", b"first", b"second"]
 
 
 class HostileSession:

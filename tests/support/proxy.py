@@ -27,6 +27,7 @@ from typing import Self
 _SIZE = struct.Struct(">i")  # every Kafka frame starts with its length
 _REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 _CORRELATION_ID = struct.Struct(">i")  # the first field of every response header
+_PRODUCE = 0  # the api key of Produce requests
 _RECV_SIZE = 256 * 1024
 _CALL_TIMEOUT = 5.0
 
@@ -300,12 +301,20 @@ class FaultProxy(_SelectorServer):
         self._drop_api_key = 0
         self._requests_forwarded: Counter[int] = Counter()
         self._responses_dropped = 0
+        self._most_produce_outstanding = 0
 
     @property
     def requests_forwarded(self) -> dict[int, int]:
         """Requests handed to the broker since start, by api key."""
         with self._lock:
             return dict(self._requests_forwarded)
+
+    @property
+    def most_produce_requests_outstanding(self) -> int:
+        """The most Produce requests one connection had at once that had reached the proxy and whose
+        responses had not been passed back yet (a client pipelining its requests has more than one)."""
+        with self._lock:
+            return self._most_produce_outstanding
 
     @property
     def responses_dropped(self) -> int:
@@ -425,6 +434,9 @@ class FaultProxy(_SelectorServer):
         """Release the frames that are due, write what can be written, finish closings."""
         now = time.monotonic()
         for link in list(self._links):
+            outstanding = (sum(1 for _, frame in link.requests if _api_key(frame) == _PRODUCE)
+                           + sum(1 for _, api_key in link.in_flight if api_key == _PRODUCE))
+            self._most_produce_outstanding = max(self._most_produce_outstanding, outstanding)
             try:
                 while not link.closing and link.requests and self._due(link.requests, now):
                     self._forward_request(link, link.requests.popleft()[1])
@@ -525,6 +537,13 @@ def _split_frames(buffer: bytearray) -> list[bytes]:
         start = end
     del buffer[:start]
     return frames
+
+
+def _api_key(frame: bytes) -> int | None:
+    """The api key of a request frame (None if it is too short to have one)."""
+    if len(frame) < _SIZE.size + _REQUEST_HEADER.size:
+        return None
+    return _REQUEST_HEADER.unpack_from(frame, _SIZE.size)[0]
 
 
 def _match_request(in_flight: deque[tuple[int, int]], correlation_id: int) -> int | None:
