@@ -272,7 +272,7 @@ class NetworkClient:
         request.send_ms = now
         buffers = encode_request(request.body, version, request.correlation_id, self.client_id)
         request.size = sum(len(b) if not isinstance(b, memoryview) else b.nbytes for b in buffers)
-        self.selector.send(node_id, buffers, tag=request)
+        self.selector.send(node_id, buffers, tag=request, wakes=not request.expect_response)
         self.in_flight.add(request)
 
     # -- the poll --------------------------------------------------------------------------------

@@ -84,6 +84,9 @@ class _Send:
     tag: Any
     buffers: list[memoryview]
     remaining: int
+    # Whether its completion ends the poll's wait: the caller acts on it, or (once it has had
+    # to wait for the socket) more requests may be waiting for the connection.
+    wakes: bool
     first: int = 0  # buffers[first:] are still to be written, buffers[first] maybe in part
 
 
@@ -129,6 +132,7 @@ class Selector:
         self.completed_receives: list[tuple[int, bytes]] = []
         self.disconnected: dict[int, str] = {}
         self.external_ready: list[Any] = []
+        self._completion_wakes = False
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -226,10 +230,12 @@ class Selector:
 
     # -- sending -------------------------------------------------------------------------------
 
-    def send(self, node_id: int, buffers: list[Buffer], tag: Any = None) -> None:
+    def send(self, node_id: int, buffers: list[Buffer], tag: Any = None, *, wakes: bool = True) -> None:
         """Queue ``buffers`` (one size-prefixed request) on the connection to ``node_id``.
 
-        One send at a time per connection: the previous must have completed.
+        One send at a time per connection: the previous must have completed. ``wakes=False``
+        says the caller need not act on its completion (a request whose response will come):
+        if it completes at once, the poll still waits.
         """
         channel = self._channels.get(node_id)
         if channel is None or not channel.connected:
@@ -237,7 +243,7 @@ class Selector:
         if channel.send is not None:
             raise ValueError(f"node {node_id} still has a send in progress")
         views = [memoryview(b).cast("B") for b in buffers if len(b)]
-        channel.send = _Send(tag, views, sum(v.nbytes for v in views))
+        channel.send = _Send(tag, views, sum(v.nbytes for v in views), wakes)
 
     def _write(self, channel: KafkaChannel) -> None:
         send = channel.send
@@ -247,6 +253,7 @@ class Selector:
             try:
                 written = channel.transport.send(buffers[send.first:send.first + _MAX_IOV])
             except _WOULD_BLOCK:
+                send.wakes = True
                 return
             except OSError as exc:
                 self._fail(channel, f"send failed: {exc}")
@@ -262,6 +269,7 @@ class Selector:
                     written = 0
         channel.send = None
         self.completed_sends.append((channel.node_id, send.tag))
+        self._completion_wakes = self._completion_wakes or send.wakes
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -356,12 +364,13 @@ class Selector:
         self.completed_receives = []
         self.disconnected = {}
         self.external_ready = []
+        self._completion_wakes = False
         # Write what can be written now: most sends complete without waiting for POLLOUT.
         for channel in list(self._channels.values()):
             if channel.connected and channel.send is not None:
                 self._write(channel)
         self._update_interest()
-        if self.completed_sends or self.disconnected:
+        if self._completion_wakes or self.disconnected:
             timeout_ms = 0
         events = self._poller.poll(max(int(timeout_ms), 0))
         for sock, event in events:

@@ -69,6 +69,9 @@ class RecordAccumulator:
         self._muted: set[TopicPartition] = set()
         # Per node, the partition the next drain starts at: where the last one stopped.
         self._drain_start: dict[int, TopicPartition] = {}
+        # Whether the last drain left batches behind on a partition it drained from, or stopped
+        # at a full request: more may go to the same nodes at once.
+        self.drain_left_batches = False
         # Every batch appended and not final yet, queued or in flight: what flush waits for.
         self.incomplete: set[ProducerBatch] = set()
         self._flushes_in_progress = 0
@@ -213,6 +216,7 @@ class RecordAccumulator:
                 if leader is not None:
                     by_leader.setdefault(leader.id, []).append(tp)
         drained: dict[int, list[ProducerBatch]] = {}
+        self.drain_left_batches = False
         for node in nodes:
             batches = self._drain_node(by_leader.get(node.id, []), node.id, max_size, now)
             if batches:
@@ -244,10 +248,12 @@ class RecordAccumulator:
             if ready and size + batch.size_in_bytes > max_size:
                 # The first partition that did not fit goes first next time.
                 self._drain_start[node_id] = tp
+                self.drain_left_batches = True
                 break
             if tm is not None and tm.should_stop_drain(batch):
                 continue
             queue.popleft()
+            self.drain_left_batches = self.drain_left_batches or bool(queue)
             self._backoffs.pop(batch, None)
             batch.coalescible = False
             if tm is not None and not batch.has_sequence:

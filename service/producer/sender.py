@@ -149,8 +149,11 @@ class Sender:
         self._expire(now)
         poll_timeout = min(result.next_ready_check_delay_ms, not_ready_timeout,
                            self.accumulator.next_batch_expiry_ms - now, self._next_in_flight_expiry_ms - now)
-        if drained:
-            # More may be drainable at once: one batch per partition goes per request.
+        if self.accumulator.drain_left_batches and not self.guarantee_message_order:
+            # More may go at once: one batch per partition goes per request, and a request is full at
+            # max.request.size; with one request in flight per connection, nothing more goes before its
+            # response. (Java polls at once after any drain; here an iteration costs more than the
+            # ready check that would find nothing.)
             poll_timeout = 0
         for node_id, batches in drained.items():
             # A batch that expired as it was drained is final and its buffer is gone: it stays home.

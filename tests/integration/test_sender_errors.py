@@ -859,6 +859,29 @@ def test_an_old_batch_in_flight_behind_a_younger_one_expires_on_time(fake_broker
     assert deliveries.releases[old.origin] == deliveries.releases[young.origin] == 1
 
 
+@pytest.mark.parametrize(("max_in_flight", "queued", "more_at_once"), [(5, 2, True), (5, 1, False), (1, 2, False)])
+def test_the_loop_goes_round_at_once_only_while_more_can_be_sent(fake_broker, make_core, max_in_flight: int,
+                                                                   queued: int, more_at_once: bool) -> None:
+    broker = fake_broker(1, topics={TOPIC: 2})
+    core = make_core(broker, max_in_flight_requests_per_connection=max_in_flight)
+    deliveries = Deliveries(TOPIC)
+    warm_up(core, deliveries)
+    broker.pause()  # the requests stay in flight
+    for batch in new_batches(deliveries, batches=queued):
+        core.append(batch)
+
+    # One batch of a partition goes per request: a second one queued can follow at once, unless the
+    # first request takes the only place in flight. Otherwise the loop sleeps until a response comes.
+    wait_ms = core.sender.send_producer_data(core.clock())
+    assert (wait_ms == 0) is more_at_once
+    for _ in range(3):
+        core.run_once(0)
+    assert core.client.in_flight_request_count(1) == (2 if more_at_once else 1)
+    broker.resume()
+    assert core.flush(5000)
+    assert sorted(deliveries.origins_reported().values()) == [1] * (queued + 1)
+
+
 def test_an_unreachable_broker_holds_back_only_its_own_partitions(fake_broker, make_core) -> None:
     one = fake_broker(1, topics={TOPIC: 2})
     # Broker 2 leads partition 1 and is down: nothing listens on its port.

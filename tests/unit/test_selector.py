@@ -342,6 +342,28 @@ def test_one_send_at_a_time(selector: Selector, peer: socket.socket, listener: s
         selector.send(2, [b"\0\0\0\0"])  # connect not complete yet
 
 
+@pytest.mark.parametrize("wakes", [True, False])
+def test_a_completed_send_ends_the_wait_only_if_it_wakes(selector: Selector, peer: socket.socket,
+                                                         wakes: bool) -> None:
+    """A request whose response will come (wakes=False) lets the poll sleep on until it does."""
+    request = frame(b"request")
+
+    def answer() -> None:
+        receive_exactly(peer, len(request))
+        time.sleep(0.5)  # so that a poll the completed send ends cannot see the response
+        peer.sendall(frame(b"response"))
+
+    broker = threading.Thread(target=answer)
+    broker.start()
+    try:
+        selector.send(NODE, [request], tag="request", wakes=wakes)
+        selector.poll(10_000)
+    finally:
+        broker.join()
+    assert selector.completed_sends == [(NODE, "request")]
+    assert selector.completed_receives == ([] if wakes else [(NODE, b"response")])
+
+
 def test_partial_writes_complete_intact(listener: socket.socket) -> None:
     selector = Selector(send_buffer_bytes=32768)
     try:
