@@ -269,7 +269,7 @@ class Selector:
                     written = 0
         channel.send = None
         self.completed_sends.append((channel.node_id, send.tag))
-        self._completion_wakes = self._completion_wakes or send.wakes
+        self._completion_wakes |= send.wakes
 
     # -- receiving -----------------------------------------------------------------------------
 

@@ -253,7 +253,8 @@ class RecordAccumulator:
             if tm is not None and tm.should_stop_drain(batch):
                 continue
             queue.popleft()
-            self.drain_left_batches = self.drain_left_batches or bool(queue)
+            if queue:
+                self.drain_left_batches = True
             self._backoffs.pop(batch, None)
             batch.coalescible = False
             if tm is not None and not batch.has_sequence:
