@@ -79,7 +79,9 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("enable.idempotence", _to_bool, True),
     ConfigKey("compression.type", str, "none", choices=tuple(c.setting for c in CompressionType)),
     ConfigKey("compression.gzip.level", int, -1, -1, 9),
-    ConfigKey("compression.lz4.level", int, 9, *LEVEL_RANGES[CompressionType.LZ4]),
+    ConfigKey("compression.lz4.level", int, 9, *LEVEL_RANGES[CompressionType.LZ4],
+              doc="9, the default, compresses with LZ4's fast compressor and any other level with LZ4 HC, "
+                  "as Kafka's producer does"),
     ConfigKey("compression.zstd.level", int, 3, *LEVEL_RANGES[CompressionType.ZSTD]),
     ConfigKey("metadata.max.age.ms", int, 300000, 0, LONG_MAX),
     ConfigKey("allow.auto.create.topics", _to_bool, True,

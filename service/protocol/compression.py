@@ -44,7 +44,7 @@ class CompressionType(enum.IntEnum):
         return self.name.lower()
 
 
-# Kafka's defaults (KIP-390): gzip 6 (Deflater.DEFAULT), lz4 9, zstd 3.
+# Kafka's defaults (KIP-390): gzip 6 (Deflater.DEFAULT), lz4 9 (which means LZ4's fast compressor), zstd 3.
 DEFAULT_LEVELS = {CompressionType.GZIP: 6, CompressionType.LZ4: 9, CompressionType.ZSTD: 3}
 LEVEL_RANGES = {CompressionType.GZIP: (1, 9), CompressionType.LZ4: (1, 17),
                 CompressionType.ZSTD: (-131072, 22)}
@@ -62,6 +62,10 @@ def compress(codec: CompressionType, data: Buffer, level: int | None = None) -> 
     if codec is CompressionType.SNAPPY:
         return bytes(cramjam.snappy.compress_raw(data))
     if codec is CompressionType.LZ4:
+        # Kafka's Lz4BlockOutputStream takes LZ4's fast compressor at the default level and LZ4 HC at
+        # any other; lz4.frame's level 0 is the fast compressor.
+        if level == DEFAULT_LEVELS[CompressionType.LZ4]:
+            level = 0
         return lz4.frame.compress(data, compression_level=level, block_size=lz4.frame.BLOCKSIZE_MAX64KB,
                                   block_linked=False, content_checksum=False, store_size=False)
     if codec is CompressionType.ZSTD:

@@ -225,6 +225,20 @@ def test_lz4_frame_layout() -> None:
     assert blocks >= 2
 
 
+def test_lz4_default_level_is_the_fast_compressor_and_other_levels_lz4_hc() -> None:
+    # Kafka's Lz4BlockOutputStream: fastCompressor() at the default level 9, highCompressor(level) at others.
+    records, _ = make_records(300)
+    frame = {"block_size": lz4.frame.BLOCKSIZE_MAX64KB, "block_linked": False, "content_checksum": False,
+             "store_size": False}
+    fast = lz4.frame.compress(bytes(records), compression_level=0, **frame)
+    assert compress(CompressionType.LZ4, records) == fast
+    assert compress(CompressionType.LZ4, records, 9) == fast
+    hc = compress(CompressionType.LZ4, records, 10)
+    assert hc == lz4.frame.compress(bytes(records), compression_level=10, **frame)
+    assert len(hc) < len(fast)
+    assert lz4.frame.decompress(hc) == lz4.frame.decompress(fast) == bytes(records)
+
+
 def test_snappy_is_raw_snappy() -> None:
     records, _ = make_records(20)
     payload = compress(CompressionType.SNAPPY, memoryview(records))
