@@ -40,7 +40,7 @@ DeliveryCallback = Callable[[Any, Any], None]
 # The shortest wait of a throttled worker (Kafka's ThroughputThrottler.MIN_SLEEP_NS): it runs this far
 # ahead of the schedule, then sleeps until the schedule catches up.
 MIN_SLEEP_S = 0.002
-# The latencies a worker keeps, as Kafka's Stats (at most 500 000): past that, a uniform sample.
+# The latencies a worker keeps, as Kafka's Stats (at most 500 000): past that, an even sample.
 LATENCY_SAMPLES = 500_000
 
 
@@ -94,7 +94,7 @@ class Result:
     errors: int  # delivery reports with an error
     seconds: float  # the slowest process, from its first send() to its last delivery report
     record_size: int
-    latencies_ms: list[float]  # of the successful deliveries: all of them, or a uniform sample (LATENCY_SAMPLES)
+    latencies_ms: list[float]  # of the successful deliveries: all of them, or an even sample (LATENCY_SAMPLES)
     sent: int = 0  # records handed to send()
     cpu_seconds: float = 0.0  # user + system of the producing processes, from go to after close()
     worker_cpu_seconds: list[float] = field(default_factory=list)
@@ -141,21 +141,27 @@ class Result:
 
 
 class LatencySample:
-    """Latencies kept for the percentiles: every one while there is room, then a uniform sample of all.
+    """Latencies kept for the percentiles: every one while there is room, then an even sample of all.
 
     Its array is allocated and filled at once, as Kafka's Stats allocates its int[] up
     front: grown by append() instead, it would be reallocated over and over in whichever
     thread runs the delivery callbacks, memory that would count as the producer's.
-    Past ``capacity`` it is a reservoir sample (Algorithm R): each latency seen is
-    kept with the same probability.
+    Kafka's Stats keeps every n-th latency, n chosen from the record count; here the count
+    is not known in advance (a run by duration), so n doubles whenever the array is full:
+    every other latency kept is dropped, and from then on every other one is kept
+    (``next_kept``). The latencies passed over cost a comparison each.
     """
 
-    __slots__ = ("array", "capacity", "_randrange", "seen")
+    __slots__ = ("array", "capacity", "stride", "next_kept", "_kept", "seen")
 
-    def __init__(self, capacity: int, rng: random.Random) -> None:
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"a LatencySample keeps at least one latency, not {capacity}")
         self.array = array.array("d", [0.0]) * capacity
         self.capacity = capacity
-        self._randrange = rng.randrange
+        self.stride = 1
+        self.next_kept = capacity
+        self._kept = capacity
         self.seen = 0
 
     def add(self, latency: float) -> None:
@@ -163,14 +169,29 @@ class LatencySample:
         self.seen = seen + 1
         if seen < self.capacity:
             self.array[seen] = latency
-        else:
-            slot = self._randrange(seen + 1)
-            if slot < self.capacity:
-                self.array[slot] = latency
+        elif seen == self.next_kept:
+            self.keep(latency)
+
+    def keep(self, latency: float) -> None:
+        """Keep the latency of record ``next_kept``, one past the capacity (the caller counted it seen)."""
+        kept = self._kept
+        if kept == self.capacity:
+            # Full: every other latency kept goes, and the grid of records kept is twice as wide.
+            half = self.array[::2]
+            self.array[:len(half)] = half
+            kept = len(half)
+            self.stride *= 2
+            if kept * self.stride != self.next_kept:  # this record is not on the new grid
+                self._kept = kept
+                self.next_kept = kept * self.stride
+                return
+        self.array[kept] = latency
+        self._kept = kept + 1
+        self.next_kept = (kept + 1) * self.stride
 
     def values(self) -> array.array:
         """The latencies kept."""
-        return self.array[:min(self.seen, self.capacity)]
+        return self.array[:min(self.seen, self.capacity) if self.stride == 1 else self._kept]
 
 
 class _Progress:
@@ -242,7 +263,7 @@ def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int,
     key_count = len(keys)
     payload = rng.randbytes(workload.record_size)
     # Made before the parent's memory baseline: the benchmark's own bookkeeping is not memory the producer adds.
-    latencies = LatencySample(min(count, LATENCY_SAMPLES), rng)
+    latencies = LatencySample(max(min(count, LATENCY_SAMPLES), 1))
     kept, capacity = latencies.array, latencies.capacity
     errors = [0]
     rate = workload.throughput / workload.processes if workload.throughput > 0 else 0.0
@@ -260,11 +281,11 @@ def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int,
                 # While there is room, add() inlined: a Python call per record would slow every client
                 # down, the fastest most.
                 seen = latencies.seen
+                latencies.seen = seen + 1
                 if seen < capacity:
                     kept[seen] = latency
-                    latencies.seen = seen + 1
-                else:
-                    latencies.add(latency)
+                elif seen == latencies.next_kept:
+                    latencies.keep(latency)
                 lat_sum[index] += latency
                 if latency > lat_max[index]:
                     lat_max[index] = latency
