@@ -174,20 +174,17 @@ class LatencySample:
 
     def keep(self, latency: float) -> None:
         """Keep the latency of record ``next_kept``, one past the capacity (the caller counted it seen)."""
-        kept = self._kept
-        if kept == self.capacity:
+        if self._kept == self.capacity:
             # Full: every other latency kept goes, and the grid of records kept is twice as wide.
             half = self.array[::2]
             self.array[:len(half)] = half
-            kept = len(half)
+            self._kept = len(half)
             self.stride *= 2
-            if kept * self.stride != self.next_kept:  # this record is not on the new grid
-                self._kept = kept
-                self.next_kept = kept * self.stride
-                return
-        self.array[kept] = latency
-        self._kept = kept + 1
-        self.next_kept = (kept + 1) * self.stride
+        if self.next_kept == self._kept * self.stride:  # off the grid only right after thinning
+            self.array[self._kept] = latency
+            self._kept += 1
+        # Always _kept x stride: kept as an attribute for the delivery callback's one comparison.
+        self.next_kept = self._kept * self.stride
 
     def values(self) -> array.array:
         """The latencies kept."""
@@ -278,8 +275,8 @@ def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int,
             if err is not None:
                 errors[0] += 1
             else:
-                # While there is room, add() inlined: a Python call per record would slow every client
-                # down, the fastest most.
+                # add() inlined (past the capacity, keep() is called for one record in ``stride``): a Python
+                # call per record would slow every client down, the fastest most.
                 seen = latencies.seen
                 latencies.seen = seen + 1
                 if seen < capacity:
