@@ -502,16 +502,17 @@ class Producer:
             return None
         request_id = self._request_blocks(count, contiguous=True)
         request = self._requests[request_id]
+        failed = f"Failed to allocate {count} consecutive blocks for a large record within {self.max_block_ms} ms"
         try:
             self._wait(deadline, lambda: request.blocks is None and request.error is None,
-                       lambda: BufferExhaustedError(f"Failed to allocate {count} consecutive blocks for a large "
-                                                    f"record within {self.max_block_ms} ms."))
+                       lambda: BufferExhaustedError(failed + "."))
         except KafkaError:
             request.error = "abandoned"  # a late grant goes back to the daemon
             raise
         del self._requests[request_id]
         if request.error is not None:
-            raise BufferExhaustedError(request.error)
+            # The daemon waits max.block.ms too, and its refusal may come first: the same error either way.
+            raise BufferExhaustedError(f"{failed}: {request.error}")
         return request.blocks
 
     def _maybe_request_spare(self) -> None:
