@@ -271,8 +271,11 @@ class RecordAccumulator:
         """Put one batch in place of the small ones at the head of ``queue``, if two fit; the head batch."""
         # A batch at its delivery timeout expires as it is drained: younger ones must not go with it.
         timeout = self.delivery_timeout_ms
-        candidates = list(itertools.takewhile(lambda b: not b.has_reached_delivery_timeout(timeout, now),
-                                              itertools.islice(queue, self._COALESCE_CANDIDATES)))
+        # Lazily: coalesce() stops at the first batch that does not fit, and behind a backlog of full
+        # batches that is the second one. Listed, every drain would look at all the candidates of every
+        # partition: the daemon's hottest loop when the pool is full.
+        candidates = itertools.takewhile(lambda b: not b.has_reached_delivery_timeout(timeout, now),
+                                         itertools.islice(queue, self._COALESCE_CANDIDATES))
         combined, taken = ProducerBatch.coalesce(candidates, max_records_bytes)
         if combined is None:
             return queue[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from client_stub.errors import KafkaError
@@ -95,7 +95,7 @@ class ProducerBatch:
         self.coalescible = True
 
     @classmethod
-    def coalesce(cls, batches: list[ProducerBatch], max_records_bytes: int) -> tuple[ProducerBatch | None, int]:
+    def coalesce(cls, batches: Iterable[ProducerBatch], max_records_bytes: int) -> tuple[ProducerBatch | None, int]:
         """One batch holding the records of the first of ``batches`` that fit in ``max_records_bytes``.
 
         Returns it (None if fewer than two fit) and how many batches it took. The records
