@@ -191,7 +191,8 @@ class LatencySample:
 
     def values(self) -> array.array:
         """The latencies kept."""
-        return self.array[:min(self.seen, self.capacity) if self.stride == 1 else self._kept]
+        # Before the first thinning _kept is the capacity; after it, fewer than seen.
+        return self.array[:min(self.seen, self._kept)]
 
 
 class _Progress:
