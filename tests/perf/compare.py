@@ -99,16 +99,30 @@ def cases(only: set[str], w3_processes: int, w3_rate: float) -> list[Case]:
 
 # -- /proc --------------------------------------------------------------------------------------
 
-def pss_kb(pid: int) -> int:
-    """Proportional set size of ``pid`` in KiB (0 if it is gone)."""
+# smaps_rollup's PSS, in total and split into anonymous memory, file pages (code and other mapped
+# files) and shared memory (the BufferPool).
+PSS_FIELDS = {"Pss": "total", "Pss_Anon": "anon", "Pss_File": "file", "Pss_Shmem": "shmem"}
+
+
+def pss_kb(pid: int) -> dict[str, int]:
+    """Proportional set size of ``pid`` in KiB, in total and by kind (zeros if it is gone)."""
+    sizes = dict.fromkeys(PSS_FIELDS.values(), 0)
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
+                name, _, rest = line.partition(":")
+                kind = PSS_FIELDS.get(name)
+                if kind is not None:
+                    sizes[kind] = int(rest.split()[0])
+    except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return sizes
+
+
+def pss_total_kb(pids: list[int]) -> tuple[dict[str, int], int]:
+    """The PSS of ``pids`` summed by kind, and the last one's total (the daemon's, when it is one)."""
+    sizes = [pss_kb(pid) for pid in pids]
+    return {kind: sum(size[kind] for size in sizes) for kind in PSS_FIELDS.values()}, sizes[-1]["total"]
 
 
 def process_cpu_s(pid: int) -> float:
@@ -161,8 +175,8 @@ class Monitor:
         self.port = port
         self.sampling = sampling
         self.pids: list[int] = []
-        self.baseline_kb = 0
-        self.peak_kb = 0
+        self.baseline: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
         self.baseline_daemon_kb = 0
         self.peak_daemon_kb = 0
         self.connections_before = 0
@@ -175,9 +189,9 @@ class Monitor:
         """Every worker has its library loaded, no producer exists yet: the baseline."""
         self.pids = list(worker_pids) + ([self.daemon_pid] if self.daemon_pid else [])
         if self.sampling:
-            sizes = [pss_kb(pid) for pid in self.pids]
-            self.baseline_kb = self.peak_kb = sum(sizes)
-            self.baseline_daemon_kb = self.peak_daemon_kb = sizes[-1] if self.daemon_pid else 0
+            self.baseline, last = pss_total_kb(self.pids)
+            self.peak = self.baseline
+            self.baseline_daemon_kb = self.peak_daemon_kb = last if self.daemon_pid else 0
             if self.port is not None:
                 self.connections_before = self.connections_peak = established(self.port)
         own = os.times()
@@ -188,10 +202,10 @@ class Monitor:
 
     def tick(self) -> None:
         self.samples += 1
-        sizes = [pss_kb(pid) for pid in self.pids]
-        if sum(sizes) > self.peak_kb:
-            self.peak_kb = sum(sizes)
-            self.peak_daemon_kb = sizes[-1] if self.daemon_pid else 0
+        sizes, last = pss_total_kb(self.pids)
+        if sizes["total"] > self.peak["total"]:
+            self.peak = sizes
+            self.peak_daemon_kb = last if self.daemon_pid else 0
         if self.port is not None:
             self.connections_peak = max(self.connections_peak, established(self.port))
 
@@ -219,9 +233,13 @@ class Monitor:
         }
         if self.sampling:
             figures.update({
-                "pss_baseline_mb": round(self.baseline_kb / 1024, 2),
-                "pss_peak_mb": round(self.peak_kb / 1024, 2),
-                "memory_added_mb": round((self.peak_kb - self.baseline_kb) / 1024, 2),
+                "pss_baseline_mb": round(self.baseline["total"] / 1024, 2),
+                "pss_peak_mb": round(self.peak["total"] / 1024, 2),
+                "memory_added_mb": round((self.peak["total"] - self.baseline["total"]) / 1024, 2),
+                # The same growth by kind: file pages are mostly shared library code, which the host may
+                # drop from memory while unused and which comes back as the producers run.
+                **{f"memory_added_{kind}_mb": round((self.peak[kind] - self.baseline[kind]) / 1024, 2)
+                   for kind in ("anon", "file", "shmem")},
                 # of which (at the peak) the daemon's PSS grew this much; the rest is the producing processes'
                 "memory_added_daemon_mb": round((self.peak_daemon_kb - self.baseline_daemon_kb) / 1024, 2),
                 "memory_samples": self.samples,
