@@ -175,8 +175,7 @@ class Monitor:
         self.port = port
         self.sampling = sampling
         self.pids: list[int] = []
-        self.baseline: dict[str, int] = {}
-        self.peak: dict[str, int] = {}
+        self.baseline = self.peak = dict.fromkeys(PSS_FIELDS.values(), 0)
         self.baseline_daemon_kb = 0
         self.peak_daemon_kb = 0
         self.connections_before = 0
