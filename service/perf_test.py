@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from client_stub.errors import ConfigError
 
 DeliveryCallback = Callable[[Any, Any], None]
 
@@ -88,6 +87,10 @@ class Workload:
         if self.throughput == 0:
             problems.append("throughput must be positive (records/s) or negative (as fast as possible), got 0")
         if problems:
+            # Imported here: the workers of confluent-kafka and kafka-python import this module, and
+            # client_stub's package loads pyzmq and msgpack, which are not their libraries.
+            from client_stub.errors import ConfigError
+
             raise ConfigError("perf-test: " + "; ".join(problems))
 
 
