@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-
 DeliveryCallback = Callable[[Any, Any], None]
 
 # The shortest wait of a throttled worker (Kafka's ThroughputThrottler.MIN_SLEEP_NS): it runs this far
