@@ -23,7 +23,9 @@ Daemon -> client::
     [GRANT_FAILED, request_id, message]                   the request waited longer than its timeout,
                                                           or was refused (after an ERROR)
     [DELIVERY, [[batch_id, first_record, record_count, base_offset, log_append_time_ms, error], ...]]
-    [TOPIC, topic, partition_count, available_partitions, error]
+    [TOPIC, topic, partition_count, available_partitions, error]   error: the topic's last error in
+                                                          metadata; a retriable one (the topic is
+                                                          unknown) leaves the client waiting
     [SEAL_NOW]                                            the pool is exhausted: seal what you hold
     [ERROR, code, message]                                the last message was refused; code is one
                                                           of the ERROR_* strings below

@@ -587,12 +587,15 @@ class Producer:
             info = self._topics[topic]
 
             def waiting() -> bool:
-                if info.error is not None:
+                if info.error is not None and not info.error.retriable:
                     raise info.error
                 return not info.partition_count
 
-            self._wait(deadline, waiting, lambda: KafkaTimeoutError(
-                f"Topic {topic} not present in metadata after {self.max_block_ms} ms."))
+            def timed_out() -> KafkaTimeoutError:
+                cause = f" (the cluster answers {info.error.name})" if info.error is not None else ""
+                return KafkaTimeoutError(f"Topic {topic} not present in metadata after {self.max_block_ms} ms{cause}.")
+
+            self._wait(deadline, waiting, timed_out)
             return info
 
     # -- sealing ---------------------------------------------------------------------------------
@@ -867,7 +870,7 @@ class Producer:
                 info.partition_count = count
                 info.available = tuple(available)
                 info.error = ipc.error_from_wire(error)
-                if count and info.error is None:
+                if count and (info.error is None or info.error.retriable):
                     self._appender.partition_counts[topic] = count
                 else:
                     self._appender.partition_counts.pop(topic, None)

@@ -435,7 +435,9 @@ class SidecarFront:
         count = cluster.partition_count(topic)
         error = None
         code = cluster.topic_errors.get(topic)
-        if code is not None and not error_code(code).retriable:
+        if code is not None:
+            # A retriable error (UNKNOWN_TOPIC_OR_PARTITION) keeps the client waiting, and names the cause
+            # if the wait times out; a final one fails its send() at once.
             row = error_code(code)
             error = ipc.error_to_wire(row.exception(f"topic {topic}: {row.name}", code=code, name=row.name))
         state = (count, tuple(cluster.available_partitions(topic)), error)

@@ -24,6 +24,7 @@ _PEER_MARKERS = {
     "topic_factory": "broker",
     "mock_cluster": "mock_cluster",
     "proxied_broker": "broker",
+    "spark": "spark",
 }
 
 
@@ -117,3 +118,18 @@ def fake_broker() -> Iterator[Callable[..., FakeBroker]]:
             return stack.enter_context(FakeBroker(node_id, **kwargs))
 
         yield make_broker
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local[2] SparkSession for the whole run (each new one costs 5-10 s), on loopback."""
+    pytest.importorskip("pyspark", reason="the Spark sink needs the spark extra")
+    from client_stub import spark as sidecar_spark
+    from tests.support.spark import local_session
+
+    session = local_session()
+    sidecar_spark.register(session)
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -8,6 +8,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 deploy/install-build-tools.sh  # a C compiler and Python's headers, for the client's C extension
+deploy/install-java.sh         # Java, for Spark
 
 if [[ -z "${VIRTUAL_ENV:-}" ]]; then
     if [[ ! -x .venv/bin/python ]]; then
@@ -18,6 +19,6 @@ if [[ -z "${VIRTUAL_ENV:-}" ]]; then
 fi
 
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet -e ".[dev,embedded]"
+python -m pip install --quiet -e ".[dev,quickstart]"
 
 exec python -m pytest "$@"

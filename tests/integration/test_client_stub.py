@@ -30,7 +30,7 @@ from client_stub.records import encode_record
 from client_stub.shm import FREE, OWNED, Segment
 from tests.support import workers
 from tests.support.sidecar import SidecarProcess
-from tests.support.verifier import ConsumedRecord, read_topic
+from service.readback import ConsumedRecord, read_topic
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")

@@ -28,7 +28,7 @@ from tests.support.core import (
 )
 from tests.support.fake_broker import produce_response, record_count
 from tests.support.proxy import FaultProxy
-from tests.support.verifier import read_topic
+from service.readback import read_topic
 
 MESSAGE_TOO_LARGE = 10
 

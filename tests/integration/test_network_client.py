@@ -24,7 +24,7 @@ from service.protocol.record_batch import build_batch
 from tests.support.broker import TansuBroker
 from tests.support.mock_cluster import MockCluster
 from tests.support.proxy import SilentListener
-from tests.support.verifier import read_topic
+from service.readback import read_topic
 
 
 class Clock:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from service.perf_test import Workload, run
-from tests.support.verifier import read_topic
+from service.readback import read_topic
 
 # Kafka's kafka-producer-perf-test summary line.
 SUMMARY = re.compile(

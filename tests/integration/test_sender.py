@@ -21,7 +21,7 @@ from tests.support.core import (
     make_core,
     run_until,
 )
-from tests.support.verifier import read_topic
+from service.readback import read_topic
 
 EXPIRY_MESSAGE = re.compile(r"Expiring (\d+) record\(s\) for (.+)-(\d+):(\d+) ms has passed since batch creation")
 

@@ -17,7 +17,7 @@ from confluent_kafka import Message as KafkaMessage
 from tests.support.broker import TansuBroker
 from tests.support.mock_cluster import MockCluster
 from tests.support.proxy import FaultProxy, SilentListener
-from tests.support.verifier import ReadTimeout, read_topic
+from service.readback import ReadTimeout, read_topic
 
 API_VERSIONS = 18
 PRODUCE = 0

@@ -9,7 +9,7 @@ from service.config import ProducerConfig
 from service.network.client import monotonic_ms
 from service.producer.core import ProducerCore
 from tests.support.batches import Deliveries
-from tests.support.verifier import ConsumedRecord
+from service.readback import ConsumedRecord
 
 
 class JumpingClock:

@@ -919,7 +919,7 @@ def test_topic_pushed_when_metadata_knows_it(env: Env) -> None:
     assert other.recv() == [ipc.TOPIC, "t", 3, [0, 1, 2], None]
 
 
-def test_topic_error_pushed_when_final(env: Env) -> None:
+def test_topic_errors_pushed_final_and_retriable(env: Env) -> None:
     client = env.client()
     client.hello()
     client.send(ipc.METADATA, "secret")
@@ -931,7 +931,12 @@ def test_topic_error_pushed_when_final(env: Env) -> None:
     assert (kind, topic, count, available) == (ipc.TOPIC, "secret", None, [])
     failure = ipc.error_from_wire(error)
     assert isinstance(failure, errors.AuthorizationError) and failure.name == "TOPIC_AUTHORIZATION_FAILED"
-    assert client.quiet()  # UNKNOWN_TOPIC_OR_PARTITION is retriable: the client keeps waiting
+    # UNKNOWN_TOPIC_OR_PARTITION is retriable: the client keeps waiting, and can name it if it times out.
+    kind, topic, count, available, error = client.recv()
+    assert (kind, topic, count, available) == (ipc.TOPIC, "coming", None, [])
+    failure = ipc.error_from_wire(error)
+    assert failure.retriable and failure.name == "UNKNOWN_TOPIC_OR_PARTITION"
+    assert client.quiet()
 
 
 def test_metadata_of_a_bad_topic_is_refused(env: Env) -> None:

@@ -1,4 +1,8 @@
-"""Read a topic back with librdkafka, an independent Kafka implementation, checking CRCs."""
+"""Read a topic back with librdkafka, an independent Kafka implementation, checking CRCs.
+
+The quickstart checks what it published with it, and the tests everything they produce.
+Needs confluent-kafka (the `quickstart` and `dev` extras).
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,128 @@
+"""The ``kafka-sidecar`` Python data source (pyspark.sql.datasource, Spark 4.1+): a batch and streaming sink.
+
+Spark builds the DataSource and its writer on the driver, pickles them and runs
+``write()`` in every task on the executors, with the task's rows as Arrow record
+batches; each task sends its rows through the sidecar of its node and returns a
+commit message with its totals once Kafka has confirmed every record. The driver
+logs the totals at commit, and what was aborted at abort.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from ..errors import ConfigError
+from .options import SinkOptions, parse_options
+from .schema import Columns, check_schema
+from .task import Origin, WriteTotals, write_batches
+
+log = logging.getLogger("client_stub.spark")
+# Commit and abort run in a Python process that Spark starts for them, where no application configures
+# logging: the totals are the job's record, so this logger says INFO unless told otherwise. Spark's
+# spark.sql.pyspark.worker.logging.enabled sends them to the python_worker_logs() table.
+if log.level == logging.NOTSET:
+    log.setLevel(logging.INFO)
+
+NAME = "kafka-sidecar"
+# Where Spark keeps a streaming query's id and micro-batch id among a task's local properties.
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarCommitMessage(WriterCommitMessage):
+    """What a task that succeeded tells the driver: its Spark partition and its totals."""
+
+    partition: int
+    totals: WriteTotals
+
+
+class KafkaSidecarDataSource(DataSource):
+    """``df.write.format("kafka-sidecar")`` and ``df.writeStream.format("kafka-sidecar")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def writer(self, schema: StructType, overwrite: bool) -> KafkaSidecarWriter:
+        if overwrite:
+            raise ConfigError('The kafka-sidecar sink appends records to Kafka topics and cannot overwrite them: '
+                              'use .mode("append").')
+        options, columns = _checked(self.options, schema)
+        # One id for the whole job, made at planning: a retried task carries the same one.
+        return KafkaSidecarWriter(options, columns, uuid.uuid4().hex)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaSidecarStreamWriter:
+        options, columns = _checked(self.options, schema)
+        return KafkaSidecarStreamWriter(options, columns)
+
+
+def _checked(options: dict[str, str], schema: StructType) -> tuple[SinkOptions, Columns]:
+    sink_options = parse_options(options)
+    return sink_options, check_schema(schema, topic_option=sink_options.topic is not None)
+
+
+class KafkaSidecarWriter(DataSourceArrowWriter):
+    """The batch writer: a task commits once Kafka has confirmed every one of its records."""
+
+    def __init__(self, options: SinkOptions, columns: Columns, job_id: str) -> None:
+        self.options = options
+        self.columns = columns
+        self.job_id = job_id
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SidecarCommitMessage:
+        origin = Origin(self.job_id, 0, TaskContext.get().partitionId())
+        return SidecarCommitMessage(origin.partition, write_batches(iterator, self.options, self.columns, origin))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.info("kafka-sidecar job %s committed: %s", self.job_id, _totals(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.error("kafka-sidecar job %s aborted: %s", self.job_id, _aborted(messages))
+
+
+class KafkaSidecarStreamWriter(DataSourceStreamArrowWriter):
+    """The streaming writer: the same per micro-batch (append and complete output modes)."""
+
+    def __init__(self, options: SinkOptions, columns: Columns) -> None:
+        self.options = options
+        self.columns = columns
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SidecarCommitMessage:
+        context = TaskContext.get()
+        origin = Origin(context.getLocalProperty(_QUERY_ID_PROPERTY) or "",
+                        int(context.getLocalProperty(_BATCH_ID_PROPERTY) or -1), context.partitionId())
+        return SidecarCommitMessage(origin.partition, write_batches(iterator, self.options, self.columns, origin))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 (Spark's name)
+        log.info("kafka-sidecar micro-batch %d committed: %s", batchId, _totals(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        log.error("kafka-sidecar micro-batch %d aborted: %s", batchId, _aborted(messages))
+
+
+def _totals(messages: list[WriterCommitMessage | None]) -> WriteTotals:
+    totals = WriteTotals()
+    for message in messages:
+        if isinstance(message, SidecarCommitMessage):
+            totals.add(message.totals)
+    return totals
+
+
+def _aborted(messages: list[WriterCommitMessage | None]) -> str:
+    failed = sum(1 for message in messages if message is None)
+    return (f"{failed} of {len(messages)} tasks failed (their error is the job's); the tasks that succeeded "
+            f"had written {_totals(messages)}, which stay in Kafka (at-least-once: a rerun writes them again)")
