@@ -124,18 +124,18 @@ def _send_batch(producer: Producer, batch: pa.RecordBatch, options: SinkOptions,
                 origin: Origin, first_row: int, tally: _DeliveryTally, totals: WriteTotals) -> None:
     values = _as_binary(batch.column("value"))
     keys = _as_binary(batch.column("key")) if columns.key else None
-    sizes = pc.fill_null(pc.binary_length(values), 0)
-    if keys is not None:
-        sizes = pc.add(sizes, pc.fill_null(pc.binary_length(keys), 0))
     topics = batch.column("topic") if columns.topic else None
     if topics is None:
         totals.records[options.topic] += batch.num_rows  # type: ignore[index]
-        totals.bytes[options.topic] += pc.sum(sizes).as_py() or 0  # type: ignore[index]
+        totals.bytes[options.topic] += _byte_count(values) + (_byte_count(keys) if keys is not None else 0)  # type: ignore[index]
     else:
         if topics.null_count:
             row = first_row + pc.index(pc.is_null(topics), True).as_py()
             raise ValueError(f"Row {row} of Spark partition {origin.partition} has a null 'topic' and the "
                              f"sink has no 'topic' option: give every row a topic, or set the option.")
+        sizes = pc.fill_null(pc.binary_length(values), 0)
+        if keys is not None:
+            sizes = pc.add(sizes, pc.fill_null(pc.binary_length(keys), 0))
         by_topic = pa.table({"topic": topics, "size": sizes}).group_by("topic").aggregate(
             [("size", "count"), ("size", "sum")])
         for topic, count, size in zip(*(by_topic.column(n).to_pylist() for n in ("topic", "size_count", "size_sum")),
@@ -175,6 +175,14 @@ def _as_binary(column: pa.Array) -> pa.Array:
     if pa.types.is_large_string(column.type):
         return column.cast(pa.large_binary())
     return column
+
+
+def _byte_count(column: pa.Array) -> int:
+    """The bytes of a binary column's values: from its offsets when it has no nulls (no pass over the rows)."""
+    if column.null_count or not len(column):
+        return pc.sum(pc.binary_length(column)).as_py() or 0
+    offsets = memoryview(column.buffers()[1]).cast("q" if pa.types.is_large_binary(column.type) else "i")
+    return offsets[column.offset + len(column)] - offsets[column.offset]
 
 
 def _timestamps_ms(column: pa.Array) -> list[int | None]:

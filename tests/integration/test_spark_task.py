@@ -1,0 +1,128 @@
+"""What one task of the Spark sink does, without Spark: Arrow batches in, records confirmed by Kafka, totals out.
+
+The task's Producer is cached per process and starts afresh in a forked child (Spark forks its
+Python workers); a task waits for every report and fails with the Kafka error of a record that
+failed, or when its records are not confirmed within its delivery.timeout.ms. Commit and abort
+on the driver log the totals and what was aborted.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("pyspark")
+
+from client_stub.errors import KafkaTimeoutError  # noqa: E402
+from client_stub.spark.datasource import (  # noqa: E402
+    KafkaSidecarStreamWriter,
+    KafkaSidecarWriter,
+    SidecarCommitMessage,
+)
+from client_stub.spark.options import SinkOptions  # noqa: E402
+from client_stub.spark.schema import Columns  # noqa: E402
+from client_stub.spark.task import Origin, WriteTotals, producer_for, write_batches  # noqa: E402
+from service.readback import read_topic  # noqa: E402
+
+FORK = multiprocessing.get_context("fork")
+# A daemon behind a FaultProxy: a blackholed request times out quickly, and its batch expires soon after.
+SHORT_TIMEOUTS = {"request.timeout.ms": 1000, "delivery.timeout.ms": 2000, "linger.ms": 0, "retry.backoff.ms": 50}
+
+
+def numbered(first: int, count: int, topics: tuple[str, ...] | None = None) -> pa.RecordBatch:
+    columns = {"value": pa.array([f"v{n}".encode() for n in range(first, first + count)]),
+               "key": pa.array([None if n % 4 == 0 else f"k{n}" for n in range(first, first + count)])}
+    if topics:
+        columns["topic"] = pa.array([topics[n % len(topics)] for n in range(first, first + count)])
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def test_a_task_sends_every_row_waits_for_kafka_and_counts_per_topic(broker, topic_factory, sidecar) -> None:
+    topics = (topic_factory(3), topic_factory(3))
+    daemon = sidecar(broker.bootstrap)
+    batches = [numbered(0, 700, topics), numbered(700, 300, topics)]
+    totals = write_batches(iter(batches), SinkOptions(endpoint=daemon.endpoint), Columns(key=True, topic=True),
+                           Origin("job", 0, 0))
+    expected = WriteTotals(tasks=1)
+    for n in range(1000):
+        expected.records[topics[n % 2]] += 1
+        expected.bytes[topics[n % 2]] += len(f"v{n}") + (0 if n % 4 == 0 else len(f"k{n}"))
+    assert totals == expected
+    for index, topic in enumerate(topics):
+        values = sorted(r.value for r in read_topic(broker.bootstrap, topic, expected=500))  # type: ignore[type-var]
+        assert values == sorted(f"v{n}".encode() for n in range(index, 1000, 2))
+
+
+def _child_task(endpoint: str, topic: str, results: multiprocessing.Queue) -> None:
+    options = SinkOptions(topic=topic, endpoint=endpoint)
+    totals = write_batches(iter([numbered(1000, 500)]), options, Columns(key=True), Origin("job", 0, 1))
+    results.put(totals.total_records)
+
+
+def test_the_producer_is_cached_per_process_and_a_forked_worker_starts_afresh(broker, topic_factory,
+                                                                              sidecar) -> None:
+    topic = topic_factory(2)
+    daemon = sidecar(broker.bootstrap)
+    options = SinkOptions(topic=topic, endpoint=daemon.endpoint)
+    write_batches(iter([numbered(0, 500)]), options, Columns(key=True), Origin("job", 0, 0))
+    producer = producer_for(options)
+    assert producer_for(SinkOptions(topic="other", endpoint=daemon.endpoint)) is producer  # topics share it
+    assert producer_for(SinkOptions(topic=topic, endpoint=daemon.endpoint, linger_ms=50)) is not producer
+    # pyspark.daemon forks its workers from a process that may have used the sink already.
+    results: multiprocessing.Queue = FORK.Queue()
+    child = FORK.Process(target=_child_task, args=(daemon.endpoint, topic, results))
+    child.start()
+    assert results.get(timeout=60) == 500
+    child.join(30)
+    assert child.exitcode == 0
+    assert daemon.client_id_of(child.pid) != daemon.client_id_of(multiprocessing.current_process().pid)
+    # The parent's Producer still works after the fork.
+    write_batches(iter([numbered(1500, 500)]), options, Columns(key=True), Origin("job", 0, 2))
+    values = Counter(r.value for r in read_topic(broker.bootstrap, topic, expected=1500))
+    assert values == Counter(f"v{n}".encode() for n in [*range(500), *range(1000, 2000)])
+
+
+def test_a_record_kafka_did_not_take_fails_the_task_with_its_error(proxied_broker, sidecar) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("expiring", 1)
+    daemon = sidecar(proxy.address, settings=SHORT_TIMEOUTS)
+    options = SinkOptions(topic="expiring", endpoint=daemon.endpoint)
+    write_batches(iter([numbered(0, 10)]), options, Columns(key=True), Origin("job", 0, 0))
+    proxy.blackhole()
+    with pytest.raises(KafkaTimeoutError, match=r"Expiring \d+ record\(s\) for expiring-0:\d+ ms has passed since batch"):
+        write_batches(iter([numbered(10, 100)]), options, Columns(key=True), Origin("job", 0, 0))
+
+
+def test_a_task_not_confirmed_within_its_delivery_timeout_fails(proxied_broker, sidecar) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("slow", 1)
+    daemon = sidecar(proxy.address)
+    options = SinkOptions(topic="slow", endpoint=daemon.endpoint, delivery_timeout_ms=1000)
+    write_batches(iter([numbered(0, 10)]), options, Columns(key=True), Origin("job", 0, 0))
+    proxy.blackhole()
+    with pytest.raises(KafkaTimeoutError, match=r"100 records of the task were not confirmed within "
+                                                r"delivery.timeout.ms=1000 \(option of the sink\)"):
+        write_batches(iter([numbered(10, 100)]), options, Columns(key=True), Origin("job", 0, 0))
+    proxy.heal()
+    assert producer_for(options).flush(60) == 0
+
+
+def test_commit_and_abort_log_the_totals_and_what_was_aborted(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="client_stub.spark")
+    writer = KafkaSidecarWriter(SinkOptions(topic="t"), Columns(), "job-1")
+    task = WriteTotals(records=Counter({"t": 3}), bytes=Counter({"t": 30}), tasks=1)
+    writer.commit([SidecarCommitMessage(0, task), SidecarCommitMessage(1, task)])
+    writer.abort([SidecarCommitMessage(0, task), None, None])
+    stream = KafkaSidecarStreamWriter(SinkOptions(topic="t"), Columns())
+    stream.commit([SidecarCommitMessage(0, task)], 7)
+    assert caplog.messages == [
+        "kafka-sidecar job job-1 committed: 6 records, 60 bytes in 2 tasks (t: 6 records, 60 bytes)",
+        "kafka-sidecar job job-1 aborted: 2 of 3 tasks failed (their error is the job's); the tasks that succeeded "
+        "had written 3 records, 30 bytes in 1 tasks (t: 3 records, 30 bytes), which stay in Kafka (at-least-once: "
+        "a rerun writes them again)",
+        "kafka-sidecar micro-batch 7 committed: 3 records, 30 bytes in 1 tasks (t: 3 records, 30 bytes)",
+    ]
