@@ -149,7 +149,8 @@ def _send_batch(producer: Producer, batch: pa.RecordBatch, options: SinkOptions,
             or options.idempotence_header):
         # The common case, with nothing per row but the key and the value: the C fast path of send().
         topic = options.topic
-        for value, key in zip(value_list, key_list):
+        # strict=False: a column the batch lacks is itertools.repeat(None), which never ends.
+        for value, key in zip(value_list, key_list, strict=False):
             send(topic, value, key, on_delivery=tally)
         return
     topic_list = topics.to_pylist() if topics is not None else itertools.repeat(options.topic)
@@ -164,7 +165,7 @@ def _send_batch(producer: Producer, batch: pa.RecordBatch, options: SinkOptions,
             [*(headers or ()), (IDEMPOTENCE_HEADER, f"{prefix}{row}".encode())]
             for row, headers in enumerate(header_list, first_row))
     for topic, value, key, partition, timestamp_ms, headers in zip(
-            topic_list, value_list, key_list, partition_list, timestamp_list, header_list):
+            topic_list, value_list, key_list, partition_list, timestamp_list, header_list, strict=False):
         send(topic, value, key, partition=partition, timestamp_ms=timestamp_ms, headers=headers, on_delivery=tally)
 
 

@@ -28,9 +28,9 @@ from client_stub import Producer, RecordMetadata, ipc
 from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
 from client_stub.records import encode_record
 from client_stub.shm import FREE, OWNED, Segment
+from service.readback import ConsumedRecord, read_topic
 from tests.support import workers
 from tests.support.sidecar import SidecarProcess
-from service.readback import ConsumedRecord, read_topic
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")

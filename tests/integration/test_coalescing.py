@@ -18,6 +18,7 @@ from service.producer.batch import FinalState, ProducerBatch
 from service.producer.core import ProducerCore
 from service.protocol.messages import PRODUCE
 from service.protocol.record_batch import decode_batches
+from service.readback import read_topic
 from tests.support.batches import Deliveries, SentRecord
 from tests.support.core import (
     JumpingClock,
@@ -28,7 +29,6 @@ from tests.support.core import (
 )
 from tests.support.fake_broker import produce_response, record_count
 from tests.support.proxy import FaultProxy
-from service.readback import read_topic
 
 MESSAGE_TOO_LARGE = 10
 

@@ -34,8 +34,8 @@ from client_stub.errors import (
 )
 from service.protocol.messages import PRODUCE
 from service.protocol.record_batch import decode_batches
-from tests.support.fake_broker import produce_response, record_count
 from service.readback import read_topic
+from tests.support.fake_broker import produce_response, record_count
 from tests.support.workers import run_children
 
 ROOT = Path(__file__).parents[2]

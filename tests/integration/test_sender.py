@@ -13,6 +13,7 @@ import pytest
 from client_stub.errors import KafkaTimeoutError
 from service.producer.batch import FinalState
 from service.producer.transaction_manager import ProducerIdAndEpoch
+from service.readback import read_topic
 from tests.support.batches import Deliveries
 from tests.support.core import (
     JumpingClock,
@@ -21,7 +22,6 @@ from tests.support.core import (
     make_core,
     run_until,
 )
-from service.readback import read_topic
 
 EXPIRY_MESSAGE = re.compile(r"Expiring (\d+) record\(s\) for (.+)-(\d+):(\d+) ms has passed since batch creation")
 

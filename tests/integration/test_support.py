@@ -14,10 +14,10 @@ import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, Producer
 from confluent_kafka import Message as KafkaMessage
 
+from service.readback import ReadTimeout, read_topic
 from tests.support.broker import TansuBroker
 from tests.support.mock_cluster import MockCluster
 from tests.support.proxy import FaultProxy, SilentListener
-from service.readback import ReadTimeout, read_topic
 
 API_VERSIONS = 18
 PRODUCE = 0

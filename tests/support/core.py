@@ -8,8 +8,8 @@ from collections.abc import Callable
 from service.config import ProducerConfig
 from service.network.client import monotonic_ms
 from service.producer.core import ProducerCore
-from tests.support.batches import Deliveries
 from service.readback import ConsumedRecord
+from tests.support.batches import Deliveries
 
 
 class JumpingClock:

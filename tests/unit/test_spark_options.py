@@ -88,7 +88,8 @@ VALUE = {"value": BinaryType()}
     (VALUE | {"partition": DoubleType()}, r"Column 'partition' must be an integer type \(int\), not double"),
     (VALUE | {"timestamp": DateType()}, r"Column 'timestamp' must be timestamp, not date"),
     (VALUE | {"headers": headers(key_name="name")},
-     r"Column 'headers' must be array<struct<key: string, value: binary>>, not array<struct<name:string,value:binary>>"),
+     r"Column 'headers' must be array<struct<key: string, value: binary>>, "
+     r"not array<struct<name:string,value:binary>>"),
     (VALUE | {"headers": headers(key=BinaryType())}, r"Column 'headers' must be array<struct"),
     (VALUE | {"headers": MapType(StringType(), BinaryType())}, r"Column 'headers' must be .*, not map<string,binary>"),
 ])
