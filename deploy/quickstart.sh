@@ -8,8 +8,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-deploy/install-build-tools.sh  # a C compiler and Python's headers, for the client's C extension
-deploy/install-java.sh         # Java, for Spark
+deploy/install-system-packages.sh  # a C compiler and Python's headers (the C extension), Java (Spark)
 
 if [[ -z "${VIRTUAL_ENV:-}" ]]; then
     if [[ ! -x .venv/bin/python ]]; then

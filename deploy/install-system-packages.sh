@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# What kafka-sidecar needs from the system, installed with apt-get when missing (the quickstart
+# and the test command call this before pip):
+# - a C compiler and Python's headers: the client's fast path (client_stub/_fastpath.c) is a C
+#   extension built at install time;
+# - Java 17: Spark runs on a JVM (the quickstart's pipeline and the Spark tests).
+set -euo pipefail
+
+has_headers() {
+    python3 -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+}
+
+missing=()
+if ! command -v cc >/dev/null 2>&1 || ! has_headers; then
+    missing+=(gcc python3-dev)
+fi
+if ! command -v java >/dev/null 2>&1; then
+    missing+=(openjdk-17-jre-headless)
+fi
+if [[ ${#missing[@]} -eq 0 ]]; then
+    exit 0
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "kafka-sidecar: install these first (or your system's equivalents): ${missing[*]}" >&2
+    exit 1
+fi
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then
+    sudo="sudo"
+fi
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
