@@ -61,13 +61,14 @@ def parse_options(options: Mapping[str, Any]) -> SinkOptions:
         raise ConfigError(f"Invalid value {partitioner!r} for option partitioner: "
                           f"expected one of {', '.join(PARTITIONERS)}")
     endpoint = given.get("endpoint")
+    delivery_timeout_ms = _non_negative(given, "delivery.timeout.ms")
     return SinkOptions(
         topic=None if topic is None else str(topic),
         endpoint=None if endpoint is None else str(endpoint),
         linger_ms=_non_negative(given, "linger.ms"),
         max_block_ms=_non_negative(given, "max.block.ms"),
         partitioner=partitioner,
-        delivery_timeout_ms=_non_negative(given, "delivery.timeout.ms") or DEFAULT_DELIVERY_TIMEOUT_MS,
+        delivery_timeout_ms=DEFAULT_DELIVERY_TIMEOUT_MS if delivery_timeout_ms is None else delivery_timeout_ms,
         idempotence_header=_boolean(given, "idempotence.header"),
     )
 

@@ -70,17 +70,14 @@ class Origin:
 class _DeliveryTally:
     """The on_delivery callback of a task's records: keeps the first error (one object for all records)."""
 
-    __slots__ = ("error", "failed")
+    __slots__ = ("error",)
 
     def __init__(self) -> None:
         self.error: KafkaError | None = None
-        self.failed = 0
 
     def __call__(self, error: KafkaError | None, metadata: RecordMetadata | None) -> None:
-        if error is not None:
-            if self.error is None:
-                self.error = error
-            self.failed += 1
+        if error is not None and self.error is None:
+            self.error = error
 
 
 _producers: dict[tuple[Any, ...], Producer] = {}

@@ -48,6 +48,7 @@ def test_spark_options_lower_cased_and_strings_become_settings() -> None:
 def test_keyword_spellings_and_defaults() -> None:
     assert parse_options({"topic": None, "linger_ms": 0, "idempotence_header": False}) == SinkOptions(linger_ms=0)
     assert parse_options({}).delivery_timeout_ms == DEFAULT_DELIVERY_TIMEOUT_MS == 120_000
+    assert parse_options({"delivery.timeout.ms": "0"}).delivery_timeout_ms == 0  # do not wait at all
 
 
 @pytest.mark.parametrize(("options", "message"), [
