@@ -7,7 +7,9 @@ speak, with a message that says which versions are involved.
 
 Client -> daemon::
 
-    [HELLO, version, pid, client_name, options]          options: linger_ms, partitioner, process
+    [HELLO, version, pid, client_name, options]          options: linger_ms, partitioner, process,
+                                                          retriable_topic_errors (True: the client
+                                                          waits on through them, see TOPIC)
     [BLOCKS, request_id, count, contiguous, timeout_ms]   count blocks (a run of count if contiguous)
     [SEAL, [[batch_id, first_block, block_count, topic, partition, record_count, length,
              base_timestamp, max_timestamp, created_ms_ago], ...]]
@@ -25,7 +27,8 @@ Daemon -> client::
     [DELIVERY, [[batch_id, first_record, record_count, base_offset, log_append_time_ms, error], ...]]
     [TOPIC, topic, partition_count, available_partitions, error]   error: the topic's last error in
                                                           metadata; a retriable one (the topic is
-                                                          unknown) leaves the client waiting
+                                                          unknown) only to clients that said
+                                                          retriable_topic_errors, which wait on
     [SEAL_NOW]                                            the pool is exhausted: seal what you hold
     [ERROR, code, message]                                the last message was refused; code is one
                                                           of the ERROR_* strings below

@@ -738,8 +738,7 @@ class Producer:
                 if sock in events:
                     self._receive_all(sock)
                 if self._lost:
-                    lost, self._lost = self._lost, []
-                    _fail(lost, self._lost_error)  # type: ignore[arg-type]
+                    self._fail_lost()
                 if time.monotonic() >= next_heartbeat:
                     sock.send(ipc.pack(ipc.HEARTBEAT))
                     self._expire_unreported()
@@ -937,7 +936,11 @@ class Producer:
         for batch in self._open.values():
             batch.release()
         self._open.clear()
+        # Their records stay outstanding until the I/O thread has failed them: a flush() that returned
+        # before would say that everything was delivered.
+        outstanding = self._appender.outstanding
         self._drop_sealed()
+        self._appender.outstanding = outstanding
         self._seal_notices.clear()
         self._spare.clear()
         self._requests.clear()
@@ -952,10 +955,20 @@ class Producer:
             self._lost += lost
             self._lost_error = error
 
+    def _fail_lost(self) -> None:
+        """Fail the records of a lost session (I/O thread), then count them out as _deliver does."""
+        with self._lock:
+            lost, self._lost = self._lost, []
+            pending = sum(1 for future in lost if not future.done())
+        _fail(lost, self._lost_error)  # type: ignore[arg-type]
+        with self._lock:
+            self._appender.outstanding -= pending
+            self._cond.notify_all()
+
     def _hello(self) -> tuple[Any, ...]:
         return (ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), self._client_name,
                 {"linger_ms": self.linger_ms, "partitioner": self._partitioner_name,
-                 "process": ipc.process_identity(os.getpid())})
+                 "process": ipc.process_identity(os.getpid()), "retriable_topic_errors": True})
 
     def _deliver(self, reports: list[list[Any]]) -> None:
         # Only the bookkeeping holds the lock: send() must not wait while futures complete.

@@ -15,8 +15,12 @@ missing=()
 if ! command -v cc >/dev/null 2>&1 || ! has_headers; then
     missing+=(gcc python3-dev)
 fi
-if ! command -v java >/dev/null 2>&1; then
-    missing+=(openjdk-17-jre-headless)
+java_major() {
+    # `java -version` says e.g. 'openjdk version "17.0.15" 2025-04-15' (or "1.8.0_..." for Java 8).
+    java -version 2>&1 | sed -n 's/.* version "\(1\.\)\{0,1\}\([0-9]*\).*/\2/p' | head -n 1
+}
+if ! command -v java >/dev/null 2>&1 || [[ $(java_major) -lt 17 ]]; then
+    missing+=(openjdk-17-jre-headless)  # Spark 4 runs on Java 17 or 21
 fi
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0

@@ -63,6 +63,8 @@ class ClientSession:
     last_seen_ms: int
     # [pid namespace, start time] of the client process, if it shares our pid namespace.
     process: list[str] | None = None
+    # Whether the client waits on through a topic's retriable metadata error (older clients fail at once).
+    retriable_topic_errors: bool = False
     reports: list[list[Any]] = field(default_factory=list)
     topics: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     gone: bool = False
@@ -206,7 +208,8 @@ class SidecarFront:
         mine = ipc.process_identity(os.getpid())
         same_namespace = isinstance(process, list) and mine is not None and process[:1] == mine[:1]
         session = ClientSession(identity, self._next_client_id, pid, str(name)[:200], self.clock(),
-                                process if same_namespace else None)
+                                process if same_namespace else None,
+                                isinstance(options, dict) and options.get("retriable_topic_errors") is True)
         self._next_client_id += 1
         self.sessions[identity] = session
         self._by_id[session.client_id] = session
@@ -435,7 +438,7 @@ class SidecarFront:
         count = cluster.partition_count(topic)
         error = None
         code = cluster.topic_errors.get(topic)
-        if code is not None:
+        if code is not None and (session.retriable_topic_errors or not error_code(code).retriable):
             # A retriable error (UNKNOWN_TOPIC_OR_PARTITION) keeps the client waiting, and names the cause
             # if the wait times out; a final one fails its send() at once.
             row = error_code(code)

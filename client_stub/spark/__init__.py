@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["IDEMPOTENCE_HEADER", "WriteTotals", "register", "write_partitions"]
 
-# One status row per task: its Spark partition and what it wrote, per topic.
-_STATUS_SCHEMA = "partition int, records map<string, bigint>, bytes map<string, bigint>"
+# One status row per task: what it wrote, per topic.
+_STATUS_SCHEMA = "records map<string, bigint>, bytes map<string, bigint>"
 
 
 def register(spark: SparkSession) -> None:
@@ -45,16 +45,19 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(KafkaSidecarDataSource)
 
 
-def write_partitions(df: DataFrame, topic: str | None = None, *, batch_id: int = 0, **options: Any) -> WriteTotals:
+def write_partitions(df: DataFrame, topic: str | None = None, *, job_id: str | None = None, batch_id: int = 0,
+                     **options: Any) -> WriteTotals:
     """Write ``df`` to Kafka with mapInArrow (Spark 3.3+); the job's totals, or the first task's error.
 
     ``options`` are the data source's: ``endpoint``, ``linger_ms`` (or ``**{"linger.ms": 5}``),
-    ``max_block_ms``, ``partitioner``, ``delivery_timeout_ms``, ``idempotence_header``. In a
-    streaming query, call it from ``foreachBatch`` with the micro-batch id as ``batch_id``.
+    ``max_block_ms``, ``partitioner``, ``delivery_timeout_ms``, ``idempotence_header``. The
+    idempotence header names ``job_id`` (a new id per call if not given) and ``batch_id``: in a
+    streaming query's ``foreachBatch``, give the query's own name or id and the micro-batch id, so
+    that a micro-batch run again after a restart writes the same ids.
     """
     sink_options = parse_options({**options, "topic": topic})
     columns = check_schema(df.schema, topic_option=sink_options.topic is not None)
-    job = _PartitionWriter(sink_options, columns, uuid.uuid4().hex, batch_id)
+    job = _PartitionWriter(sink_options, columns, job_id or uuid.uuid4().hex, batch_id)
     totals = WriteTotals()
     for row in df.mapInArrow(job, _STATUS_SCHEMA).collect():
         totals.add(WriteTotals(records=Counter(row.records), bytes=Counter(row.bytes), tasks=1))
@@ -74,12 +77,10 @@ class _PartitionWriter:
         import pyarrow as pa
         from pyspark import TaskContext
 
-        partition = TaskContext.get().partitionId()
-        totals = write_batches(batches, self.options, self.columns, Origin(self.job_id, self.batch_id, partition))
+        origin = Origin(self.job_id, self.batch_id, TaskContext.get().partitionId())
+        totals = write_batches(batches, self.options, self.columns, origin)
         topics = sorted(totals.records)
         yield pa.RecordBatch.from_pydict(
-            {"partition": [partition],
-             "records": [[(t, totals.records[t]) for t in topics]],
-             "bytes": [[(t, totals.bytes[t]) for t in topics]]},
-            schema=pa.schema([("partition", pa.int32()), ("records", pa.map_(pa.string(), pa.int64())),
+            {"records": [[(t, totals.records[t]) for t in topics]], "bytes": [[(t, totals.bytes[t]) for t in topics]]},
+            schema=pa.schema([("records", pa.map_(pa.string(), pa.int64())),
                               ("bytes", pa.map_(pa.string(), pa.int64()))]))

@@ -30,11 +30,6 @@ from .schema import Columns, check_schema
 from .task import Origin, WriteTotals, write_batches
 
 log = logging.getLogger("client_stub.spark")
-# Commit and abort run in a Python process that Spark starts for them, where no application configures
-# logging: the totals are the job's record, so this logger says INFO unless told otherwise. Spark's
-# spark.sql.pyspark.worker.logging.enabled sends them to the python_worker_logs() table.
-if log.level == logging.NOTSET:
-    log.setLevel(logging.INFO)
 
 NAME = "kafka-sidecar"
 # Where Spark keeps a streaming query's id and micro-batch id among a task's local properties.
@@ -88,10 +83,10 @@ class KafkaSidecarWriter(DataSourceArrowWriter):
         return SidecarCommitMessage(origin.partition, write_batches(iterator, self.options, self.columns, origin))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        log.info("kafka-sidecar job %s committed: %s", self.job_id, _totals(messages))
+        _log(logging.INFO, "kafka-sidecar job %s committed: %s", self.job_id, _totals(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        log.error("kafka-sidecar job %s aborted: %s", self.job_id, _aborted(messages))
+        _log(logging.ERROR, "kafka-sidecar job %s aborted: %s", self.job_id, _aborted(messages))
 
 
 class KafkaSidecarStreamWriter(DataSourceStreamArrowWriter):
@@ -103,15 +98,32 @@ class KafkaSidecarStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SidecarCommitMessage:
         context = TaskContext.get()
-        origin = Origin(context.getLocalProperty(_QUERY_ID_PROPERTY) or "",
-                        int(context.getLocalProperty(_BATCH_ID_PROPERTY) or -1), context.partitionId())
+        query_id, batch_id = (context.getLocalProperty(_QUERY_ID_PROPERTY),
+                              context.getLocalProperty(_BATCH_ID_PROPERTY))
+        if self.options.idempotence_header and not (query_id and batch_id):
+            # Ids made up here would repeat from one micro-batch to the next, and consumers drop real records.
+            raise RuntimeError(f"idempotence.header: Spark did not give the task its query id ({_QUERY_ID_PROPERTY}="
+                               f"{query_id!r}) and micro-batch id ({_BATCH_ID_PROPERTY}={batch_id!r})")
+        origin = Origin(query_id or "", int(batch_id or -1), context.partitionId())
         return SidecarCommitMessage(origin.partition, write_batches(iterator, self.options, self.columns, origin))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 (Spark's name)
-        log.info("kafka-sidecar micro-batch %d committed: %s", batchId, _totals(messages))
+        _log(logging.INFO, "kafka-sidecar micro-batch %d committed: %s", batchId, _totals(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        log.error("kafka-sidecar micro-batch %d aborted: %s", batchId, _aborted(messages))
+        _log(logging.ERROR, "kafka-sidecar micro-batch %d aborted: %s", batchId, _aborted(messages))
+
+
+def _log(level: int, message: str, *args: object) -> None:
+    """Log at INFO or above, in the driver-side process where Spark runs commit and abort.
+
+    Spark starts that process for them, and no application configures its logging: the totals are
+    the job's record, so they are said at INFO there. spark.sql.pyspark.worker.logging.enabled
+    sends them to Spark's python_worker_logs() table.
+    """
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+    log.log(level, message, *args)
 
 
 def _totals(messages: list[WriterCommitMessage | None]) -> WriteTotals:
@@ -124,5 +136,5 @@ def _totals(messages: list[WriterCommitMessage | None]) -> WriteTotals:
 
 def _aborted(messages: list[WriterCommitMessage | None]) -> str:
     failed = sum(1 for message in messages if message is None)
-    return (f"{failed} of {len(messages)} tasks failed (their error is the job's); the tasks that succeeded "
+    return (f"{failed} of {len(messages)} tasks did not commit (the job's error says why); the tasks that did "
             f"had written {_totals(messages)}, which stay in Kafka (at-least-once: a rerun writes them again)")

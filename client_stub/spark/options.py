@@ -9,6 +9,7 @@ refused with a message saying where it is set, never silently ignored.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,9 @@ def parse_options(options: Mapping[str, Any]) -> SinkOptions:
                           f"expected one of {', '.join(PARTITIONERS)}")
     endpoint = given.get("endpoint")
     delivery_timeout_ms = _non_negative(given, "delivery.timeout.ms")
+    if delivery_timeout_ms == 0:
+        raise ConfigError("Invalid value 0 for option delivery.timeout.ms: a task must wait for its reports "
+                          "(at least 1 ms)")
     return SinkOptions(
         topic=None if topic is None else str(topic),
         endpoint=None if endpoint is None else str(endpoint),
@@ -74,6 +78,9 @@ def parse_options(options: Mapping[str, Any]) -> SinkOptions:
 
 
 def _unknown(name: str) -> str:
+    close = difflib.get_close_matches(name.lower().replace("_", "."), _OPTIONS, n=1)
+    if close:
+        return f"Unknown option {name!r} of the kafka-sidecar sink; did you mean {close[0]}?"
     setting = name[len("kafka."):] if name.lower().startswith("kafka.") else name
     return (f"{name!r} is not an option of the kafka-sidecar sink (its options: {', '.join(_OPTIONS)}). "
             f"Kafka's producer settings (acks, compression.type, retries, batch.size, security ...) belong "

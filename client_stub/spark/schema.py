@@ -3,7 +3,7 @@
 ``value`` (binary or string) is required; ``key`` (binary or string), ``topic``
 (string), ``partition`` (an integer type; null lets the partitioner choose),
 ``headers`` (array<struct<key: string, value: binary>>) and ``timestamp``
-(timestamp) are optional. Other columns are ignored, as Spark's sink ignores
+(timestamp; timestamp_ntz is taken as UTC) are optional. Other columns are ignored, as Spark's sink ignores
 them. The check runs on the driver, before any row is sent.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyspark.sql import types as spark_types
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -21,7 +22,6 @@ from pyspark.sql.types import (
     ShortType,
     StringType,
     StructType,
-    TimestampNTZType,
     TimestampType,
 )
 
@@ -29,7 +29,8 @@ from ..errors import ConfigError
 
 _BYTES = (BinaryType, StringType)
 _INTEGERS = (ByteType, ShortType, IntegerType, LongType)
-_TIMESTAMPS = (TimestampType, TimestampNTZType)
+# timestamp_ntz (taken as UTC) exists from Spark 3.4 on; write_partitions runs on 3.3.
+_TIMESTAMPS = (TimestampType, *filter(None, [getattr(spark_types, "TimestampNTZType", None)]))
 _HEADERS = "array<struct<key: string, value: binary>>"
 
 

@@ -67,19 +67,6 @@ class Origin:
     partition: int
 
 
-class _DeliveryTally:
-    """The on_delivery callback of a task's records: keeps the first error (one object for all records)."""
-
-    __slots__ = ("error",)
-
-    def __init__(self) -> None:
-        self.error: KafkaError | None = None
-
-    def __call__(self, error: KafkaError | None, metadata: RecordMetadata | None) -> None:
-        if error is not None and self.error is None:
-            self.error = error
-
-
 _producers: dict[tuple[Any, ...], Producer] = {}
 _producers_lock = threading.Lock()
 
@@ -99,36 +86,109 @@ def producer_for(options: SinkOptions) -> Producer:
 def write_batches(batches: Iterable[pa.RecordBatch], options: SinkOptions, columns: Columns,
                   origin: Origin) -> WriteTotals:
     """Send every row of ``batches`` and wait for Kafka to confirm them all; the task's totals."""
-    producer = producer_for(options)
-    tally = _DeliveryTally()
-    totals = WriteTotals(tasks=1)
-    first_row = 0
+    task = _Task(options, columns, origin)
     for batch in batches:
-        if tally.error is not None:
+        if task.error is not None:
             break  # the task fails: sending the rest would only add to what Spark's retry sends again
-        _send_batch(producer, batch, options, columns, origin, first_row, tally, totals)
-        first_row += batch.num_rows
-    undelivered = producer.flush(options.delivery_timeout_ms / 1000)
-    if tally.error is not None:
-        raise tally.error
-    if undelivered:
-        raise KafkaTimeoutError(f"{undelivered} records of the task were not confirmed within "
-                                f"delivery.timeout.ms={options.delivery_timeout_ms} (option of the sink)")
-    return totals
+        task.send(batch)
+    task.wait()
+    return task.totals
 
 
-def _send_batch(producer: Producer, batch: pa.RecordBatch, options: SinkOptions, columns: Columns,
-                origin: Origin, first_row: int, tally: _DeliveryTally, totals: WriteTotals) -> None:
-    values = _as_binary(batch.column("value"))
-    keys = _as_binary(batch.column("key")) if columns.key else None
-    topics = batch.column("topic") if columns.topic else None
-    if topics is None:
-        totals.records[options.topic] += batch.num_rows  # type: ignore[index]
-        totals.bytes[options.topic] += _byte_count(values) + (_byte_count(keys) if keys is not None else 0)  # type: ignore[index]
-    else:
+class _Task:
+    """One task's records on their way: what it sent, what Kafka confirmed, and its totals.
+
+    The instance is also the on_delivery callback of every record it sends (one object for all,
+    called on the producer's I/O thread): it counts the reports and keeps the first error.
+    """
+
+    def __init__(self, options: SinkOptions, columns: Columns, origin: Origin) -> None:
+        self.options = options
+        self.columns = columns
+        self.origin = origin
+        self.producer = producer_for(options)
+        self.totals = WriteTotals(tasks=1)
+        self.sent = 0
+        self.reported = 0
+        self.error: KafkaError | None = None
+
+    def __call__(self, error: KafkaError | None, metadata: RecordMetadata | None) -> None:
+        self.reported += 1
+        if error is not None and self.error is None:
+            self.error = error
+
+    def wait(self) -> None:
+        """Return once Kafka has confirmed every record sent; raise the first error, or on timeout."""
+        self.producer.flush(self.options.delivery_timeout_ms / 1000)
+        if self.error is not None:
+            raise self.error
+        # Counted by this task's own reports: the process's Producer may hold other records too.
+        if self.reported < self.sent:
+            raise KafkaTimeoutError(f"{self.sent - self.reported} records of the task were not confirmed within "
+                                    f"delivery.timeout.ms={self.options.delivery_timeout_ms} (option of the sink)")
+
+    def send(self, batch: pa.RecordBatch) -> None:
+        """Send the rows of ``batch`` (an exception raised for a row names it in a note)."""
+        values = _as_binary(batch.column("value"))
+        keys = _as_binary(batch.column("key")) if self.columns.key else None
+        topics = batch.column("topic") if self.columns.topic else None
+        self._count(values, keys, topics)
+        first_row = self.sent
+        self.sent += batch.num_rows
+        rows = self._rows(batch, values, keys, topics)
+        send = self.producer.send
+        row = first_row
+        try:
+            if rows is None:
+                # The common case, nothing per row but the key and the value: the C fast path of send().
+                topic = self.options.topic
+                key_list = keys.to_pylist() if keys is not None else itertools.repeat(None)
+                # strict=False: a column the batch lacks is itertools.repeat(None), which never ends.
+                for row, (value, key) in enumerate(  # noqa: B007 (row: for the note below)
+                        zip(values.to_pylist(), key_list, strict=False), first_row):
+                    send(topic, value, key, on_delivery=self)
+            else:
+                for row, (topic, value, key, partition, timestamp_ms, headers) in enumerate(  # noqa: B007
+                        rows, first_row):
+                    send(topic, value, key, partition=partition, timestamp_ms=timestamp_ms, headers=headers,
+                         on_delivery=self)
+        except Exception as exc:
+            exc.add_note(f"kafka-sidecar: while sending row {row} of Spark partition {self.origin.partition}")
+            raise
+
+    def _rows(self, batch: pa.RecordBatch, values: pa.Array, keys: pa.Array | None,
+              topics: pa.Array | None) -> Iterator[tuple[Any, ...]] | None:
+        """(topic, value, key, partition, timestamp_ms, headers) per row; None when only keys and values vary."""
+        columns = self.columns
+        if not (topics is not None or columns.partition or columns.headers or columns.timestamp
+                or self.options.idempotence_header):
+            return None
+        none = itertools.repeat(None)
+        header_list: Iterator[Any] = (
+            (None if row is None else [(h["key"], h["value"]) for h in row]
+             for row in batch.column("headers").to_pylist()) if columns.headers else none)
+        if self.options.idempotence_header:
+            prefix = f"{self.origin.query}/{self.origin.batch_id}/{self.origin.partition}/"
+            header_list = ([*(headers or ()), (IDEMPOTENCE_HEADER, f"{prefix}{row}".encode())]
+                           for row, headers in enumerate(header_list, self.sent - batch.num_rows))
+        return zip(topics.to_pylist() if topics is not None else itertools.repeat(self.options.topic),
+                   values.to_pylist(),
+                   keys.to_pylist() if keys is not None else none,
+                   batch.column("partition").to_pylist() if columns.partition else none,
+                   _timestamps_ms(batch.column("timestamp")) if columns.timestamp else none,
+                   header_list, strict=False)
+
+    def _count(self, values: pa.Array, keys: pa.Array | None, topics: pa.Array | None) -> None:
+        """Add the batch to the totals: records, and the bytes of keys and values, per topic."""
+        totals = self.totals
+        if topics is None:
+            topic: str = self.options.topic  # type: ignore[assignment]  (check_schema: a topic option or column)
+            totals.records[topic] += len(values)
+            totals.bytes[topic] += _byte_count(values) + (_byte_count(keys) if keys is not None else 0)
+            return
         if topics.null_count:
-            row = first_row + pc.index(pc.is_null(topics), True).as_py()
-            raise ValueError(f"Row {row} of Spark partition {origin.partition} has a null 'topic' and the "
+            row = self.sent + pc.index(pc.is_null(topics), True).as_py()
+            raise ValueError(f"Row {row} of Spark partition {self.origin.partition} has a null 'topic' and the "
                              f"sink has no 'topic' option: give every row a topic, or set the option.")
         sizes = pc.fill_null(pc.binary_length(values), 0)
         if keys is not None:
@@ -139,44 +199,24 @@ def _send_batch(producer: Producer, batch: pa.RecordBatch, options: SinkOptions,
                                       strict=True):
             totals.records[topic] += count
             totals.bytes[topic] += size
-    value_list = values.to_pylist()
-    key_list = keys.to_pylist() if keys is not None else itertools.repeat(None)
-    send = producer.send
-    if not (topics is not None or columns.partition or columns.headers or columns.timestamp
-            or options.idempotence_header):
-        # The common case, with nothing per row but the key and the value: the C fast path of send().
-        topic = options.topic
-        # strict=False: a column the batch lacks is itertools.repeat(None), which never ends.
-        for value, key in zip(value_list, key_list, strict=False):
-            send(topic, value, key, on_delivery=tally)
-        return
-    topic_list = topics.to_pylist() if topics is not None else itertools.repeat(options.topic)
-    partition_list = batch.column("partition").to_pylist() if columns.partition else itertools.repeat(None)
-    timestamp_list = _timestamps_ms(batch.column("timestamp")) if columns.timestamp else itertools.repeat(None)
-    header_list: Iterator[Any] = (
-        (None if row is None else [(h["key"], h["value"]) for h in row] for row in batch.column("headers").to_pylist())
-        if columns.headers else itertools.repeat(None))
-    if options.idempotence_header:
-        prefix = f"{origin.query}/{origin.batch_id}/{origin.partition}/"
-        header_list = (
-            [*(headers or ()), (IDEMPOTENCE_HEADER, f"{prefix}{row}".encode())]
-            for row, headers in enumerate(header_list, first_row))
-    for topic, value, key, partition, timestamp_ms, headers in zip(
-            topic_list, value_list, key_list, partition_list, timestamp_list, header_list, strict=False):
-        send(topic, value, key, partition=partition, timestamp_ms=timestamp_ms, headers=headers, on_delivery=tally)
 
 
 def _as_binary(column: pa.Array) -> pa.Array:
-    """Strings as their UTF-8 bytes (a cast that copies no data), so that send() takes the C path."""
-    if pa.types.is_string(column.type):
+    """The column as binary or large_binary: strings as their UTF-8 bytes (a cast that copies no data),
+    so that send() gets bytes and takes the C path, and the offsets give the byte count."""
+    column_type = column.type
+    if pa.types.is_string(column_type):
         return column.cast(pa.binary())
-    if pa.types.is_large_string(column.type):
+    if pa.types.is_large_string(column_type):
+        return column.cast(pa.large_binary())
+    if pa.types.is_string_view(column_type) or pa.types.is_binary_view(column_type):
         return column.cast(pa.large_binary())
     return column
 
 
 def _byte_count(column: pa.Array) -> int:
-    """The bytes of a binary column's values: from its offsets when it has no nulls (no pass over the rows)."""
+    """The bytes of a binary or large_binary column's values: from its offsets when it has no nulls (no pass
+    over the rows; the offsets of a null may span bytes)."""
     if column.null_count or not len(column):
         return pc.sum(pc.binary_length(column)).as_py() or 0
     offsets = memoryview(column.buffers()[1]).cast("q" if pa.types.is_large_binary(column.type) else "i")

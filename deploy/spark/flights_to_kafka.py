@@ -45,7 +45,7 @@ def dataset_path() -> Path:
 
 def read_flights(spark: SparkSession, path: str | None) -> DataFrame:
     if path is not None:
-        return spark.read.csv(path, header=True, schema=FLIGHTS_SCHEMA)
+        return spark.read.csv(path, header=True, schema=FLIGHTS_SCHEMA, nullValue="NA")  # as R writes it
     import pandas as pd
 
     # The package keeps the CSV zipped, which Spark's reader does not open: pandas reads it on the driver.

@@ -65,10 +65,10 @@ class Client:
         """Nothing arrived (inproc delivers at once, so a short wait is enough)."""
         return self.sock.poll(20) == 0
 
-    def hello(self, pid: int | None = None, process: Any = "mine") -> int:
+    def hello(self, pid: int | None = None, process: Any = "mine", **options: Any) -> int:
         if process == "mine":
             process = ipc.process_identity(os.getpid())
-        self.send(ipc.HELLO, ipc.PROTOCOL_VERSION, pid or os.getpid(), "test-client", {"process": process})
+        self.send(ipc.HELLO, ipc.PROTOCOL_VERSION, pid or os.getpid(), "test-client", {"process": process, **options})
         self.env.pump()
         welcome = self.recv()
         assert welcome[0] == ipc.WELCOME, welcome
@@ -921,22 +921,27 @@ def test_topic_pushed_when_metadata_knows_it(env: Env) -> None:
 
 def test_topic_errors_pushed_final_and_retriable(env: Env) -> None:
     client = env.client()
-    client.hello()
-    client.send(ipc.METADATA, "secret")
-    client.send(ipc.METADATA, "coming")
+    client.hello(retriable_topic_errors=True)
+    older = env.client()
+    older.hello()  # a client from before retriable errors were pushed: it would fail on one at once
+    for each in (client, older):
+        each.send(ipc.METADATA, "secret")
+        each.send(ipc.METADATA, "coming")
     env.pump()
     env.core.metadata.update(metadata_response({}, {"secret": 29, "coming": 3}), env.clock())
     env.front.after_iteration()
-    kind, topic, count, available, error = client.recv()
-    assert (kind, topic, count, available) == (ipc.TOPIC, "secret", None, [])
-    failure = ipc.error_from_wire(error)
-    assert isinstance(failure, errors.AuthorizationError) and failure.name == "TOPIC_AUTHORIZATION_FAILED"
+    for each in (client, older):
+        kind, topic, count, available, error = each.recv()
+        assert (kind, topic, count, available) == (ipc.TOPIC, "secret", None, [])
+        failure = ipc.error_from_wire(error)
+        assert isinstance(failure, errors.AuthorizationError) and failure.name == "TOPIC_AUTHORIZATION_FAILED"
     # UNKNOWN_TOPIC_OR_PARTITION is retriable: the client keeps waiting, and can name it if it times out.
     kind, topic, count, available, error = client.recv()
     assert (kind, topic, count, available) == (ipc.TOPIC, "coming", None, [])
     failure = ipc.error_from_wire(error)
     assert failure.retriable and failure.name == "UNKNOWN_TOPIC_OR_PARTITION"
     assert client.quiet()
+    assert older.quiet()
 
 
 def test_metadata_of_a_bad_topic_is_refused(env: Env) -> None:
