@@ -9,6 +9,7 @@ header that lets a consumer drop what a retried task wrote again.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -126,19 +127,26 @@ def test_the_idempotence_header_names_job_partition_and_row_so_consumers_can_dro
     topic = topic_factory(2)
     daemon = sidecar(broker.bootstrap)
     df = spark.range(1000, numPartitions=2).selectExpr("cast(id as string) as value")
-    for _ in range(2):  # the same job twice: what a retried task does to its partition's rows
-        sidecar_spark.write_partitions(df, topic, endpoint=daemon.endpoint, idempotence_header=True, batch_id=7)
-    records = read_topic(broker.bootstrap, topic, expected=2000)
+    for _ in range(2):  # the same job twice: what a retried task, or a micro-batch run again, writes
+        sidecar_spark.write_partitions(df, topic, endpoint=daemon.endpoint, idempotence_header=True,
+                                       job_id="nightly", batch_id=7)
+    sidecar_spark.write_partitions(df, topic, endpoint=daemon.endpoint, idempotence_header=True, batch_id=8)
+    records = read_topic(broker.bootstrap, topic, expected=3000)
     ids = [dict(r.headers)[sidecar_spark.IDEMPOTENCE_HEADER].decode() for r in records]  # type: ignore[union-attr]
-    # <job>/<batch>/<Spark partition>/<row in the partition>: a job id per call, rows 0-499 per partition.
-    jobs = Counter(i.split("/")[0] for i in ids)
-    assert sorted(jobs.values()) == [1000, 1000]
-    assert {tuple(i.split("/")[1:3]) for i in ids} == {("7", "0"), ("7", "1")}
-    # A consumer that keeps what it saw by (batch, partition, row) drops the second job's copies.
-    seen: dict[tuple[str, ...], bytes] = {}
+    # <job>/<batch>/<Spark partition>/<row in the partition>: rows 0-499 in each of the two partitions.
+    assert Counter(i.split("/")[1] for i in ids) == {"7": 2000, "8": 1000}
+    assert Counter(i for i in ids if i.startswith("nightly/7/")) == {
+        f"nightly/7/{partition}/{row}": 2 for partition in (0, 1) for row in range(500)}
+    # The third write, without a job_id, got one of its own.
+    assert len({i.split("/")[0] for i in ids if not i.startswith("nightly/")}) == 1
+    # A consumer that keeps what it saw, as the README shows, drops the second copy of each record.
+    seen: set[str] = set()
+    kept = []
     for record, record_id in zip(records, ids, strict=True):
-        seen.setdefault(tuple(record_id.split("/")[1:]), record.value)  # type: ignore[arg-type]
-    assert sorted(int(v) for v in seen.values()) == list(range(1000))
+        if record_id not in seen:
+            seen.add(record_id)
+            kept.append(int(record.value))  # type: ignore[arg-type]
+    assert sorted(kept) == sorted([*range(1000), *range(1000)])  # batch 7 once, batch 8 once
 
 
 # -- streaming ------------------------------------------------------------------------------------
@@ -152,7 +160,10 @@ def test_a_streaming_query_writes_each_micro_batch_and_commits_it_with_its_batch
     source.mkdir()
     for batch in range(3):
         lines = [json.dumps({"id": f"{batch}-{n}", "user": f"user-{n % 7}"}) for n in range(100 * (batch + 1))]
-        (source / f"part-{batch}.json").write_text("\n".join(lines) + "\n")
+        path = source / f"part-{batch}.json"
+        path.write_text("\n".join(lines) + "\n")
+        # maxFilesPerTrigger takes the oldest file first: one second apart, the order is certain.
+        os.utime(path, (1_700_000_000 + batch, 1_700_000_000 + batch))
     stream = (spark.readStream.schema("id string, user string").option("maxFilesPerTrigger", 1).json(str(source))
               .selectExpr("id as value", "user as key"))
     query: StreamingQuery = (stream.writeStream.format("kafka-sidecar").option("topic", topic)
@@ -204,6 +215,21 @@ def test_a_record_larger_than_kafka_takes_fails_the_job_with_kafkas_error(spark,
         sidecar_spark.write_partitions(df, topic, endpoint=daemon.endpoint)
     assert "RecordTooLargeError" in str(failure.value)
     assert "max.request.size" in str(failure.value)
+
+
+def test_records_kafka_did_not_confirm_fail_the_job_with_kafkas_error(spark, proxied_broker, sidecar) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("unconfirmed", 1)
+    daemon = sidecar(proxy.address, settings={"request.timeout.ms": 1000, "delivery.timeout.ms": 2000,
+                                              "linger.ms": 0, "retry.backoff.ms": 50})
+    df = spark.range(100, numPartitions=1).selectExpr("cast(id as string) as value")
+    sidecar_spark.write_partitions(df, "unconfirmed", endpoint=daemon.endpoint)  # metadata known, all well
+    proxy.blackhole()
+    with pytest.raises(PySparkException) as failure:
+        df.write.format("kafka-sidecar").mode("append").options(topic="unconfirmed", endpoint=daemon.endpoint).save()
+    # The daemon expired the batches (delivery.timeout.ms); the task raised what their reports said.
+    assert "KafkaTimeoutError: Expiring" in str(failure.value)
+    assert "ms has passed since batch creation" in str(failure.value)
 
 
 @pytest.mark.parametrize(("columns", "message"), [

@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import multiprocessing
 from collections import Counter
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
 
 pytest.importorskip("pyspark")
 
-from client_stub.errors import KafkaTimeoutError  # noqa: E402
+from client_stub.errors import KafkaTimeoutError, SidecarUnavailableError  # noqa: E402
 from client_stub.spark.datasource import (  # noqa: E402
     KafkaSidecarStreamWriter,
     KafkaSidecarWriter,
@@ -111,6 +112,61 @@ def test_a_task_not_confirmed_within_its_delivery_timeout_fails(proxied_broker, 
     assert producer_for(options).flush(60) == 0
 
 
+def test_large_and_view_types_timestamps_and_nulls_arrive_as_written(broker, topic_factory, sidecar) -> None:
+    # Spark sends large_string/large_binary with spark.sql.execution.arrow.useLargeVarTypes, and
+    # timestamp_ntz without a time zone; keys, partitions, timestamps and headers may be null.
+    topic = topic_factory(3)
+    daemon = sidecar(broker.bootstrap)
+    header = pa.struct([("key", pa.string()), ("value", pa.binary())])
+    batch = pa.RecordBatch.from_pydict({
+        "value": pa.array(["é0", "v1", None, "v3"], pa.large_string()),
+        "key": pa.array([b"k0", None, b"k2", b"k3"], pa.large_binary()),
+        "partition": pa.array([2, None, 0, 1], pa.int64()),
+        "timestamp": pa.array([1_700_000_000_123_456, None, 0, 5_000], pa.timestamp("us")),
+        "headers": pa.array([[{"key": "h", "value": b"x"}], None, [], [{"key": "n", "value": None}]],
+                            pa.list_(header)),
+    })
+    columns = Columns(key=True, partition=True, timestamp=True, headers=True)
+    totals = write_batches(iter([batch]), SinkOptions(topic=topic, endpoint=daemon.endpoint), columns,
+                           Origin("job", 0, 0))
+    assert (totals.records[topic], totals.bytes[topic]) == (4, len("é0".encode()) + 2 + 2 + 2 + 2 + 2)
+    read = {r.key: r for r in read_topic(broker.bootstrap, topic, expected=4)}
+    assert (read[b"k0"].value, read[b"k0"].partition, read[b"k0"].timestamp_ms, read[b"k0"].headers) == (
+        "é0".encode(), 2, 1_700_000_000_123, [("h", b"x")])
+    assert (read[None].value, read[None].headers) == (b"v1", [])
+    assert (read[b"k2"].value, read[b"k2"].partition, read[b"k2"].timestamp_ms) == (None, 0, 0)
+    assert (read[b"k3"].partition, read[b"k3"].timestamp_ms, read[b"k3"].headers) == (1, 5, [("n", None)])
+
+
+def test_a_row_the_producer_refuses_is_named(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(2)
+    daemon = sidecar(broker.bootstrap)
+    batches = [pa.RecordBatch.from_pydict({"value": [b"v"] * 10, "partition": [0] * 10}),
+               pa.RecordBatch.from_pydict({"value": [b"a", b"b", b"c"], "partition": [0, 1, 5]})]
+    with pytest.raises(ValueError, match="partition 5 of topic .* does not exist") as refused:
+        write_batches(iter(batches), SinkOptions(topic=topic, endpoint=daemon.endpoint), Columns(partition=True),
+                      Origin("job", 0, 3))
+    assert refused.value.__notes__ == ["kafka-sidecar: while sending row 12 of Spark partition 3"]
+
+
+def _restart_between(batches: list[pa.RecordBatch], daemon) -> Iterator[pa.RecordBatch]:
+    yield batches[0]
+    daemon.kill()
+    daemon.start()
+    yield batches[1]
+
+
+def test_a_task_whose_records_the_daemon_lost_fails_rather_than_commits(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap, settings={"sidecar.client.timeout.ms": 2000})
+    # Batches that stay open until the task's flush: the restarted daemon has never heard of them.
+    options = SinkOptions(topic=topic, endpoint=daemon.endpoint, linger_ms=600_000)
+    write_batches(iter([numbered(0, 10)]), options, Columns(key=True), Origin("job", 0, 0))
+    with pytest.raises(SidecarUnavailableError, match="lost this client's session"):
+        write_batches(_restart_between([numbered(10, 100), numbered(110, 100)], daemon), options, Columns(key=True),
+                      Origin("job", 0, 0))
+
+
 def test_commit_and_abort_log_the_totals_and_what_was_aborted(caplog) -> None:
     caplog.set_level(logging.INFO, logger="client_stub.spark")
     writer = KafkaSidecarWriter(SinkOptions(topic="t"), Columns(), "job-1")
@@ -121,7 +177,7 @@ def test_commit_and_abort_log_the_totals_and_what_was_aborted(caplog) -> None:
     stream.commit([SidecarCommitMessage(0, task)], 7)
     assert caplog.messages == [
         "kafka-sidecar job job-1 committed: 6 records, 60 bytes in 2 tasks (t: 6 records, 60 bytes)",
-        "kafka-sidecar job job-1 aborted: 2 of 3 tasks failed (their error is the job's); the tasks that succeeded "
+        "kafka-sidecar job job-1 aborted: 2 of 3 tasks did not commit (the job's error says why); the tasks that did "
         "had written 3 records, 30 bytes in 1 tasks (t: 3 records, 30 bytes), which stay in Kafka (at-least-once: "
         "a rerun writes them again)",
         "kafka-sidecar micro-batch 7 committed: 3 records, 30 bytes in 1 tasks (t: 3 records, 30 bytes)",
