@@ -1036,6 +1036,13 @@ def test_exception_from_the_core_does_not_escape(env: Env, monkeypatch: pytest.M
     client.send(ipc.HEARTBEAT)
     env.pump()
     assert len(env.front.sessions) == 1
+    # The batch that could not be queued failed: its records are reported, and its block is free again.
+    env.front.after_iteration()
+    [report] = deliveries(client)
+    assert report[:4] == [1, 0, 1, -1]
+    failure = ipc.error_from_wire(report[5])
+    assert failure is not None and "could not queue the batch: the accumulator is broken" in str(failure)
+    assert env.pool.free_blocks == BLOCKS
 
 
 def test_daemon_loop_survives_an_error_after_an_iteration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
