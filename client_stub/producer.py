@@ -378,8 +378,9 @@ class Producer:
         header_list = _headers(headers) if headers else ()
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
-        elif type(timestamp_ms) is not int or timestamp_ms < 0:
-            raise ValueError(f"timestamp_ms must be a non-negative integer, got {timestamp_ms!r}")
+        elif type(timestamp_ms) is not int or not 0 <= timestamp_ms < 2**63:
+            # Checked before any block is taken for the record: Kafka's timestamps are int64.
+            raise ValueError(f"timestamp_ms must be an integer from 0 to 2**63-1, got {timestamp_ms!r}")
         if partition is not None and (type(partition) is not int or partition < 0):
             raise ValueError(f"partition must be a non-negative integer, got {partition!r}")
         deadline = 0.0

@@ -535,6 +535,14 @@ def test_bad_input_gets_clear_errors(broker, topic_factory, sidecar) -> None:
             producer.send("no-such-topic", b"v")
         result = producer.send(topic, "text", key="k", headers={"a": "b"}).result(30)
         assert result.serialized_key_size == 1 and result.serialized_value_size == 4
+        # A timestamp past Kafka's int64 is refused before any block is taken: more refusals than the
+        # pool has blocks, and the next record still finds room.
+        for timestamp in (2**63, 2**64, *[2**63 + n for n in range(1100)]):
+            with pytest.raises(ValueError, match=r"timestamp_ms must be an integer from 0 to 2\*\*63-1"):
+                producer.send(topic, b"v", timestamp_ms=timestamp)
+        with pytest.raises(ValueError, match="timestamp_ms must be"):
+            producer.send(topic, b"v", timestamp_ms=-1)
+        assert producer.send(topic, b"after", timestamp_ms=2**63 - 1).result(30).offset >= 0
     with pytest.raises(Exception, match="closed"):
         producer.send(topic, b"after close")
 
