@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from client_stub.errors import KafkaError, NetworkError, UnsupportedError, error_code
+from client_stub.errors import ERRORS_BY_NAME, KafkaError, NetworkError, UnsupportedError, error_code
 
 from ..protocol import messages as m
 from ..protocol.api import APIS, decode_response, encode_request, peek_correlation_id
@@ -31,7 +31,7 @@ from .selector import Selector
 
 log = logging.getLogger(__name__)
 
-UNSUPPORTED_VERSION = 35
+UNSUPPORTED_VERSION = ERRORS_BY_NAME["UNSUPPORTED_VERSION"].code
 
 # How many unanswered (acks=0) correlation ids to remember per node.
 _UNANSWERED_KEPT = 1024

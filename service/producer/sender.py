@@ -13,7 +13,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from client_stub.errors import KafkaError, KafkaTimeoutError, NetworkError, UnsupportedError, error_code, for_code
+from client_stub.errors import (
+    ERRORS_BY_NAME,
+    KafkaError,
+    KafkaTimeoutError,
+    NetworkError,
+    UnsupportedError,
+    error_code,
+    for_code,
+)
 
 from ..config import ProducerConfig
 from ..network.client import ClientRequest, ClientResponse, NetworkClient
@@ -27,13 +35,13 @@ from .transaction_manager import State, TransactionManager
 
 log = logging.getLogger(__name__)
 
-NONE = 0
-CORRUPT_MESSAGE = 2
-MESSAGE_TOO_LARGE = 10
-NETWORK_EXCEPTION = 13
-REQUEST_TIMED_OUT = 7
-DUPLICATE_SEQUENCE_NUMBER = 46
-UNKNOWN_SERVER_ERROR = -1
+NONE = ERRORS_BY_NAME["NONE"].code
+CORRUPT_MESSAGE = ERRORS_BY_NAME["CORRUPT_MESSAGE"].code
+MESSAGE_TOO_LARGE = ERRORS_BY_NAME["MESSAGE_TOO_LARGE"].code
+NETWORK_EXCEPTION = ERRORS_BY_NAME["NETWORK_EXCEPTION"].code
+REQUEST_TIMED_OUT = ERRORS_BY_NAME["REQUEST_TIMED_OUT"].code
+DUPLICATE_SEQUENCE_NUMBER = ERRORS_BY_NAME["DUPLICATE_SEQUENCE_NUMBER"].code
+UNKNOWN_SERVER_ERROR = ERRORS_BY_NAME["UNKNOWN_SERVER_ERROR"].code
 
 PartitionData = m.ProduceRequest.TopicProduceData.PartitionProduceData
 TopicData = m.ProduceRequest.TopicProduceData

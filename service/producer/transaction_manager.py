@@ -17,23 +17,22 @@ import enum
 import logging
 from dataclasses import dataclass, field
 
-from client_stub.errors import KafkaError, for_code
+from client_stub.errors import ERRORS_BY_NAME, KafkaError, for_code
 
 from ..protocol import messages as m
+from ..protocol.record_batch import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE
 from .batch import ProducerBatch, TopicPartition
 
 log = logging.getLogger(__name__)
 
-NO_PRODUCER_ID = -1
-NO_PRODUCER_EPOCH = -1
-NO_SEQUENCE = -1
 INT_MAX = 2**31 - 1
 
-UNKNOWN_PRODUCER_ID = 59
-# Errors after which the producer cannot go on (as Java's TransactionManager): CLUSTER_ and
-# TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNSUPPORTED_VERSION, PRODUCER_FENCED.
-_FATAL = {31, 53, 35, 90}
-OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+UNKNOWN_PRODUCER_ID = ERRORS_BY_NAME["UNKNOWN_PRODUCER_ID"].code
+# Errors after which the producer cannot go on (as Java's TransactionManager).
+_FATAL = {ERRORS_BY_NAME[name].code for name in ("CLUSTER_AUTHORIZATION_FAILED",
+                                                 "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", "UNSUPPORTED_VERSION",
+                                                 "PRODUCER_FENCED")}
+OUT_OF_ORDER_SEQUENCE_NUMBER = ERRORS_BY_NAME["OUT_OF_ORDER_SEQUENCE_NUMBER"].code
 
 
 @dataclass(frozen=True, slots=True)
