@@ -9,23 +9,13 @@ import sys
 from client_stub import ipc
 from client_stub.errors import ConfigError
 
-from .config import KEYS, ProducerConfig
-
-
-def _settings(pairs: list[str]) -> dict[str, str]:
-    settings = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"-X takes key=value, got {pair!r}")
-        settings[key.strip()] = value.strip()
-    return settings
+from .config import KEYS, ProducerConfig, parse_settings
 
 
 def _run(args: argparse.Namespace) -> int:
     from .daemon import SidecarDaemon
 
-    settings = _settings(args.settings)
+    settings = parse_settings(args.settings)
     settings["bootstrap.servers"] = args.bootstrap_servers
     daemon = SidecarDaemon(ProducerConfig(settings), args.endpoint)
     daemon.install_signal_handlers()
@@ -34,13 +24,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _quickstart(args: argparse.Namespace) -> int:
-    from .quickstart import run
+    from .tools.quickstart import run
 
     return run(processes=args.processes, records=args.records, spark=not args.skip_spark)
 
 
 def _perf_test(args: argparse.Namespace) -> int:
-    from .perf_test import main
+    from .tools.perf_test import main
 
     return main(args)
 

@@ -47,6 +47,17 @@ def _to_acks(text: str) -> int:
     return value
 
 
+def parse_settings(pairs: list[str]) -> dict[str, str]:
+    """``-X key=value`` pairs as a mapping (checked later, by ProducerConfig)."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"-X takes key=value, got {pair!r}")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigKey:
     """One setting: its Kafka name, parser, default and allowed range."""

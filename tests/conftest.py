@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from service.embedded import free_port
+from service.tools.embedded import free_port
 from tests.support.broker import TansuBroker
 from tests.support.fake_broker import FakeBroker
 from tests.support.mock_cluster import MockCluster

@@ -74,7 +74,6 @@ class RecordAccumulator:
         self.drain_left_batches = False
         # Every batch appended and not final yet, queued or in flight: what flush waits for.
         self.incomplete: set[ProducerBatch] = set()
-        self._flushes_in_progress = 0
         self.closed = False
         # No queued batch expires before this (it may be early: batches drained since are not taken out).
         self.next_batch_expiry_ms = FOREVER
@@ -159,17 +158,7 @@ class RecordAccumulator:
     def has_incomplete(self) -> bool:
         return bool(self.incomplete)
 
-    # -- flush and close -------------------------------------------------------------------------
-
-    def begin_flush(self) -> None:
-        self._flushes_in_progress += 1
-
-    def end_flush(self) -> None:
-        self._flushes_in_progress = max(self._flushes_in_progress - 1, 0)
-
-    @property
-    def flush_in_progress(self) -> bool:
-        return self._flushes_in_progress > 0
+    # -- close -----------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Take no more batches; what is queued is still sent."""

@@ -79,13 +79,6 @@ class ProducerCore:
 
     def flush(self, timeout_ms: int | None = None) -> bool:
         """Run the loop until every batch handed over is final; False if ``timeout_ms`` passed first."""
-        self.accumulator.begin_flush()
-        try:
-            return self._run_until_complete(timeout_ms)
-        finally:
-            self.accumulator.end_flush()
-
-    def _run_until_complete(self, timeout_ms: int | None) -> bool:
         deadline = None if timeout_ms is None else self.clock() + timeout_ms
         while self.accumulator.has_incomplete():
             now = self.clock()
@@ -102,7 +95,7 @@ class ProducerCore:
         self.accumulator.close()
         deadline = None if timeout_ms is None else self.clock() + timeout_ms
         if timeout_ms is None or timeout_ms > 0:
-            self._run_until_complete(timeout_ms)
+            self.flush(timeout_ms)
         if self.accumulator.has_incomplete():
             error = ProducerClosedError(f"the producer closed after {timeout_ms} ms before this batch was delivered")
             aborted = self.sender.abort_incomplete(error)

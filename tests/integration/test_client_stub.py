@@ -28,7 +28,7 @@ from client_stub import Producer, RecordMetadata, ipc
 from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
 from client_stub.records import encode_record
 from client_stub.shm import FREE, OWNED, Segment
-from service.readback import ConsumedRecord, read_topic
+from service.tools.readback import ConsumedRecord, read_topic
 from tests.support import workers
 from tests.support.sidecar import SidecarProcess
 

@@ -18,7 +18,7 @@ from service.producer.batch import FinalState, ProducerBatch
 from service.producer.core import ProducerCore
 from service.protocol.messages import PRODUCE
 from service.protocol.record_batch import decode_batches
-from service.readback import read_topic
+from service.tools.readback import read_topic
 from tests.support.batches import Deliveries, SentRecord
 from tests.support.core import (
     JumpingClock,

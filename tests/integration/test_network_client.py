@@ -21,7 +21,7 @@ from service.protocol import messages as m
 from service.protocol.api import APIS
 from service.protocol.compression import CompressionType
 from service.protocol.record_batch import build_batch
-from service.readback import read_topic
+from service.tools.readback import read_topic
 from tests.support.broker import TansuBroker
 from tests.support.mock_cluster import MockCluster
 from tests.support.proxy import SilentListener

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from service.perf_test import Workload, run
-from service.readback import read_topic
+from service.tools.perf_test import Workload, run
+from service.tools.readback import read_topic
 
 # Kafka's kafka-producer-perf-test summary line.
 SUMMARY = re.compile(

@@ -34,7 +34,7 @@ from client_stub.errors import (
 )
 from service.protocol.messages import PRODUCE
 from service.protocol.record_batch import decode_batches
-from service.readback import read_topic
+from service.tools.readback import read_topic
 from tests.support.fake_broker import produce_response, record_count
 from tests.support.workers import run_children
 

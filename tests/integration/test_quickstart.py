@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from client_stub import Producer
-from service.quickstart import check_flights
+from service.tools.quickstart import check_flights
 
 ROOT = Path(__file__).parents[2]
 

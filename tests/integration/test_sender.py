@@ -13,7 +13,7 @@ import pytest
 from client_stub.errors import KafkaTimeoutError
 from service.producer.batch import FinalState
 from service.producer.transaction_manager import ProducerIdAndEpoch
-from service.readback import read_topic
+from service.tools.readback import read_topic
 from tests.support.batches import Deliveries
 from tests.support.core import (
     JumpingClock,

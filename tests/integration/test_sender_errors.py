@@ -29,13 +29,13 @@ from client_stub.errors import (
     UnsupportedError,
 )
 from service.config import ProducerConfig
-from service.embedded import free_port
 from service.network.client import monotonic_ms
 from service.producer.batch import FinalState, ProducerBatch, TopicPartition
 from service.producer.core import ProducerCore
 from service.protocol import messages as m
 from service.protocol.api import RequestHeader, encode_request
 from service.protocol.record_batch import RecordBatch, decode_batches
+from service.tools.embedded import free_port
 from tests.support.batches import Deliveries, SentRecord
 from tests.support.core import JumpingClock, run_until
 from tests.support.fake_broker import CLOSE, FakeBroker, codec_api_versions, produce_response

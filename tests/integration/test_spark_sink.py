@@ -20,7 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from client_stub import spark as sidecar_spark
 from client_stub.partitioner import murmur2_partition
-from service.readback import ConsumedRecord, read_topic
+from service.tools.readback import ConsumedRecord, read_topic
 
 ROWS = 200_000
 PARTITIONS = 4

@@ -27,7 +27,7 @@ from client_stub.spark.datasource import (  # noqa: E402
 from client_stub.spark.options import SinkOptions  # noqa: E402
 from client_stub.spark.schema import Columns  # noqa: E402
 from client_stub.spark.task import Origin, WriteTotals, producer_for, write_batches  # noqa: E402
-from service.readback import read_topic  # noqa: E402
+from service.tools.readback import read_topic  # noqa: E402
 
 FORK = multiprocessing.get_context("fork")
 # A daemon behind a FaultProxy: a blackholed request times out quickly, and its batch expires soon after.

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, Producer
 from confluent_kafka import Message as KafkaMessage
 
-from service.readback import ReadTimeout, read_topic
+from service.tools.readback import ReadTimeout, read_topic
 from tests.support.broker import TansuBroker
 from tests.support.mock_cluster import MockCluster
 from tests.support.proxy import FaultProxy, SilentListener

@@ -1,7 +1,7 @@
 """perf-test adapters for the anchor producers: confluent-kafka and kafka-python.
 
 Each ``make_*_client(options)`` returns an object with send / poll / flush / close,
-as ``service.perf_test.Client`` asks; ``options`` is ``{"config": {...}}``, the
+as ``service.tools.perf_test.Client`` asks; ``options`` is ``{"config": {...}}``, the
 producer's own configuration. ``client_options(client, ...)`` maps the benchmark's
 settings (acks=all, idempotence, linger.ms, batch.size, compression) onto each
 client's configuration, so that all three run the same producer settings.
@@ -16,12 +16,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from service.perf_test import Client, DeliveryCallback
+from service.tools.perf_test import Client, DeliveryCallback
 
 CLIENTS = ("kafka-sidecar", "confluent-kafka", "kafka-python")
 
 ADAPTERS = {
-    "kafka-sidecar": "service.perf_test:make_sidecar_client",
+    "kafka-sidecar": "service.tools.perf_test:make_sidecar_client",
     "confluent-kafka": "tests.perf.clients:make_confluent_client",
     "kafka-python": "tests.perf.clients:make_kafka_python_client",
 }

@@ -15,7 +15,7 @@ W3 many small clients: 32 processes x 500 records/s for --duration seconds, thro
    made), CPU seconds (producing processes plus the daemon) and produce requests sent
    (the proxy's count).
 
-Every client runs through service.perf_test (the same workers, clock and per-record
+Every client runs through service.tools.perf_test (the same workers, clock and per-record
 delivery callbacks); kafka-sidecar gets a fresh daemon per measurement, every measurement a
 fresh 6-partition topic. W1 and W2 use a broker without proxy, W3 one behind the proxy (a
 broker advertises one address, so the two phases need a broker each). The clients' order
@@ -23,7 +23,7 @@ rotates from run to run. The table shows kafka-sidecar / confluent-kafka and
 kafka-sidecar / kafka-python ratios; the JSON has every figure, the machine facts and,
 with --runs N, the median of every figure and ratio.
 
-Only the standard library and service.perf_test are imported at module level: spawned
+Only the standard library and service.tools.perf_test are imported at module level: spawned
 workers import this module again as __mp_main__, and must load only their own client.
 """
 
@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # for tests.perf.clients and tests.support, here and in the workers
 
-from service.perf_test import Result, Workload, run  # noqa: E402
+from service.tools.perf_test import Result, Workload, run  # noqa: E402
 
 CLIENTS = ("kafka-sidecar", "confluent-kafka", "kafka-python")
 SIDECAR, CONFLUENT, KAFKA_PYTHON = CLIENTS
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends the run as Ctrl-C does: every finally below stops what it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    from service.embedded import free_port
+    from service.tools.embedded import free_port
     from tests.support.broker import TansuBroker
     from tests.support.proxy import FaultProxy
 

@@ -372,7 +372,7 @@ class ConnectionSampler:
 def count_topic(bootstrap: str, topic: str, expected: int) -> dict[int, int]:
     """Records per partition of ``topic``, counted by reading every one back with librdkafka (CRCs checked).
 
-    service.readback.read_topic's end-of-partition rule (Tansu's ListOffsets gives only a lower bound
+    service.tools.readback.read_topic's end-of-partition rule (Tansu's ListOffsets gives only a lower bound
     of the end), without keeping the records, which read_topic holds as Python objects.
     """
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition

@@ -7,7 +7,7 @@ import time
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from service.embedded import EmbeddedBroker
+from service.tools.embedded import EmbeddedBroker
 
 
 class TansuBroker(EmbeddedBroker):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from service.config import ProducerConfig
 from service.network.client import monotonic_ms
 from service.producer.core import ProducerCore
-from service.readback import ConsumedRecord
+from service.tools.readback import ConsumedRecord
 from tests.support.batches import Deliveries
 
 

@@ -18,7 +18,7 @@ import zmq
 
 from client_stub import ipc
 from client_stub.shm import TABLE_ENTRY, Segment
-from service.embedded import free_port
+from service.tools.embedded import free_port
 
 
 class SidecarProcess:

@@ -6,7 +6,7 @@ import os
 
 from pyspark.sql import SparkSession
 
-from service.quickstart import local_spark_env
+from service.tools.quickstart import local_spark_env
 
 
 def local_session(cores: int = 2, app_name: str = "kafka-sidecar-tests") -> SparkSession:

@@ -484,17 +484,9 @@ def test_abort_undrained() -> None:
     assert all(b.is_done for b in batches) and not acc.has_incomplete()
 
 
-def test_flush_and_completion_bookkeeping() -> None:
+def test_completion_bookkeeping() -> None:
     acc = accumulator()
     cluster = make_cluster({T0: 1})
-    assert not acc.flush_in_progress
-    acc.begin_flush()
-    acc.begin_flush()
-    acc.end_flush()
-    assert acc.flush_in_progress
-    acc.end_flush()
-    acc.end_flush()  # unbalanced end: stays at none
-    assert not acc.flush_in_progress
     [batch] = append(acc, T0)
     assert acc.has_incomplete() and acc.has_undrained()
     assert drain_one(acc, cluster, 0) == [batch]

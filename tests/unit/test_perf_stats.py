@@ -2,7 +2,7 @@
 
 import pytest
 
-from service.perf_test import LatencySample, Result
+from service.tools.perf_test import LatencySample, Result
 
 
 def test_every_latency_is_kept_while_there_is_room() -> None:

@@ -29,7 +29,7 @@ def test_a_worker_loads_the_library_of_its_client_and_no_other(client: str, own:
         "import json, sys\n"
         "import tests.perf.compare\n"
         "from tests.perf.clients import ADAPTERS\n"
-        "from service.perf_test import _load\n"
+        "from service.tools.perf_test import _load\n"
         f"_load(ADAPTERS[{client!r}]).prepare()\n"
         "print(json.dumps(sorted({name.split('.')[0] for name in sys.modules})))\n"
     )

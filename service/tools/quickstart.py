@@ -30,7 +30,7 @@ from client_stub.partitioner import murmur2_partition
 from .embedded import EmbeddedBroker
 
 # The example pipeline, in a clone of the repository.
-SPARK_JOB = Path(__file__).resolve().parents[1] / "deploy" / "spark" / "flights_to_kafka.py"
+SPARK_JOB = Path(__file__).resolve().parents[2] / "deploy" / "spark" / "flights_to_kafka.py"
 FLIGHTS_TOPIC = "flights"
 FLIGHTS_PARTITIONS = 6
 

@@ -361,7 +361,7 @@ def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int,
                 tally[1], tally[2]))
 
 
-def run(workload: Workload, adapter: str = "service.perf_test:make_sidecar_client",
+def run(workload: Workload, adapter: str = "service.tools.perf_test:make_sidecar_client",
         options: dict[str, Any] | None = None, progress_every_s: float = 5.0,
         out: Callable[[str], None] = print, *, on_ready: Callable[[list[int]], None] | None = None,
         on_tick: Callable[[], None] | None = None, tick_every_s: float = 1.0,
@@ -489,9 +489,9 @@ def main(args: Any) -> int:
     import subprocess
     import tempfile
 
-    from .cli import _settings
+    from ..config import parse_settings
 
-    settings = _settings(args.settings)
+    settings = parse_settings(args.settings)
     workload = Workload(args.topic, args.num_records, args.record_size, args.processes, args.throughput,
                         args.key_size, args.key_count)
     daemon = None
