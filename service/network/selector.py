@@ -16,7 +16,6 @@ import errno
 import logging
 import select
 import socket
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,9 +25,10 @@ import zmq
 
 from client_stub.records import Buffer
 
+from ..protocol.framing import FrameReader, InvalidFrameSize
+
 log = logging.getLogger(__name__)
 
-_SIZE = struct.Struct(">i")
 # sendmsg takes at most IOV_MAX buffers at once.
 _MAX_IOV = 512
 _RECV_CHUNK = 256 * 1024
@@ -100,7 +100,7 @@ class KafkaChannel:
     # Until connected: the poll events awaited, the TCP connect's first, then the handshake's.
     connect_interest: int = _POLLOUT
     send: _Send | None = None
-    inbuf: bytearray = field(default_factory=bytearray)
+    frames: FrameReader = field(default_factory=FrameReader)
 
     @property
     def fileno(self) -> int:
@@ -156,7 +156,7 @@ class Selector:
         except BaseException:
             sock.close()
             raise
-        channel = KafkaChannel(node_id, self._transport_factory(sock))
+        channel = KafkaChannel(node_id, self._transport_factory(sock), frames=FrameReader(self.max_receive_size))
         self._channels[node_id] = channel
         self._by_fd[sock.fileno()] = channel
 
@@ -291,55 +291,16 @@ class Selector:
         self._fail(channel, failure)
 
     def _extract_frames(self, channel: KafkaChannel, data: bytes) -> bool:
-        """Report the frames that ``data`` completes; keep the start of an incomplete one pending.
-
-        Frames that lie whole in ``data``, most of them, are sliced out of it: one copy each, and
-        nothing is shifted per frame. False if an invalid size closed the connection.
-        """
-        pos = 0
-        pending = channel.inbuf
-        if pending:
-            # First the frame an earlier read began.
-            if len(pending) < 4:
-                pos = 4 - len(pending)
-                pending += data[:pos]
-                if len(pending) < 4:
-                    return True
-            (size,) = _SIZE.unpack_from(pending, 0)
-            if size < 0 or size > self.max_receive_size:
-                return self._invalid_size(channel, size)
-            missing = 4 + size - len(pending)
-            with memoryview(data) as view:
-                pending += view[pos:pos + missing]
-            pos += missing
-            if pos > len(data):
-                return True
-            with memoryview(pending) as view:
-                self.completed_receives.append((channel.node_id, bytes(view[4:])))
-            pending.clear()
-        # Locals: this loop runs once per response of every broker.
-        end = len(data)
-        unpack, limit = _SIZE.unpack_from, self.max_receive_size
-        append, node_id = self.completed_receives.append, channel.node_id
-        while end - pos >= 4:
-            (size,) = unpack(data, pos)
-            if size < 0 or size > limit:
-                return self._invalid_size(channel, size)
-            if end - pos - 4 < size:
-                break
-            pos += 4
-            append((node_id, data[pos:pos + size]))
-            pos += size
-        if pos < end:
-            with memoryview(data) as view:
-                pending += view[pos:]
+        """Report the frames that ``data`` completes; False if an invalid size closed the connection."""
+        try:
+            frames = channel.frames.feed(data)
+        except InvalidFrameSize as exc:
+            self._fail(channel, f"invalid receive of {exc.size} bytes from node {channel.node_id} "
+                                f"(receive.message.max.bytes is {self.max_receive_size})")
+            return False
+        node_id = channel.node_id
+        self.completed_receives.extend([(node_id, frame) for frame in frames])
         return True
-
-    def _invalid_size(self, channel: KafkaChannel, size: int) -> bool:
-        """Close the connection over a frame size out of bounds; False, for _extract_frames to return."""
-        self._fail(channel, f"invalid receive of {size} bytes from node {channel.node_id} "
-                            f"(receive.message.max.bytes is {self.max_receive_size})")
-        return False
 
     # -- ZeroMQ and other sockets polled with the brokers ---------------------------------------
 

@@ -42,11 +42,12 @@ from typing import Any, Final
 
 from service.protocol import messages as m
 from service.protocol.api import APIS, RequestHeader, decode_request, encode_response
+from service.protocol.framing import FrameReader
 from service.protocol.primitives import ProtocolError
 from service.protocol.schema import Message
 
 # The selector thread, wake-ups and frame splitting of the fault proxy serve here too.
-from .proxy import _ProtocolError, _SelectorServer, _split_frames
+from .proxy import _SelectorServer
 
 CLOSE: Final = object()
 """A handler's answer that closes the connection instead of responding."""
@@ -97,7 +98,7 @@ def record_count(records: bytes) -> int:
 @dataclass(eq=False)
 class _Connection:
     sock: socket.socket
-    inbuf: bytearray = field(default_factory=bytearray)
+    frames: FrameReader = field(default_factory=FrameReader)
     outbuf: bytearray = field(default_factory=bytearray)
     closing: bool = False  # read nothing more; close once outbuf is sent
 
@@ -286,9 +287,8 @@ class FakeBroker(_SelectorServer):
                 data = connection.sock.recv(_RECV_SIZE)
                 if not data:
                     raise ConnectionError("closed by the client")
-                connection.inbuf += data
-                for frame in _split_frames(connection.inbuf):
-                    self._handle(connection, frame[4:])
+                for frame in connection.frames.feed(data):
+                    self._handle(connection, frame)
                     if connection.closing:
                         break
             if connection.outbuf:
@@ -296,7 +296,7 @@ class FakeBroker(_SelectorServer):
                 del connection.outbuf[:sent]
         except BlockingIOError:
             pass
-        except (OSError, _ProtocolError):
+        except (OSError, ProtocolError):
             self._close(connection)
             return
         if connection.closing and not connection.outbuf:

@@ -24,16 +24,14 @@ from functools import partial
 from types import TracebackType
 from typing import Self
 
-_SIZE = struct.Struct(">i")  # every Kafka frame starts with its length
+from service.protocol.framing import SIZE, FrameReader
+from service.protocol.primitives import ProtocolError
+
 _REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 _CORRELATION_ID = struct.Struct(">i")  # the first field of every response header
 _PRODUCE = 0  # the api key of Produce requests
 _RECV_SIZE = 256 * 1024
 _CALL_TIMEOUT = 5.0
-
-
-class _ProtocolError(Exception):
-    """Bytes on a connection that cannot be Kafka frames."""
 
 
 class _SelectorServer:
@@ -267,10 +265,10 @@ class _Link:
     upstream: socket.socket
     connected: bool = False  # the upstream connect() has completed
     closing: bool = False  # forward nothing more; close once the output buffers are empty
-    # Bytes received and not yet split into frames.
-    from_client: bytearray = field(default_factory=bytearray)
-    from_upstream: bytearray = field(default_factory=bytearray)
-    # Whole frames waiting for their release time: (arrival time, frame).
+    # Each direction's bytes split into frames.
+    from_client: FrameReader = field(default_factory=FrameReader)
+    from_upstream: FrameReader = field(default_factory=FrameReader)
+    # Whole frames, size prefix included, waiting for their release time: (arrival time, frame).
     requests: deque[tuple[float, bytes]] = field(default_factory=deque)
     responses: deque[tuple[float, bytes]] = field(default_factory=deque)
     # Released bytes not yet accepted by the socket.
@@ -393,7 +391,7 @@ class FaultProxy(_SelectorServer):
                 self._receive(link.client, link.from_client, link.requests)
             if mask & selectors.EVENT_WRITE:
                 _send_some(link.client, link.to_client)
-        except (OSError, _ProtocolError):
+        except (OSError, ProtocolError):
             self._close_link(link)
             return
         self._update_interest(link)
@@ -411,13 +409,13 @@ class FaultProxy(_SelectorServer):
                 self._receive(link.upstream, link.from_upstream, link.responses)
             if mask & selectors.EVENT_WRITE:
                 _send_some(link.upstream, link.to_upstream)
-        except (OSError, _ProtocolError):
+        except (OSError, ProtocolError):
             self._close_link(link)
             return
         self._update_interest(link)
 
     def _receive(
-        self, sock: socket.socket, buffer: bytearray, frames: deque[tuple[float, bytes]]
+        self, sock: socket.socket, reader: FrameReader, frames: deque[tuple[float, bytes]]
     ) -> None:
         """Read what ``sock`` has and queue the whole frames it completes."""
         try:
@@ -426,9 +424,9 @@ class FaultProxy(_SelectorServer):
             return
         if not data:
             raise ConnectionError("peer closed the connection")
-        buffer += data
         now = time.monotonic()
-        frames.extend((now, frame) for frame in _split_frames(buffer))
+        # Forwarded as they came: with their size prefix.
+        frames.extend((now, SIZE.pack(len(frame)) + frame) for frame in reader.feed(data))
 
     def _after_events(self) -> None:
         """Release the frames that are due, write what can be written, finish closings."""
@@ -447,7 +445,7 @@ class FaultProxy(_SelectorServer):
                     _send_some(link.client, link.to_client)
                 if link.to_upstream and link.connected:
                     _send_some(link.upstream, link.to_upstream)
-            except (OSError, _ProtocolError):
+            except (OSError, ProtocolError):
                 self._close_link(link)
                 continue
             if link.closing and not link.to_client and not link.to_upstream:
@@ -461,9 +459,9 @@ class FaultProxy(_SelectorServer):
     def _forward_request(self, link: _Link, frame: bytes) -> None:
         if self._blackhole:
             return
-        if len(frame) < _SIZE.size + _REQUEST_HEADER.size:
-            raise _ProtocolError("request shorter than a request header")
-        api_key, _, correlation_id = _REQUEST_HEADER.unpack_from(frame, _SIZE.size)
+        if len(frame) < SIZE.size + _REQUEST_HEADER.size:
+            raise ProtocolError("request shorter than a request header")
+        api_key, _, correlation_id = _REQUEST_HEADER.unpack_from(frame, SIZE.size)
         link.to_upstream += frame
         link.in_flight.append((correlation_id, api_key))
         self._requests_forwarded[api_key] += 1
@@ -474,9 +472,9 @@ class FaultProxy(_SelectorServer):
                 link.closing = True
 
     def _forward_response(self, link: _Link, frame: bytes) -> None:
-        if len(frame) < _SIZE.size + _CORRELATION_ID.size:
-            raise _ProtocolError("response shorter than a response header")
-        (correlation_id,) = _CORRELATION_ID.unpack_from(frame, _SIZE.size)
+        if len(frame) < SIZE.size + _CORRELATION_ID.size:
+            raise ProtocolError("response shorter than a response header")
+        (correlation_id,) = _CORRELATION_ID.unpack_from(frame, SIZE.size)
         api_key = _match_request(link.in_flight, correlation_id)
         if self._blackhole:
             return
@@ -522,28 +520,11 @@ class FaultProxy(_SelectorServer):
             self._close_link(link)
 
 
-def _split_frames(buffer: bytearray) -> list[bytes]:
-    """Remove the whole size-prefixed frames at the start of ``buffer`` and return them."""
-    frames = []
-    start = 0
-    while len(buffer) - start >= _SIZE.size:
-        (size,) = _SIZE.unpack_from(buffer, start)
-        if size < 0:
-            raise _ProtocolError(f"negative frame size {size}")
-        end = start + _SIZE.size + size
-        if end > len(buffer):
-            break
-        frames.append(bytes(buffer[start:end]))
-        start = end
-    del buffer[:start]
-    return frames
-
-
 def _api_key(frame: bytes) -> int | None:
     """The api key of a request frame (None if it is too short to have one)."""
-    if len(frame) < _SIZE.size + _REQUEST_HEADER.size:
+    if len(frame) < SIZE.size + _REQUEST_HEADER.size:
         return None
-    return _REQUEST_HEADER.unpack_from(frame, _SIZE.size)[0]
+    return _REQUEST_HEADER.unpack_from(frame, SIZE.size)[0]
 
 
 def _match_request(in_flight: deque[tuple[int, int]], correlation_id: int) -> int | None:
