@@ -43,7 +43,7 @@ from .errors import (
     SidecarUnavailableError,
 )
 from .partitioner import Partitioner
-from .records import Header, record_size
+from .records import BATCH_HEADER_SIZE, Header, record_size
 from .shm import Segment
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,6 @@ _REPORT_GRACE_MS = 30_000
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
-# The batch header the daemon writes around a block's records (counted against max.request.size).
-_BATCH_OVERHEAD = 61
 # Reports are slow when they take this many linger_ms (smoothed, or the oldest awaited one so far).
 # The daemon or the broker is then behind, and a partition's open batch is not sealed at linger_ms
 # while its previous sealed batch awaits its report: it keeps filling until full (or flush), as a
@@ -451,9 +449,9 @@ class Producer:
         welcome = self._welcome
         size = record_size(0, 0, key, value, headers)
         limit = welcome["settings"]["max_request_size"]
-        if size + _BATCH_OVERHEAD > limit:
+        if size + BATCH_HEADER_SIZE > limit:
             raise RecordTooLargeError(
-                f"The message is {size + _BATCH_OVERHEAD} bytes when serialized which is larger than {limit}, "
+                f"The message is {size + BATCH_HEADER_SIZE} bytes when serialized which is larger than {limit}, "
                 "which is the value of the max.request.size configuration.")
         count = -(-size // welcome["block_size"])
         if count > welcome["block_count"]:

@@ -31,9 +31,13 @@ from ._fastpath import encode_record, encode_record_into, rebase_records, record
 Buffer: TypeAlias = bytes | bytearray | memoryview
 Header = tuple[bytes, "bytes | None"]
 
-__all__ = ["Buffer", "Header", "Record", "decode_record", "decode_records", "encode_record", "encode_record_into",
-           "read_uvarint", "read_varint", "rebase_records", "record_boundaries", "record_size", "unzigzag", "uvarint",
-           "varint", "varint_size", "zigzag"]
+# The RecordBatch v2 header that the daemon writes around a batch's records: what a batch of
+# records costs against max.request.size, known to the client before it sends one.
+BATCH_HEADER_SIZE = 61
+
+__all__ = ["BATCH_HEADER_SIZE", "Buffer", "Header", "Record", "decode_record", "decode_records", "encode_record",
+           "encode_record_into", "read_uvarint", "read_varint", "rebase_records", "record_boundaries", "record_size",
+           "unzigzag", "uvarint", "varint", "varint_size", "zigzag"]
 
 
 def _encode_uvarint(value: int) -> bytes:

@@ -26,11 +26,11 @@ import zmq
 
 from client_stub import ipc
 from client_stub.errors import InvalidRequestError, KafkaError, error_code
+from client_stub.records import BATCH_HEADER_SIZE
 
 from .buffer_pool import BlockError, BufferPool
 from .producer.batch import ProducerBatch, TopicPartition
 from .producer.core import ProducerCore
-from .protocol.record_batch import HEADER_SIZE as RECORD_BATCH_OVERHEAD
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ class SidecarFront:
         partitions = self.core.metadata.cluster.partition_count(topic)
         if partitions is not None and partition >= partitions:
             raise ValueError(f"partition {partition} of topic {topic} does not exist: it has {partitions}")
-        if length + RECORD_BATCH_OVERHEAD > self.core.config["max.request.size"]:
+        if length + BATCH_HEADER_SIZE > self.core.config["max.request.size"]:
             raise ValueError(f"a batch of {length} bytes (and its header) is larger than max.request.size")
         view = self.pool.seal(session.client_id, first, count, length, records)
         blocks = range(first, first + count)

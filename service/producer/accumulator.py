@@ -27,10 +27,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from client_stub.errors import KafkaError
+from client_stub.records import BATCH_HEADER_SIZE
 
 from ..network.connection_states import ExponentialBackoff
 from ..network.metadata import Cluster, Node
-from ..protocol.record_batch import HEADER_SIZE
 from .batch import ProducerBatch, TopicPartition
 from .transaction_manager import TransactionManager, sequence_after
 
@@ -233,7 +233,7 @@ class RecordAccumulator:
                 continue
             if self.coalesce_bytes and batch.coalescible and len(queue) > 1:
                 # Never larger than a request may be (batch.size may exceed max.request.size).
-                batch = self._coalesce(queue, min(self.coalesce_bytes, max_size - HEADER_SIZE), now)
+                batch = self._coalesce(queue, min(self.coalesce_bytes, max_size - BATCH_HEADER_SIZE), now)
             if ready and size + batch.size_in_bytes > max_size:
                 # The first partition that did not fit goes first next time.
                 self._drain_start[node_id] = tp

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from client_stub.errors import KafkaError
-from client_stub.records import Buffer, decode_records, encode_record, rebase_records
+from client_stub.records import BATCH_HEADER_SIZE, Buffer, decode_records, encode_record, rebase_records
 
 from ..protocol.compression import CompressionType, compress
-from ..protocol.record_batch import HEADER_SIZE, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, encode_batch_header
+from ..protocol.record_batch import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, encode_batch_header
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class ProducerBatch:
     @property
     def size_in_bytes(self) -> int:
         """Bytes of the uncompressed batch on the wire, header included."""
-        return HEADER_SIZE + self.records_size
+        return BATCH_HEADER_SIZE + self.records_size
 
     # -- idempotence -----------------------------------------------------------------------------
 

@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from client_stub.records import Buffer, Record, decode_records
+from client_stub.records import BATCH_HEADER_SIZE, Buffer, Record, decode_records
 
 from .compression import CompressionType, compress, decompress
 
 MAGIC = 2
-HEADER_SIZE = 61
 # From baseOffset to the CRC, and from the attributes to the record count.
 _PREFIX = struct.Struct(">qiibI")
 _BODY = struct.Struct(">hiqqqhii")
@@ -58,11 +57,11 @@ def encode_batch_header(payload: Buffer, *, compression: CompressionType, record
     The CRC is computed over the header's tail and then ``payload`` in place.
     """
     attributes = int(compression) | (TRANSACTIONAL_FLAG if transactional else 0)
-    header = bytearray(HEADER_SIZE)
+    header = bytearray(BATCH_HEADER_SIZE)
     _BODY.pack_into(header, ATTRIBUTES_OFFSET, attributes, last_offset_delta, base_timestamp,
                     max_timestamp, producer_id, producer_epoch, base_sequence, record_count)
     crc = crc32c.crc32c(payload, crc32c.crc32c(memoryview(header)[ATTRIBUTES_OFFSET:]))
-    batch_length = HEADER_SIZE - LOG_OVERHEAD + _nbytes(payload)
+    batch_length = BATCH_HEADER_SIZE - LOG_OVERHEAD + _nbytes(payload)
     _PREFIX.pack_into(header, 0, base_offset, batch_length, partition_leader_epoch, MAGIC, crc)
     return header
 
@@ -126,18 +125,18 @@ class RecordBatch:
 def decode_batch(data: Buffer, pos: int = 0) -> tuple[RecordBatch, int]:
     """Decode the batch at ``pos``, checking its CRC; returns it and the position after it."""
     view = memoryview(data)
-    if len(view) - pos < HEADER_SIZE:
+    if len(view) - pos < BATCH_HEADER_SIZE:
         raise ValueError("record batch shorter than its header")
     base_offset, batch_length, leader_epoch, magic, crc = _PREFIX.unpack_from(view, pos)
     if magic != MAGIC:
         raise ValueError(f"record batch magic {magic}, only magic {MAGIC} is supported")
     end = pos + LOG_OVERHEAD + batch_length
-    if batch_length < HEADER_SIZE - LOG_OVERHEAD or end > len(view):
+    if batch_length < BATCH_HEADER_SIZE - LOG_OVERHEAD or end > len(view):
         raise ValueError(f"record batch length {batch_length} out of bounds")
     fields = _BODY.unpack_from(view, pos + ATTRIBUTES_OFFSET)
     batch = RecordBatch(base_offset, batch_length, leader_epoch, magic, crc, *fields)
     batch.crc_valid = crc32c.crc32c(view[pos + ATTRIBUTES_OFFSET:end]) == crc
-    payload = view[pos + HEADER_SIZE:end]
+    payload = view[pos + BATCH_HEADER_SIZE:end]
     if batch.compression is not CompressionType.NONE:
         payload = memoryview(decompress(batch.compression, payload))
     batch.records = decode_records(payload, batch.record_count)

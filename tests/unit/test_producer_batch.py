@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from client_stub.errors import KafkaError, KafkaTimeoutError, for_code
-from client_stub.records import decode_records
+from client_stub.records import BATCH_HEADER_SIZE, decode_records
 from service.producer import batch as batch_module
 from service.producer.batch import FinalState, ProducerBatch, TopicPartition
 from service.protocol.compression import CompressionType
-from service.protocol.record_batch import HEADER_SIZE, NO_SEQUENCE, decode_batch
+from service.protocol.record_batch import NO_SEQUENCE, decode_batch
 
 from .producer_batches import BASE_TS, T0, encode_records, make_batch, record_specs
 
@@ -160,8 +160,8 @@ def test_wire_pieces_uncompressed_is_the_buffer_itself() -> None:
     header, payload = batch.wire_pieces(CompressionType.NONE, None)
     assert payload is batch.records
     assert isinstance(payload, memoryview)
-    assert len(header) == HEADER_SIZE
-    assert batch.size_in_bytes == HEADER_SIZE + payload.nbytes
+    assert len(header) == BATCH_HEADER_SIZE
+    assert batch.size_in_bytes == BATCH_HEADER_SIZE + payload.nbytes
 
     decoded = decode([header, payload])
     assert decoded.crc_valid
@@ -170,7 +170,7 @@ def test_wire_pieces_uncompressed_is_the_buffer_itself() -> None:
     assert decoded.record_count == 5 and decoded.last_offset_delta == 4
     assert decoded.base_timestamp == BASE_TS
     assert decoded.max_timestamp == BASE_TS + specs[-1][0]
-    assert decoded.batch_length == HEADER_SIZE - 12 + payload.nbytes
+    assert decoded.batch_length == BATCH_HEADER_SIZE - 12 + payload.nbytes
     assert [(r.offset_delta, r.timestamp_delta, r.key, r.value) for r in decoded.records] == [
         (i, ts, k, v) for i, (ts, k, v, _) in enumerate(specs)]
 
