@@ -1258,7 +1258,8 @@ static int settle_quiet(Completer *self, PyObject **futures, PyObject **results,
     return call_truth(self->lock_release) < 0 ? -1 : 0;
 }
 
-/* Run the record's on_delivery(error, metadata); an exception it raises goes to callback_failed. */
+/* Run the record's on_delivery(error, metadata); an Exception it raises goes to callback_failed, a
+   BaseException that is not one (SystemExit, KeyboardInterrupt) is left set and -1 returned. */
 static int run_callback(Completer *self, PyObject *future, PyObject *result, PyObject *error) {
     PyObject *callback = SLOT(future, self->slots.on_delivery);
     if (callback == NULL || callback == Py_None) {
@@ -1268,6 +1269,9 @@ static int run_callback(Completer *self, PyObject *future, PyObject *result, PyO
     PyObject *call[] = {error, result};
     PyObject *r = PyObject_Vectorcall(callback, call, 2, NULL);
     Py_DECREF(callback);
+    if (r == NULL && !PyErr_ExceptionMatches(PyExc_Exception)) {
+        return -1;
+    }
     if (r == NULL) {
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
@@ -1355,15 +1359,28 @@ static PyObject *Completer_complete(Completer *self, PyObject *const *args, Py_s
     if (!failed) {
         failed = settle_quiet(self, done, results, fate, count, error) < 0;
     }
+    /* Every future completes and every callback runs, whatever one of them raises: the first exception
+       that escapes (a BaseException from a callback) is raised once all are done. */
+    PyObject *raised_type = NULL, *raised_value = NULL, *raised_traceback = NULL;
     for (Py_ssize_t i = 0; i < count && !failed; i++) {
+        int escaped = 0;
         if (fate[i] == WATCHED) {
             PyObject *call[] = {done[i], results[i], error};
             PyObject *r = PyObject_VectorcallMethod(str_notify, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-            failed = r == NULL;
+            escaped = r == NULL;
             Py_XDECREF(r);
         } else if (fate[i] == SETTLED) {
-            failed = run_callback(self, done[i], results[i], error) < 0;
+            escaped = run_callback(self, done[i], results[i], error) < 0;
         }
+        if (escaped && raised_type == NULL) {
+            PyErr_Fetch(&raised_type, &raised_value, &raised_traceback);
+        } else if (escaped) {
+            PyErr_Clear();
+        }
+    }
+    if (raised_type != NULL) {
+        PyErr_Restore(raised_type, raised_value, raised_traceback);
+        failed = 1;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         Py_XDECREF(done[i]);

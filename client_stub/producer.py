@@ -416,6 +416,7 @@ class Producer:
         with self._lock:
             while True:
                 self._check_open()
+                self._check_session()
                 partition = explicit
                 if partition is None:
                     partition = self._partitioner.partition(topic, key, info.partition_count,  # type: ignore[arg-type]
@@ -743,10 +744,26 @@ class Producer:
                     self._expire_unreported()
                     interval = (self._welcome or {}).get("settings", {}).get("heartbeat_interval_ms", 1000)
                     next_heartbeat = time.monotonic() + interval / 1000
+        except BaseException as exc:
+            # A callback raised SystemExit, say, or a bug: nothing will report this process's records any
+            # more. Each send() and flush() says so from now on, and the records waiting fail with it.
+            self._io_stopped(exc)
+            raise
         finally:
             sock.close()
             self._context.term()
             self._release_segment()
+
+    def _io_stopped(self, exc: BaseException) -> None:
+        error = KafkaError(f"the producer's I/O thread stopped ({type(exc).__name__}: {exc}): "
+                           "this producer can send no more; make a new one")
+        with self._lock:
+            self._session_error = error
+            self._appender.enabled = False
+            futures = [f for batch in [*self._open.values(), *self._sealed.values()] for f in batch.futures]
+            self._drop_sealed()
+            self._cond.notify_all()
+        _fail(futures, error)
 
     def _setting(self, given: int | None, name: str, default: int) -> int:
         if given is not None:

@@ -584,3 +584,29 @@ def test_a_welcome_of_another_protocol_version_is_refused(tmp_path) -> None:
         fake_daemon.join()
         router.close()
         context.term()
+
+
+# The SystemExit ends the I/O thread, as it would any thread; pytest's thread exception hook reports it.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_callback_that_raises_system_exit_stops_the_producer_loudly(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap)
+    calls = []
+
+    def exits(err: KafkaError | None, metadata: RecordMetadata | None) -> None:
+        calls.append(metadata)
+        if len(calls) == 2:
+            raise SystemExit("the application asked to stop")
+
+    producer = Producer(daemon.endpoint, linger_ms=0)
+    futures = [producer.send(topic, b"%d" % n, on_delivery=exits) for n in range(5)]
+    producer.flush(30)
+    assert producer._io_thread is not None
+    producer._io_thread.join(30)  # the thread that ran the callback has ended
+    # Every record completed and had its callback once, the second one's SystemExit notwithstanding:
+    # delivered, or failed with the reason once nothing could report it any more.
+    assert len(calls) == 5 and all(f.done() for f in futures)
+    assert futures[1].result(0).offset == 1
+    with pytest.raises(KafkaError, match=r"I/O thread stopped \(SystemExit: the application asked to stop\)"):
+        producer.send(topic, b"after")
+    producer.close(5)

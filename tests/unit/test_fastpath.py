@@ -39,14 +39,15 @@ def snapshot(batch: _fastpath.OpenBatch, memory: bytearray) -> tuple:
 class Calls:
     """An on_delivery callback that keeps its calls; ``fail_on`` makes it raise for that metadata offset."""
 
-    def __init__(self, fail_on: int | None = None) -> None:
+    def __init__(self, fail_on: int | None = None, raising: type[BaseException] = RuntimeError) -> None:
         self.calls: list[tuple[object, object]] = []
         self.fail_on = fail_on
+        self.raising = raising
 
     def __call__(self, err: object, metadata: RecordMetadata | None) -> None:
         self.calls.append((err, metadata))
         if metadata is not None and metadata.offset == self.fail_on:
-            raise RuntimeError(f"callback failed at offset {metadata.offset}")
+            raise self.raising(f"callback failed at offset {metadata.offset}")
 
 
 # What the fast path handed to the Python path (the Appender's slow_send), and what it answered.
@@ -220,6 +221,26 @@ def test_a_callback_that_raises_is_logged_and_the_others_still_run(make, watched
     [logged] = [r for r in caplog.records if "on_delivery" in r.getMessage()]
     assert logged.levelno == logging.ERROR
     assert isinstance(logged.exc_info[1], RuntimeError) and "offset 11" in str(logged.exc_info[1])
+
+
+@pytest.mark.parametrize("raising", [SystemExit, KeyboardInterrupt])
+@pytest.mark.parametrize("watched", [False, True], ids=["settled-in-place", "watched"])
+@pytest.mark.parametrize("make", MAKERS)
+def test_a_callback_that_raises_a_base_exception_completes_every_future_then_raises_it(
+        make, watched: bool, raising: type[BaseException], caplog) -> None:
+    calls = Calls(fail_on=11, raising=raising)
+    futures = make(4, calls)
+    if watched:
+        for future in futures:
+            future.add_done_callback(lambda f: None)
+    with caplog.at_level(logging.ERROR, logger="client_stub.producer"), \
+            pytest.raises(raising, match="callback failed at offset 11"):
+        _completer.complete(futures, 0, 4, TOPIC, 0, 10, -1, None)
+    # Not swallowed (nothing logged in its place), and no future of the report left pending:
+    # every callback ran.
+    assert not [r for r in caplog.records if "on_delivery" in r.getMessage()]
+    assert [f.result(0).offset for f in futures] == [10, 11, 12, 13]
+    assert [md.offset for _, md in calls.calls] == [10, 11, 12, 13]
 
 
 @pytest.mark.parametrize("watched", [False, True], ids=["settled-in-place", "watched"])
