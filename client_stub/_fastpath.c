@@ -619,6 +619,16 @@ static int OpenBatch_init(OpenBatch *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
+/* The type's tp_new runs its initialisation: an instance never exists without it (__new__ alone would
+   leave the NULL fields that every method relies on), and __init__ is object's, which does nothing. */
+static PyObject *OpenBatch_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *self = PyType_GenericNew(type, NULL, NULL);
+    if (self != NULL && OpenBatch_init((OpenBatch *)self, args, kwargs) < 0) {
+        Py_CLEAR(self);
+    }
+    return self;
+}
+
 static int OpenBatch_traverse(OpenBatch *self, visitproc visit, void *arg) {
     Py_VISIT(self->futures);
     Py_VISIT(self->buffer.obj);
@@ -743,8 +753,7 @@ static PyTypeObject OpenBatchType = {
                         "created)\n\nA batch this process writes records into, in its blocks of shared memory."),
     .tp_basicsize = sizeof(OpenBatch),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)OpenBatch_init,
+    .tp_new = OpenBatch_new,
     .tp_dealloc = (destructor)OpenBatch_dealloc,
     .tp_traverse = (traverseproc)OpenBatch_traverse,
     .tp_clear = (inquiry)OpenBatch_clear,
@@ -805,6 +814,16 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
     self->enabled = 0;
     self->outstanding = 0;
     return 0;
+}
+
+/* The type's tp_new runs its initialisation: an instance never exists without it (__new__ alone would
+   leave the NULL fields that every method relies on), and __init__ is object's, which does nothing. */
+static PyObject *Appender_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *self = PyType_GenericNew(type, NULL, NULL);
+    if (self != NULL && Appender_init((Appender *)self, args, kwargs) < 0) {
+        Py_CLEAR(self);
+    }
+    return self;
 }
 
 static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
@@ -1119,8 +1138,7 @@ static PyTypeObject AppenderType = {
                         "The open batches of a producer, and its send()."),
     .tp_basicsize = sizeof(Appender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Appender_init,
+    .tp_new = Appender_new,
     .tp_dealloc = (destructor)Appender_dealloc,
     .tp_traverse = (traverseproc)Appender_traverse,
     .tp_clear = (inquiry)Appender_clear,
@@ -1163,6 +1181,16 @@ static int Completer_init(Completer *self, PyObject *args, PyObject *kwargs) {
     Py_INCREF(callback_failed);
     Py_XSETREF(self->callback_failed, callback_failed);
     return 0;
+}
+
+/* The type's tp_new runs its initialisation: an instance never exists without it (__new__ alone would
+   leave the NULL fields that every method relies on), and __init__ is object's, which does nothing. */
+static PyObject *Completer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *self = PyType_GenericNew(type, NULL, NULL);
+    if (self != NULL && Completer_init((Completer *)self, args, kwargs) < 0) {
+        Py_CLEAR(self);
+    }
+    return self;
 }
 
 static int Completer_traverse(Completer *self, visitproc visit, void *arg) {
@@ -1406,8 +1434,7 @@ static PyTypeObject CompleterType = {
                         "Turns delivery reports into completed record futures and on_delivery calls."),
     .tp_basicsize = sizeof(Completer),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Completer_init,
+    .tp_new = Completer_new,
     .tp_dealloc = (destructor)Completer_dealloc,
     .tp_traverse = (traverseproc)Completer_traverse,
     .tp_clear = (inquiry)Completer_clear,

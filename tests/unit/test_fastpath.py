@@ -369,3 +369,10 @@ def test_send_takes_its_arguments_as_python_would() -> None:
     future = appender.send(value=b"v", key=b"k", topic=TOPIC, partition=0)
     assert type(future) is RecordFuture and future.key_size == 1 and future.value_size == 1
     assert slow_sends == []
+
+
+@pytest.mark.parametrize("cls", [_fastpath.OpenBatch, _fastpath.Appender, _fastpath.Completer])
+def test_the_c_types_do_not_exist_uninitialised(cls: type) -> None:
+    # __new__ without __init__ left NULL fields that the methods read: a segfault at the first call.
+    with pytest.raises(TypeError, match="missing required argument"):
+        cls.__new__(cls)
