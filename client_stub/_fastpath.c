@@ -147,7 +147,7 @@ static int field_from(PyObject *obj, Field *field, Held *held, const char *what)
         field->length = -1;
         return 0;
     }
-    if (PyBytes_CheckExact(obj)) {
+    if (PyBytes_Check(obj)) { /* a subclass's bytes too: immutable, and held by the record's arguments */
         field->data = PyBytes_AS_STRING(obj);
         field->length = PyBytes_GET_SIZE(obj);
         return 0;
@@ -174,8 +174,13 @@ static int headers_from(PyObject *headers, Record *record, Held *held) {
     if (headers == NULL || headers == Py_None) {
         return 0;
     }
-    held->headers_fast = PySequence_Fast(headers, "headers must be a sequence of (key, value) pairs");
+    /* A tuple of its own, not the caller's list: taking a buffer may run Python code (a __buffer__,
+       PEP 688) that empties that list while the fields below point into its pairs. */
+    held->headers_fast = PySequence_Tuple(headers);
     if (held->headers_fast == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_SetString(PyExc_TypeError, "headers must be a sequence of (key, value) pairs");
+        }
         return -1;
     }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(held->headers_fast);

@@ -376,3 +376,16 @@ def test_the_c_types_do_not_exist_uninitialised(cls: type) -> None:
     # __new__ without __init__ left NULL fields that the methods read: a segfault at the first call.
     with pytest.raises(TypeError, match="missing required argument"):
         cls.__new__(cls)
+
+
+def test_header_values_of_a_bytes_subclass_are_taken_as_bytes_however_many() -> None:
+    class Tagged(bytes):
+        """What a serializer may return: bytes with a tag."""
+
+    headers = [(b"h%d" % n, Tagged(b"v%d" % n)) for n in range(100)]  # more than the 64 buffers held at once
+    plain = [(key, bytes(value)) for key, value in headers]
+    assert _fastpath.encode_record(0, 0, b"k", b"v", headers) == _fastpath.encode_record(0, 0, b"k", b"v", plain)
+    # Any iterable of pairs, copied before any field is read; anything else is refused with the rule.
+    assert _fastpath.encode_record(0, 0, None, None, iter(plain)) == _fastpath.encode_record(0, 0, None, None, plain)
+    with pytest.raises(TypeError, match=r"headers must be a sequence of \(key, value\) pairs"):
+        _fastpath.encode_record(0, 0, None, None, 42)
