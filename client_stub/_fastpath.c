@@ -391,17 +391,29 @@ static PyObject *rebase_records(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*nLL:rebase_records", &src, &count, &first_offset, &shift)) {
         return NULL;
     }
-    const unsigned char *data = src.buf;
     PyObject *result = NULL;
+    /* The records lie in shared memory that their client can still write: both passes read one private
+       copy, so that what the first pass checked and sized is what the second writes. */
+    unsigned char *data = PyMem_Malloc(src.len > 0 ? (size_t)src.len : 1);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(data, src.buf, (size_t)src.len);
     /* First pass: check every record and size the result. */
     Py_ssize_t pos = 0, size = 0, n = 0;
     ParsedRecord record;
+    int64_t shifted, offset;
     while (pos < src.len && n < count) {
         if (!parse_record(data, src.len, &pos, &record)) {
             break;
         }
-        Py_ssize_t body = 1 + varint_size(record.timestamp_delta + shift) + varint_size(first_offset + n) +
-                          (record.body_end - record.rest);
+        if (__builtin_add_overflow(record.timestamp_delta, (int64_t)shift, &shifted) ||
+            __builtin_add_overflow((int64_t)first_offset, (int64_t)n, &offset)) {
+            PyErr_Format(PyExc_ValueError, "record %zd: its timestamp or offset delta is out of range", n);
+            goto done;
+        }
+        Py_ssize_t body = 1 + varint_size(shifted) + varint_size(offset) + (record.body_end - record.rest);
         size += varint_size(body) + body;
         n++;
     }
@@ -430,6 +442,7 @@ static PyObject *rebase_records(PyObject *module, PyObject *args) {
         out += rest;
     }
 done:
+    PyMem_Free(data);
     PyBuffer_Release(&src);
     return result;
 }

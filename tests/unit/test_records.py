@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import mmap
+import multiprocessing
+import time
+from collections import Counter
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -275,3 +280,53 @@ def test_rebase_refuses_lengths_below_null(data: bytes) -> None:
     assert len(decode_records(data, 1)) == 1
     with pytest.raises(ValueError, match="well-formed"):
         rebase_records(data, 1, 0, 0)
+
+
+def test_rebase_refuses_deltas_that_would_overflow() -> None:
+    record = encode_record(0, 2**62, None, b"v")
+    with pytest.raises(ValueError, match="record 0: its timestamp or offset delta is out of range"):
+        rebase_records(record, 1, 0, 2**62)
+    with pytest.raises(ValueError, match="out of range"):
+        rebase_records(record + record, 2, 2**63 - 1, 0)
+
+
+def _rewrite_until(shared: mmap.mmap, states: list[bytes], deadline: float) -> None:
+    # Bounded in time: it stops by itself even if the process that started it died.
+    while time.monotonic() < deadline:
+        for state in states:
+            shared[:len(state)] = state
+
+
+def test_rebase_of_records_their_client_rewrites_meanwhile_is_one_state_or_refused() -> None:
+    # A client may rewrite a sealed block while the daemon coalesces it: one record with a long value,
+    # then two with short ones, over the same bytes. Each call reads one copy: what it returns is
+    # well-formed records (their bytes may mix the two states: the client's own records, garbled by
+    # the client), or it refuses with ValueError; it never writes past what it sized, which crashed
+    # the daemon for every client of the host.
+    long_one = encode_record(0, 0, None, b"x" * 200)
+    short_two = encode_record(0, 0, None, b"y" * 90) + encode_record(1, 0, None, b"z" * 100)
+    length = max(len(long_one), len(short_two))
+    states = [long_one.ljust(length, b"\0"), short_two.ljust(length, b"\0")]
+    shared = mmap.mmap(-1, length)
+    deadline = time.monotonic() + 2
+    writer = multiprocessing.get_context("fork").Process(target=_rewrite_until, args=(shared, states, deadline + 5),
+                                                         daemon=True)
+    writer.start()
+    try:
+        outcomes: Counter[str] = Counter()
+        while time.monotonic() < deadline:
+            for view, count in ((memoryview(shared)[:len(long_one)], 1), (memoryview(shared)[:len(short_two)], 2)):
+                try:
+                    result = rebase_records(view, count, 7, 3)
+                except ValueError:
+                    outcomes["refused"] += 1
+                else:
+                    assert [r.offset_delta for r in decode_records(result, count)] == list(range(7, 7 + count))
+                    outcomes["rebased"] += 1
+                finally:
+                    view.release()
+        assert outcomes["rebased"] and outcomes["refused"]
+    finally:
+        writer.kill()
+        writer.join()
+        shared.close()
