@@ -126,11 +126,22 @@ def decode_request(frame: Buffer) -> tuple[RequestHeader, Message]:
     return header, api.request.decode(frame, version, pos)
 
 
-def peek_correlation_id(frame: Buffer) -> int:
-    """The correlation id that starts every response frame."""
-    if len(frame) < 4:
+_REQUEST_HEADER_START = struct.Struct(">hhi")  # request_api_key, request_api_version, correlation_id
+
+
+def peek_request_header(frame: Buffer, offset: int = 0) -> tuple[int, int, int]:
+    """(api key, api version, correlation id) that start every request frame (at ``offset``), whatever
+    its version: for those that only route or count requests."""
+    if len(frame) - offset < _REQUEST_HEADER_START.size:
+        raise prim.ProtocolError("request shorter than its header")
+    return _REQUEST_HEADER_START.unpack_from(frame, offset)
+
+
+def peek_correlation_id(frame: Buffer, offset: int = 0) -> int:
+    """The correlation id that starts every response frame (at ``offset``)."""
+    if len(frame) - offset < 4:
         raise prim.ProtocolError("response shorter than its header")
-    return prim.INT32.unpack_from(frame, 0)[0]
+    return prim.INT32.unpack_from(frame, offset)[0]
 
 
 def decode_response(frame: Buffer, api_key: int, version: int, *, strict: bool = True) -> Message:

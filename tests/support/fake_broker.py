@@ -41,7 +41,7 @@ from functools import partial
 from typing import Any, Final
 
 from service.protocol import messages as m
-from service.protocol.api import APIS, RequestHeader, decode_request, encode_response
+from service.protocol.api import APIS, RequestHeader, decode_request, encode_response, peek_request_header
 from service.protocol.framing import FrameReader
 from service.protocol.primitives import ProtocolError
 from service.protocol.schema import Message
@@ -58,7 +58,6 @@ PRODUCER_ID = 1000
 
 Handler = Callable[[RequestHeader, Message], Any]
 
-_REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 _RECORD_BATCH_PREFIX = struct.Struct(">qi")  # baseOffset, batchLength
 _RECORD_COUNT = struct.Struct(">i")
 _RECORD_COUNT_OFFSET = 57  # in a v2 record batch
@@ -306,7 +305,7 @@ class FakeBroker(_SelectorServer):
 
     def _handle(self, connection: _Connection, frame: bytes) -> None:
         """Answer one request."""
-        api_key, version, correlation_id = _REQUEST_HEADER.unpack_from(frame)
+        api_key, version, correlation_id = peek_request_header(frame)
         advertised = self.api_versions.get(api_key)
         decoded: tuple[RequestHeader, Message] | None = None
         try:

@@ -14,7 +14,6 @@ import errno
 import queue
 import selectors
 import socket
-import struct
 import threading
 import time
 from collections import Counter, deque
@@ -24,11 +23,10 @@ from functools import partial
 from types import TracebackType
 from typing import Self
 
+from service.protocol.api import peek_correlation_id, peek_request_header
 from service.protocol.framing import SIZE, FrameReader
 from service.protocol.primitives import ProtocolError
 
-_REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
-_CORRELATION_ID = struct.Struct(">i")  # the first field of every response header
 _PRODUCE = 0  # the api key of Produce requests
 _RECV_SIZE = 256 * 1024
 _CALL_TIMEOUT = 5.0
@@ -459,9 +457,7 @@ class FaultProxy(_SelectorServer):
     def _forward_request(self, link: _Link, frame: bytes) -> None:
         if self._blackhole:
             return
-        if len(frame) < SIZE.size + _REQUEST_HEADER.size:
-            raise ProtocolError("request shorter than a request header")
-        api_key, _, correlation_id = _REQUEST_HEADER.unpack_from(frame, SIZE.size)
+        api_key, _, correlation_id = peek_request_header(frame, SIZE.size)
         link.to_upstream += frame
         link.in_flight.append((correlation_id, api_key))
         self._requests_forwarded[api_key] += 1
@@ -472,9 +468,7 @@ class FaultProxy(_SelectorServer):
                 link.closing = True
 
     def _forward_response(self, link: _Link, frame: bytes) -> None:
-        if len(frame) < SIZE.size + _CORRELATION_ID.size:
-            raise ProtocolError("response shorter than a response header")
-        (correlation_id,) = _CORRELATION_ID.unpack_from(frame, SIZE.size)
+        correlation_id = peek_correlation_id(frame, SIZE.size)
         api_key = _match_request(link.in_flight, correlation_id)
         if self._blackhole:
             return
@@ -522,9 +516,10 @@ class FaultProxy(_SelectorServer):
 
 def _api_key(frame: bytes) -> int | None:
     """The api key of a request frame (None if it is too short to have one)."""
-    if len(frame) < SIZE.size + _REQUEST_HEADER.size:
+    try:
+        return peek_request_header(frame, SIZE.size)[0]
+    except ProtocolError:
         return None
-    return _REQUEST_HEADER.unpack_from(frame, SIZE.size)[0]
 
 
 def _match_request(in_flight: deque[tuple[int, int]], correlation_id: int) -> int | None:
