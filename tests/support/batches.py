@@ -10,15 +10,31 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from client_stub.records import encode_record_into, record_size
+from client_stub.records import Header, encode_record, encode_record_into, record_size
 from service.network.client import monotonic_ms
 from service.producer.batch import FinalState, ProducerBatch, TopicPartition
 
 
 def _first(*values: int | None) -> int:
     return next(v for v in values if v is not None)
+
+
+def encode_records(specs: Sequence[tuple[int, bytes | None, bytes | None, Sequence[Header]]],
+                   *, into_memoryview: bool = True) -> memoryview | bytes:
+    """The records as a client writes them, offset deltas 0..n-1: into a memoryview (as shared memory)
+    with encode_record_into, or joined from encode_record."""
+    if not into_memoryview:
+        return b"".join(encode_record(i, ts, k, v, h) for i, (ts, k, v, h) in enumerate(specs))
+    size = sum(record_size(i, ts, k, v, h) for i, (ts, k, v, h) in enumerate(specs))
+    block = memoryview(bytearray(size + 32))  # a block larger than its records, as a pool block
+    pos = 0
+    for i, (ts, k, v, h) in enumerate(specs):
+        pos = encode_record_into(block, pos, i, ts, k, v, h)
+    assert pos == size
+    return block[:size]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,16 +63,11 @@ class Deliveries:
               as_memoryview: bool = True) -> ProducerBatch:
         """A sealed batch of ``records`` for ``partition``; its buffer release is counted."""
         base_ts = records[0].timestamp_ms
-        size = sum(record_size(i, r.timestamp_ms - base_ts, r.key, r.value,
-                               [(k.encode(), v) for k, v in r.headers]) for i, r in enumerate(records))
-        buf = bytearray(size)
-        pos = 0
-        for i, r in enumerate(records):
-            pos = encode_record_into(buf, pos, i, r.timestamp_ms - base_ts, r.key, r.value,
-                                     [(k.encode(), v) for k, v in r.headers])
+        encoded = encode_records([(r.timestamp_ms - base_ts, r.key, r.value, [(k.encode(), v) for k, v in r.headers])
+                                  for r in records], into_memoryview=as_memoryview)
         origin = self._next_origin
         self._next_origin += 1
-        batch = ProducerBatch(TopicPartition(self.topic, partition), memoryview(buf) if as_memoryview else bytes(buf),
+        batch = ProducerBatch(TopicPartition(self.topic, partition), encoded,
                               len(records), base_timestamp=base_ts,
                               max_timestamp=max(r.timestamp_ms for r in records),
                               created_ms=_first(created_ms, self.created_ms, monotonic_ms()),

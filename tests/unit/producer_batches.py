@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from client_stub.records import Header, encode_record, encode_record_into, record_size
+from client_stub.records import Header
 from service.network.metadata import Cluster, Node, PartitionInfo
 from service.producer.batch import ProducerBatch, TopicPartition
+from tests.support.batches import encode_records
 
 BASE_TS = 1_700_000_000_000
 T0 = TopicPartition("t", 0)
@@ -22,21 +23,6 @@ def record_specs(count: int, *, prefix: str = "r") -> list[tuple[int, bytes | No
         headers: list[Header] = [(b"h", f"{i}".encode())] if i % 2 else [(b"a", None), (b"b", b"x" * i)]
         specs.append((i * 7, key, value, headers))
     return specs
-
-
-def encode_records(specs: Sequence[tuple[int, bytes | None, bytes | None, Sequence[Header]]],
-                   *, into_memoryview: bool = True) -> memoryview | bytes:
-    """The records as a client writes them, offset deltas 0..n-1: into a memoryview (as shared memory)
-    with encode_record_into, or joined from encode_record."""
-    if not into_memoryview:
-        return b"".join(encode_record(i, ts, k, v, h) for i, (ts, k, v, h) in enumerate(specs))
-    size = sum(record_size(i, ts, k, v, h) for i, (ts, k, v, h) in enumerate(specs))
-    block = memoryview(bytearray(size + 32))  # a block larger than its records, as a pool block
-    pos = 0
-    for i, (ts, k, v, h) in enumerate(specs):
-        pos = encode_record_into(block, pos, i, ts, k, v, h)
-    assert pos == size
-    return block[:size]
 
 
 def make_batch(tp: TopicPartition = T0, count: int = 3, *, created_ms: int = 0,
