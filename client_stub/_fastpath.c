@@ -1489,6 +1489,14 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     if (module == NULL) {
         return NULL;
     }
+#ifdef Py_GIL_DISABLED
+    /* The append path is lock-free under the GIL (the Appender's open batches, a future's slots): on a
+       free-threaded CPython, importing this module turns the GIL back on. */
+    if (PyUnstable_Module_SetGIL(module, Py_MOD_GIL_USED) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+#endif
     if (PyModule_AddObjectRef(module, "OpenBatch", (PyObject *)&OpenBatchType) < 0 ||
         PyModule_AddObjectRef(module, "Appender", (PyObject *)&AppenderType) < 0 ||
         PyModule_AddObjectRef(module, "Completer", (PyObject *)&CompleterType) < 0) {
