@@ -624,6 +624,11 @@ static int OpenBatch_init(OpenBatch *self, PyObject *args, PyObject *kwargs) {
                                      &self->base_timestamp, &self->created)) {
         return -1;
     }
+    /* Timestamps are never negative (send() refuses them): a record's delta from the base cannot overflow. */
+    if (self->base_timestamp < 0) {
+        PyErr_SetString(PyExc_ValueError, "timestamp_ms must not be negative");
+        return -1;
+    }
     if (PyObject_GetBuffer(view, &self->buffer, PyBUF_WRITABLE) < 0) {
         return -1;
     }
@@ -702,6 +707,10 @@ static PyObject *OpenBatch_append(OpenBatch *self, PyObject *const *args, Py_ssi
     }
     long long timestamp = PyLong_AsLongLong(args[3]);
     if (timestamp == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (timestamp < 0) {
+        PyErr_SetString(PyExc_ValueError, "timestamp_ms must not be negative");
         return NULL;
     }
     Record record;

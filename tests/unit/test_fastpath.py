@@ -389,3 +389,17 @@ def test_header_values_of_a_bytes_subclass_are_taken_as_bytes_however_many() -> 
     assert _fastpath.encode_record(0, 0, None, None, iter(plain)) == _fastpath.encode_record(0, 0, None, None, plain)
     with pytest.raises(TypeError, match=r"headers must be a sequence of \(key, value\) pairs"):
         _fastpath.encode_record(0, 0, None, None, 42)
+
+
+def test_negative_timestamps_are_refused_so_that_no_delta_overflows() -> None:
+    memory = bytearray(1024)
+    with pytest.raises(ValueError, match="timestamp_ms must not be negative"):
+        _fastpath.OpenBatch(1, TOPIC, 0, 0, 1, memory, -(2**63), time.monotonic())
+    batch, memory = new_batch(1024)
+    before = snapshot(batch, memory)
+    for timestamp in (-1, -(2**63)):
+        with pytest.raises(ValueError, match="timestamp_ms must not be negative"):
+            batch.append(b"k", b"v", (), timestamp, RecordFuture(None, timestamp, 1, 1))
+    assert snapshot(batch, memory) == before
+    # The largest timestamp is a delta of 2**63 - 1 - BASE_TS from the base: within int64.
+    assert batch.append(b"k", b"v", (), 2**63 - 1, RecordFuture(None, 2**63 - 1, 1, 1)) is True
