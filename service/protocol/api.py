@@ -72,6 +72,14 @@ class RequestHeader:
 _REQUEST_HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
 
 
+def peek_request_header(frame: Buffer, offset: int = 0) -> tuple[int, int, int]:
+    """(api key, api version, correlation id) that start every request frame (at ``offset``), whatever
+    its version: for those that only route or count requests."""
+    if len(frame) - offset < _REQUEST_HEADER.size:
+        raise prim.ProtocolError("request shorter than its header")
+    return _REQUEST_HEADER.unpack_from(frame, offset)
+
+
 def write_request_header(buf: bytearray, header_version: int, api_key: int, api_version: int,
                          correlation_id: int, client_id: str | None) -> None:
     """Request header v0 (no ClientId: ``client_id`` is not written), v1, or v2 (tagged fields)."""
@@ -85,9 +93,7 @@ def write_request_header(buf: bytearray, header_version: int, api_key: int, api_
 
 def read_request_header(frame: Buffer, header_version: int) -> tuple[RequestHeader, int]:
     """A request header of ``header_version`` at the start of ``frame``, and the position after it."""
-    if len(frame) < _REQUEST_HEADER.size:
-        raise prim.ProtocolError("request shorter than its header")
-    api_key, api_version, correlation_id = _REQUEST_HEADER.unpack_from(frame, 0)
+    api_key, api_version, correlation_id = peek_request_header(frame)
     client_id, pos = None, _REQUEST_HEADER.size
     if header_version >= 1:
         client_id, pos = prim.read_string(frame, pos)
@@ -116,25 +122,12 @@ def encode_request(body: Message, version: int, correlation_id: int,
 
 def decode_request(frame: Buffer) -> tuple[RequestHeader, Message]:
     """Decode a request frame (without its size prefix): for test brokers and proxies."""
-    if len(frame) < _REQUEST_HEADER.size:
-        raise prim.ProtocolError("request shorter than its header")
-    api_key, version, _ = _REQUEST_HEADER.unpack_from(frame, 0)
+    api_key, version, _ = peek_request_header(frame)
     api = APIS.get(api_key)
     if api is None:
         raise prim.ProtocolError(f"unknown api key {api_key}")
     header, pos = read_request_header(frame, api.request_header_version(version))
     return header, api.request.decode(frame, version, pos)
-
-
-_REQUEST_HEADER_START = struct.Struct(">hhi")  # request_api_key, request_api_version, correlation_id
-
-
-def peek_request_header(frame: Buffer, offset: int = 0) -> tuple[int, int, int]:
-    """(api key, api version, correlation id) that start every request frame (at ``offset``), whatever
-    its version: for those that only route or count requests."""
-    if len(frame) - offset < _REQUEST_HEADER_START.size:
-        raise prim.ProtocolError("request shorter than its header")
-    return _REQUEST_HEADER_START.unpack_from(frame, offset)
 
 
 def peek_correlation_id(frame: Buffer, offset: int = 0) -> int:
