@@ -118,6 +118,17 @@ static void write_record(char *out, const Record *record, Py_ssize_t body) {
     }
 }
 
+/* A type's tp_new that runs its initialisation: an instance never exists without it (__new__ alone would
+   leave the NULL fields that every method relies on), and __init__ is object's, which does nothing. */
+#define DEFINE_NEW_INITIALISED(Type)                                                                    \
+    static PyObject *Type##_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {                 \
+        PyObject *self = PyType_GenericNew(type, NULL, NULL);                                            \
+        if (self != NULL && Type##_init((Type *)self, args, kwargs) < 0) {                               \
+            Py_CLEAR(self);                                                                              \
+        }                                                                                                \
+        return self;                                                                                     \
+    }
+
 /* -- reading Python arguments into a Record --------------------------------------------------------- */
 
 /* Buffers held while a record is encoded from arbitrary buffer objects. */
@@ -642,15 +653,7 @@ static int OpenBatch_init(OpenBatch *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-/* The type's tp_new runs its initialisation: an instance never exists without it (__new__ alone would
-   leave the NULL fields that every method relies on), and __init__ is object's, which does nothing. */
-static PyObject *OpenBatch_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *self = PyType_GenericNew(type, NULL, NULL);
-    if (self != NULL && OpenBatch_init((OpenBatch *)self, args, kwargs) < 0) {
-        Py_CLEAR(self);
-    }
-    return self;
-}
+DEFINE_NEW_INITIALISED(OpenBatch)
 
 static int OpenBatch_traverse(OpenBatch *self, visitproc visit, void *arg) {
     Py_VISIT(self->futures);
@@ -843,15 +846,7 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-/* The type's tp_new runs its initialisation: an instance never exists without it (__new__ alone would
-   leave the NULL fields that every method relies on), and __init__ is object's, which does nothing. */
-static PyObject *Appender_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *self = PyType_GenericNew(type, NULL, NULL);
-    if (self != NULL && Appender_init((Appender *)self, args, kwargs) < 0) {
-        Py_CLEAR(self);
-    }
-    return self;
-}
+DEFINE_NEW_INITIALISED(Appender)
 
 static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
     Py_VISIT(self->lock_locked);
@@ -1210,15 +1205,7 @@ static int Completer_init(Completer *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-/* The type's tp_new runs its initialisation: an instance never exists without it (__new__ alone would
-   leave the NULL fields that every method relies on), and __init__ is object's, which does nothing. */
-static PyObject *Completer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *self = PyType_GenericNew(type, NULL, NULL);
-    if (self != NULL && Completer_init((Completer *)self, args, kwargs) < 0) {
-        Py_CLEAR(self);
-    }
-    return self;
-}
+DEFINE_NEW_INITIALISED(Completer)
 
 static int Completer_traverse(Completer *self, visitproc visit, void *arg) {
     Py_VISIT(self->metadata_type);
