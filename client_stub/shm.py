@@ -12,7 +12,8 @@ blocks granted to them. Layout::
 Only the daemon writes the header and the table (a client is not trusted with
 other clients' blocks); the table records which block is free, owned by which
 client, or sealed, so that a restarted daemon can find batches that were sealed
-but not acknowledged.
+but not acknowledged (the daemon writes it; reading it back after a restart is
+not built yet: a restart fails what the daemon held).
 """
 
 from __future__ import annotations

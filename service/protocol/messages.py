@@ -140,6 +140,8 @@ InitProducerIdResponse = message("InitProducerIdResponse", INIT_PRODUCER_ID, "0-
     f("producer_epoch", "int16"),
 ])
 
+# SASL's two requests: encoded and tested, not sent yet (security.protocol is PLAINTEXT only; the
+# NetworkClient's AUTHENTICATING state is where SASL_PLAINTEXT and SASL_SSL will send them).
 SaslHandshakeRequest = message("SaslHandshakeRequest", SASL_HANDSHAKE, "0-1", "none", [
     f("mechanism", "string"),
 ])
