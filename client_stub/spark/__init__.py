@@ -21,8 +21,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .options import SinkOptions, parse_options
-from .schema import Columns, check_schema
+from .options import SinkOptions
+from .schema import Columns, check_write
 from .task import IDEMPOTENCE_HEADER, Origin, WriteTotals, write_batches
 
 if TYPE_CHECKING:
@@ -55,8 +55,7 @@ def write_partitions(df: DataFrame, topic: str | None = None, *, job_id: str | N
     streaming query's ``foreachBatch``, give the query's own name or id and the micro-batch id, so
     that a micro-batch run again after a restart writes the same ids.
     """
-    sink_options = parse_options({**options, "topic": topic})
-    columns = check_schema(df.schema, topic_option=sink_options.topic is not None)
+    sink_options, columns = check_write({**options, "topic": topic}, df.schema)
     job = _PartitionWriter(sink_options, columns, job_id or uuid.uuid4().hex, batch_id)
     totals = WriteTotals()
     for row in df.mapInArrow(job, _STATUS_SCHEMA).collect():

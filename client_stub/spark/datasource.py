@@ -25,8 +25,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from ..errors import ConfigError
-from .options import SinkOptions, parse_options
-from .schema import Columns, check_schema
+from .options import SinkOptions
+from .schema import Columns, check_write
 from .task import Origin, WriteTotals, write_batches
 
 log = logging.getLogger("client_stub.spark")
@@ -39,9 +39,8 @@ _BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 @dataclass(frozen=True, slots=True)
 class SidecarCommitMessage(WriterCommitMessage):
-    """What a task that succeeded tells the driver: its Spark partition and its totals."""
+    """What a task that succeeded tells the driver: its totals."""
 
-    partition: int
     totals: WriteTotals
 
 
@@ -56,18 +55,13 @@ class KafkaSidecarDataSource(DataSource):
         if overwrite:
             raise ConfigError('The kafka-sidecar sink appends records to Kafka topics and cannot overwrite them: '
                               'use .mode("append").')
-        options, columns = _checked(self.options, schema)
+        options, columns = check_write(self.options, schema)
         # One id for the whole job, made at planning: a retried task carries the same one.
         return KafkaSidecarWriter(options, columns, uuid.uuid4().hex)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaSidecarStreamWriter:
-        options, columns = _checked(self.options, schema)
+        options, columns = check_write(self.options, schema)
         return KafkaSidecarStreamWriter(options, columns)
-
-
-def _checked(options: dict[str, str], schema: StructType) -> tuple[SinkOptions, Columns]:
-    sink_options = parse_options(options)
-    return sink_options, check_schema(schema, topic_option=sink_options.topic is not None)
 
 
 class KafkaSidecarWriter(DataSourceArrowWriter):
@@ -80,7 +74,7 @@ class KafkaSidecarWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SidecarCommitMessage:
         origin = Origin(self.job_id, 0, TaskContext.get().partitionId())
-        return SidecarCommitMessage(origin.partition, write_batches(iterator, self.options, self.columns, origin))
+        return SidecarCommitMessage(write_batches(iterator, self.options, self.columns, origin))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _log(logging.INFO, "kafka-sidecar job %s committed: %s", self.job_id, _totals(messages))
@@ -105,7 +99,7 @@ class KafkaSidecarStreamWriter(DataSourceStreamArrowWriter):
             raise RuntimeError(f"idempotence.header: Spark did not give the task its query id ({_QUERY_ID_PROPERTY}="
                                f"{query_id!r}) and micro-batch id ({_BATCH_ID_PROPERTY}={batch_id!r})")
         origin = Origin(query_id or "", int(batch_id or -1), context.partitionId())
-        return SidecarCommitMessage(origin.partition, write_batches(iterator, self.options, self.columns, origin))
+        return SidecarCommitMessage(write_batches(iterator, self.options, self.columns, origin))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 (Spark's name)
         _log(logging.INFO, "kafka-sidecar micro-batch %d committed: %s", batchId, _totals(messages))

@@ -9,7 +9,9 @@ them. The check runs on the driver, before any row is sent.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import types as spark_types
 from pyspark.sql.types import (
@@ -26,6 +28,7 @@ from pyspark.sql.types import (
 )
 
 from ..errors import ConfigError
+from .options import SinkOptions, parse_options
 
 _BYTES = (BinaryType, StringType)
 _INTEGERS = (ByteType, ShortType, IntegerType, LongType)
@@ -43,6 +46,13 @@ class Columns:
     partition: bool = False
     headers: bool = False
     timestamp: bool = False
+
+
+def check_write(options: Mapping[str, Any], schema: StructType) -> tuple[SinkOptions, Columns]:
+    """A write's options and its DataFrame's columns, checked together on the driver (ConfigError names
+    what is wrong): whether a topic is needed per row depends on both."""
+    sink_options = parse_options(options)
+    return sink_options, check_schema(schema, topic_option=sink_options.topic is not None)
 
 
 def check_schema(schema: StructType, *, topic_option: bool) -> Columns:

@@ -135,7 +135,7 @@ class _Task:
         self._count(values, keys, topics)
         first_row = self.sent
         self.sent += batch.num_rows
-        rows = self._rows(batch, values, keys, topics)
+        rows = self._rows(batch, values, keys, topics, first_row)
         send = self.producer.send
         row = first_row
         try:
@@ -156,8 +156,8 @@ class _Task:
             exc.add_note(f"kafka-sidecar: while sending row {row} of Spark partition {self.origin.partition}")
             raise
 
-    def _rows(self, batch: pa.RecordBatch, values: pa.Array, keys: pa.Array | None,
-              topics: pa.Array | None) -> Iterator[tuple[Any, ...]] | None:
+    def _rows(self, batch: pa.RecordBatch, values: pa.Array, keys: pa.Array | None, topics: pa.Array | None,
+              first_row: int) -> Iterator[tuple[Any, ...]] | None:
         """(topic, value, key, partition, timestamp_ms, headers) per row; None when only keys and values vary."""
         columns = self.columns
         if not (topics is not None or columns.partition or columns.headers or columns.timestamp
@@ -170,7 +170,7 @@ class _Task:
         if self.options.idempotence_header:
             prefix = f"{self.origin.query}/{self.origin.batch_id}/{self.origin.partition}/"
             header_list = ([*(headers or ()), (IDEMPOTENCE_HEADER, f"{prefix}{row}".encode())]
-                           for row, headers in enumerate(header_list, self.sent - batch.num_rows))
+                           for row, headers in enumerate(header_list, first_row))
         return zip(topics.to_pylist() if topics is not None else itertools.repeat(self.options.topic),
                    values.to_pylist(),
                    keys.to_pylist() if keys is not None else none,

@@ -171,10 +171,10 @@ def test_commit_and_abort_log_the_totals_and_what_was_aborted(caplog) -> None:
     caplog.set_level(logging.INFO, logger="client_stub.spark")
     writer = KafkaSidecarWriter(SinkOptions(topic="t"), Columns(), "job-1")
     task = WriteTotals(records=Counter({"t": 3}), bytes=Counter({"t": 30}), tasks=1)
-    writer.commit([SidecarCommitMessage(0, task), SidecarCommitMessage(1, task)])
-    writer.abort([SidecarCommitMessage(0, task), None, None])
+    writer.commit([SidecarCommitMessage(task), SidecarCommitMessage(task)])
+    writer.abort([SidecarCommitMessage(task), None, None])
     stream = KafkaSidecarStreamWriter(SinkOptions(topic="t"), Columns())
-    stream.commit([SidecarCommitMessage(0, task)], 7)
+    stream.commit([SidecarCommitMessage(task)], 7)
     assert caplog.messages == [
         "kafka-sidecar job job-1 committed: 6 records, 60 bytes in 2 tasks (t: 6 records, 60 bytes)",
         "kafka-sidecar job job-1 aborted: 2 of 3 tasks did not commit (the job's error says why); the tasks that did "
