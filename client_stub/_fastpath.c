@@ -799,8 +799,9 @@ typedef struct {
     PyObject *lock_locked;      /* the producer's lock (guards open batches and the counts): its locked, */
     PyObject *lock_acquire;     /* acquire */
     PyObject *lock_release;     /* and release */
-    PyObject *open;             /* dict: (topic, partition) -> OpenBatch */
-    PyObject *partition_counts; /* dict: topic -> partition count, for topics known without error */
+    PyObject *open;             /* the producer's dict (topic, partition) -> OpenBatch, read here */
+    PyObject *partition_counts; /* the producer's dict topic -> partition count, for topics known without
+                                   error, read here */
     PyObject *sticky;           /* dict: topic -> partition for records without a key, or None */
     PyObject *seal;             /* seal(batch), called with the lock held when a batch is full, and
                                    sealing it unless another thread has meanwhile */
@@ -808,15 +809,18 @@ typedef struct {
     FutureSlots slots;          /* of RecordFuture */
     int enabled;                /* off until the session is up, and when the producer cannot take this path */
     int murmur2_keys;           /* keyed records go by murmur2 (murmur2_random) */
-    Py_ssize_t outstanding;     /* records handed off and not yet reported */
+    Py_ssize_t outstanding;     /* records handed off and not yet reported: counted here alone, by the
+                                   methods below and by this fast path */
 } Appender;
 
 static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"lock", "future_type", "seal", "slow_send", "sticky", "murmur2_keys", NULL};
-    PyObject *lock, *future_type, *seal, *slow_send, *sticky;
+    static char *keywords[] = {"lock", "open", "partition_counts", "future_type", "seal", "slow_send", "sticky",
+                               "murmur2_keys", NULL};
+    PyObject *lock, *open, *partition_counts, *future_type, *seal, *slow_send, *sticky;
     int murmur2_keys;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOp:Appender", keywords, &lock, &future_type, &seal,
-                                     &slow_send, &sticky, &murmur2_keys)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OOOOp:Appender", keywords, &lock, &PyDict_Type, &open,
+                                     &PyDict_Type, &partition_counts, &future_type, &seal, &slow_send, &sticky,
+                                     &murmur2_keys)) {
         return -1;
     }
     if (sticky != Py_None && !PyDict_CheckExact(sticky)) {
@@ -829,11 +833,13 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
     Py_XSETREF(self->lock_locked, PyObject_GetAttrString(lock, "locked"));
     Py_XSETREF(self->lock_acquire, PyObject_GetAttrString(lock, "acquire"));
     Py_XSETREF(self->lock_release, PyObject_GetAttrString(lock, "release"));
-    Py_XSETREF(self->open, PyDict_New());
-    Py_XSETREF(self->partition_counts, PyDict_New());
-    if (!self->lock_locked || !self->lock_acquire || !self->lock_release || !self->open || !self->partition_counts) {
+    if (!self->lock_locked || !self->lock_acquire || !self->lock_release) {
         return -1;
     }
+    Py_INCREF(open);
+    Py_XSETREF(self->open, open);
+    Py_INCREF(partition_counts);
+    Py_XSETREF(self->partition_counts, partition_counts);
     Py_INCREF(seal);
     Py_XSETREF(self->seal, seal);
     Py_INCREF(slow_send);
@@ -1139,24 +1145,55 @@ static PyObject *Appender_send(Appender *self, PyObject *const *args, Py_ssize_t
     return PyObject_Vectorcall(self->slow_send, arg, ARG_COUNT, NULL);
 }
 
+static PyObject *Appender_enable(Appender *self, PyObject *unused) {
+    self->enabled = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Appender_disable(Appender *self, PyObject *unused) {
+    self->enabled = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Appender_count_appended(Appender *self, PyObject *unused) {
+    self->outstanding++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Appender_count_done(Appender *self, PyObject *arg) {
+    Py_ssize_t count = PyLong_AsSsize_t(arg);
+    if (count == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (count < 0 || count > self->outstanding) {
+        PyErr_Format(PyExc_ValueError, "count_done(%zd) with %zd record(s) outstanding", count, self->outstanding);
+        return NULL;
+    }
+    self->outstanding -= count;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Appender_methods[] = {
     {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL | METH_KEYWORDS, Appender_send_doc},
+    {"enable", (PyCFunction)Appender_enable, METH_NOARGS, "let send() take records (the session is up)"},
+    {"disable", (PyCFunction)Appender_disable, METH_NOARGS, "send() takes no record here: the Python path does"},
+    {"count_appended", (PyCFunction)Appender_count_appended, METH_NOARGS,
+     "count a record the Python path appended as outstanding"},
+    {"count_done", (PyCFunction)Appender_count_done, METH_O,
+     "count_done(n): n outstanding records are reported, failed or given up on"},
     {NULL},
 };
 
 static PyMemberDef Appender_members[] = {
-    {"open", T_OBJECT, offsetof(Appender, open), READONLY, "(topic, partition) -> OpenBatch"},
-    {"partition_counts", T_OBJECT, offsetof(Appender, partition_counts), READONLY,
-     "topic -> partition count, for the topics send() may take without the Python path"},
-    {"enabled", T_BOOL, offsetof(Appender, enabled), 0, "whether send() may take records"},
-    {"outstanding", T_PYSSIZET, offsetof(Appender, outstanding), 0, "records handed off and not yet reported"},
+    {"enabled", T_BOOL, offsetof(Appender, enabled), READONLY, "whether send() may take records"},
+    {"outstanding", T_PYSSIZET, offsetof(Appender, outstanding), READONLY, "records handed off and not yet reported"},
     {NULL},
 };
 
 static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "client_stub._fastpath.Appender",
-    .tp_doc = PyDoc_STR("Appender(lock, future_type, seal, slow_send, sticky, murmur2_keys)\n\n"
+    .tp_doc = PyDoc_STR("Appender(lock, open, partition_counts, future_type, seal, slow_send, sticky, murmur2_keys)\n\n"
                         "The open batches of a producer, and its send()."),
     .tp_basicsize = sizeof(Appender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,

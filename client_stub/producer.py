@@ -243,13 +243,15 @@ class Producer:
         self._cond = threading.Condition(self._lock)
         # A new random source per process: forked workers must not all pick the same sticky partitions.
         self._partitioner = Partitioner(self._partitioner_name)
-        self._appender = Appender(self._lock, RecordFuture, self._seal_filled, self._send,
-                                  None if self._partitioner_name == "random" else self._partitioner.sticky,
+        # (topic, partition) -> the open batch; the C fast path appends to them, and only reads the dict.
+        self._open: dict[tuple[str, int], OpenBatch] = {}
+        # topic -> partition count, for the topics the fast path may take (read there only).
+        self._partition_counts: dict[str, int] = {}
+        self._appender = Appender(self._lock, self._open, self._partition_counts, RecordFuture, self._seal_filled,
+                                  self._send, None if self._partitioner_name == "random" else self._partitioner.sticky,
                                   self._partitioner_name == "murmur2_random")
         # send() is the Appender's, in C: no Python frame per record (Producer.send documents it).
         self.send = self._appender.send
-        # (topic, partition) -> the open batch; shared with the C fast path, which appends to them.
-        self._open: dict[tuple[str, int], OpenBatch] = self._appender.open
         self._welcome: dict[str, Any] | None = None
         self._session_error: KafkaError | None = None
         self._segment: Segment | None = None
@@ -432,7 +434,7 @@ class Producer:
                         raise RecordTooLargeError("the record does not fit in the blocks taken for it")
                     self._seal(batch)
                     continue
-                self._appender.outstanding += 1
+                self._appender.count_appended()
                 # Full, or nearly: the next record like this one would not fit.
                 if batch.capacity - batch.pos < batch.pos - before:
                     self._seal(batch)
@@ -643,7 +645,6 @@ class Producer:
         """Forget every sealed batch and count no record outstanding (lock held; the caller fails them)."""
         self._sealed.clear()
         self._unreported.clear()
-        self._appender.outstanding = 0
 
     def flush(self, timeout: float | None = None) -> int:
         """Seal everything and wait for the outcomes; returns how many records are still undelivered."""
@@ -669,7 +670,7 @@ class Producer:
             with self._lock:
                 # From now on send() refuses: what flush() seals is all there is.
                 self._closing = True
-                self._appender.enabled = False
+                self._appender.disable()
             self.flush(timeout)
             with self._lock:
                 self._stopping = True
@@ -686,6 +687,7 @@ class Producer:
         with self._lock:
             futures = [f for batch in self._sealed.values() for f in batch.futures]
             self._drop_sealed()
+            self._appender.count_done(self._appender.outstanding)
         _fail(futures, error)
 
     # -- messages to the daemon ------------------------------------------------------------------
@@ -759,9 +761,10 @@ class Producer:
                            "this producer can send no more; make a new one")
         with self._lock:
             self._session_error = error
-            self._appender.enabled = False
+            self._appender.disable()
             futures = [f for batch in [*self._open.values(), *self._sealed.values()] for f in batch.futures]
             self._drop_sealed()
+            self._appender.count_done(self._appender.outstanding)
             self._cond.notify_all()
         _fail(futures, error)
 
@@ -794,7 +797,7 @@ class Producer:
                                       f"{limit:.0f} s after sealing: is it running?")
             _fail([f for b in overdue for f in b.futures], error)
             with self._lock:
-                self._appender.outstanding -= sum(b.record_count - b.reported for b in overdue)
+                self._appender.count_done(sum(b.record_count - b.reported for b in overdue))
                 self._cond.notify_all()
 
     def _seal_lingered(self) -> float:
@@ -886,9 +889,9 @@ class Producer:
                 info.available = tuple(available)
                 info.error = ipc.error_from_wire(error)
                 if count and (info.error is None or info.error.retriable):
-                    self._appender.partition_counts[topic] = count
+                    self._partition_counts[topic] = count
                 else:
-                    self._appender.partition_counts.pop(topic, None)
+                    self._partition_counts.pop(topic, None)
             elif kind == ipc.WELCOME:
                 self._welcomed(message)
             elif kind == ipc.SEAL_NOW:
@@ -921,8 +924,8 @@ class Producer:
         self._hello_sent = False
         self._linger_s = self.linger_ms / 1000
         # The C fast path takes records once there is a session, unless serializers must run.
-        self._appender.enabled = (self._key_serializer is None and self._value_serializer is None
-                                  and not self._closing)
+        if self._key_serializer is None and self._value_serializer is None and not self._closing:
+            self._appender.enable()
         for topic in self._topics:
             self._post(ipc.METADATA, topic)  # a new session: follow the topics again
         log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, client_id)
@@ -947,16 +950,14 @@ class Producer:
         """The session is gone (lock held): what it held is gone, and its records' fate unknown."""
         error = SidecarUnavailableError("the kafka-sidecar daemon lost this client's session (it restarted, or "
                                         "took the client for dead): the delivery of this record is unknown")
-        self._appender.enabled = False
+        self._appender.disable()
         lost = [f for batch in [*self._open.values(), *self._sealed.values()] for f in batch.futures]
         for batch in self._open.values():
             batch.release()
         self._open.clear()
         # Their records stay outstanding until the I/O thread has failed them: a flush() that returned
         # before would say that everything was delivered.
-        outstanding = self._appender.outstanding
         self._drop_sealed()
-        self._appender.outstanding = outstanding
         self._seal_notices.clear()
         self._spare.clear()
         self._requests.clear()
@@ -978,7 +979,7 @@ class Producer:
             pending = sum(1 for future in lost if not future.done())
         _fail(lost, self._lost_error)  # type: ignore[arg-type]
         with self._lock:
-            self._appender.outstanding -= pending
+            self._appender.count_done(pending)
             self._cond.notify_all()
 
     def _hello(self) -> tuple[Any, ...]:
@@ -1009,7 +1010,7 @@ class Producer:
         finally:
             # Counted out after the callbacks ran: flush() returns once they have, as in the Java client.
             with self._lock:
-                self._appender.outstanding -= sum(r[2] for r in reported)
+                self._appender.count_done(sum(r[2] for r in reported))
                 self._cond.notify_all()
 
     def _release_segment(self) -> None:

@@ -60,10 +60,10 @@ def slow_send(*args: object) -> object:
     return DECLINED
 
 
-def appender_with_batches(partitions: int, *,
-                          capacity: int = 1024) -> tuple[_fastpath.Appender, threading.Lock, list[_fastpath.OpenBatch]]:
-    """An enabled Appender (murmur2_random) for TOPIC with an open batch on every partition, and what its
-    seal() got."""
+def appender_with_batches(partitions: int, *, capacity: int = 1024) -> tuple[
+        _fastpath.Appender, threading.Lock, list[_fastpath.OpenBatch], dict[tuple[str, int], _fastpath.OpenBatch]]:
+    """An enabled Appender (murmur2_random) for TOPIC with an open batch on every partition, what its seal()
+    got, and its open batches."""
     lock = threading.Lock()
     slow_sends.clear()
     sealed: list[_fastpath.OpenBatch] = []
@@ -72,12 +72,11 @@ def appender_with_batches(partitions: int, *,
         assert lock.locked(), "seal() runs with the producer's lock held"
         sealed.append(batch)
 
-    appender = _fastpath.Appender(lock, RecordFuture, seal, slow_send, {}, True)
-    appender.partition_counts[TOPIC] = partitions
-    for partition in range(partitions):
-        appender.open[(TOPIC, partition)] = new_batch(capacity, partition=partition)[0]
-    appender.enabled = True
-    return appender, lock, sealed
+    open_batches = {(TOPIC, partition): new_batch(capacity, partition=partition)[0]
+                    for partition in range(partitions)}
+    appender = _fastpath.Appender(lock, open_batches, {TOPIC: partitions}, RecordFuture, seal, slow_send, {}, True)
+    appender.enable()
+    return appender, lock, sealed, open_batches
 
 
 def python_futures(count: int, on_delivery: Callable | None = None) -> list[RecordFuture]:
@@ -87,7 +86,7 @@ def python_futures(count: int, on_delivery: Callable | None = None) -> list[Reco
 
 def c_futures(count: int, on_delivery: Callable | None = None) -> list[RecordFuture]:
     """Futures as the C fast path of send() makes them (key of 3 bytes, null value)."""
-    appender, _, _ = appender_with_batches(1, capacity=1 << 16)
+    appender, _, _, _ = appender_with_batches(1, capacity=1 << 16)
     futures = [appender.send(TOPIC, None, b"key", timestamp_ms=BASE_TS + n, on_delivery=on_delivery)
                for n in range(count)]
     assert all(type(f) is RecordFuture for f in futures)
@@ -305,19 +304,19 @@ def test_c_made_futures_are_back_in_the_garbage_collectors_sight_once_complete()
 def test_keyed_records_go_where_kafka_puts_them() -> None:
     # Kafka's murmur2 test vectors, through the fast path's own choice of partition: toPositive(hash) % count.
     for partitions in (3, 12, 50):
-        appender, _, _ = appender_with_batches(partitions)
+        appender, _, _, open_batches = appender_with_batches(partitions)
         for key, expected in KAFKA_VECTORS.items():
             future = appender.send(TOPIC, b"v", key)
             assert future is not DECLINED
-            [(partition, batch)] = [(p, b) for (_, p), b in appender.open.items() if future in b.futures]
+            [(partition, batch)] = [(p, b) for (_, p), b in open_batches.items() if future in b.futures]
             assert partition == (expected & 0x7FFFFFFF) % partitions, (key, partitions)
         assert appender.outstanding == len(KAFKA_VECTORS)
 
 
 def test_the_fast_path_appends_and_seals_a_full_batch() -> None:
     record = _fastpath.encode_record(0, 0, b"key", b"v" * 100, ())
-    appender, _, sealed = appender_with_batches(1, capacity=len(record) * 3 + 10)
-    batch = appender.open[(TOPIC, 0)]
+    appender, _, sealed, open_batches = appender_with_batches(1, capacity=len(record) * 3 + 10)
+    batch = open_batches[(TOPIC, 0)]
     futures = [appender.send(TOPIC, b"v" * 100, b"key", partition=0, timestamp_ms=BASE_TS + n) for n in range(3)]
     assert batch.futures == futures and batch.record_count == 3
     assert [f.timestamp_ms for f in futures] == [BASE_TS + n for n in range(3)]
@@ -328,11 +327,11 @@ def test_the_fast_path_appends_and_seals_a_full_batch() -> None:
 @pytest.mark.parametrize("case", ["disabled", "unknown-topic", "str-key", "bad-partition", "no-room", "locked",
                                   "no-batch", "no-sticky-partition-yet", "headers"])
 def test_the_fast_path_declines_and_leaves_everything_unchanged(case: str) -> None:
-    appender, lock, sealed = appender_with_batches(2, capacity=64)
+    appender, lock, sealed, open_batches = appender_with_batches(2, capacity=64)
     args = {"topic": TOPIC, "value": b"value", "key": b"key", "partition": None, "timestamp_ms": None,
             "headers": None, "on_delivery": None}
     if case == "disabled":
-        appender.enabled = False
+        appender.disable()
     elif case == "unknown-topic":
         args["topic"] = "other"
     elif case == "str-key":
@@ -344,20 +343,37 @@ def test_the_fast_path_declines_and_leaves_everything_unchanged(case: str) -> No
     elif case == "locked":
         lock.acquire()
     elif case == "no-batch":
-        appender.open.clear()
+        open_batches.clear()
     elif case == "no-sticky-partition-yet":
         args["key"] = None  # the Python path picks one
     elif case == "headers":
         args["headers"] = [("h", b"v")]
-    before = {key: (b.pos, b.record_count) for key, b in appender.open.items()}
+    before = {key: (b.pos, b.record_count) for key, b in open_batches.items()}
     assert appender.send(**args) is DECLINED
     assert slow_sends == [tuple(args.values())]
-    assert {key: (b.pos, b.record_count) for key, b in appender.open.items()} == before
+    assert {key: (b.pos, b.record_count) for key, b in open_batches.items()} == before
     assert appender.outstanding == 0 and sealed == []
 
 
+def test_the_appender_alone_counts_outstanding_records() -> None:
+    appender, _, _, _ = appender_with_batches(1)
+    appender.send(TOPIC, b"v", b"k")
+    appender.count_appended()  # a record the Python path appended
+    assert appender.outstanding == 2
+    with pytest.raises(AttributeError):
+        appender.outstanding = 0  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        appender.enabled = False  # type: ignore[misc]
+    with pytest.raises(ValueError, match="outstanding"):
+        appender.count_done(3)  # more than were handed off: a bookkeeping bug, not a count below zero
+    with pytest.raises(ValueError):
+        appender.count_done(-1)
+    appender.count_done(2)
+    assert appender.outstanding == 0
+
+
 def test_send_takes_its_arguments_as_python_would() -> None:
-    appender, _, _ = appender_with_batches(1)
+    appender, _, _, _ = appender_with_batches(1)
     with pytest.raises(TypeError, match="missing required argument 'topic'"):
         appender.send()
     with pytest.raises(TypeError, match="at most 3 positional arguments"):
