@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import zmq
 
-from . import ipc
+from .contract import ipc
 from ._fastpath import Appender, Completer, OpenBatch
 from .errors import (
     BufferExhaustedError,
@@ -43,8 +43,8 @@ from .errors import (
     SidecarUnavailableError,
 )
 from .partitioner import Partitioner
-from .records import BATCH_HEADER_SIZE, Header, record_size
-from .shm import Segment
+from .contract.records import BATCH_HEADER_SIZE, Header, record_size
+from .contract.shared_memory import Segment
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
-from client_stub.shm import FREE, HEADER, LAYOUT_VERSION, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET, Layout
+from client_stub.contract.shared_memory import FREE, HEADER, LAYOUT_VERSION, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET, Layout
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from client_stub import ipc
+from client_stub.contract import ipc
 from client_stub.errors import ConfigError
 
 from .config import KEYS, ProducerConfig, parse_settings

@@ -24,9 +24,9 @@ from typing import Any
 
 import zmq
 
-from client_stub import ipc
+from client_stub.contract import ipc
 from client_stub.errors import InvalidRequestError, KafkaError, error_code
-from client_stub.records import BATCH_HEADER_SIZE
+from client_stub.contract.records import BATCH_HEADER_SIZE
 
 from .buffer_pool import BlockError, BufferPool
 from .producer.batch import ProducerBatch, TopicPartition

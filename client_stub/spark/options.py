@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..ipc import check_topic
+from ..contract.ipc import check_topic
 from ..partitioner import PARTITIONERS
 
 # Kafka's own default for delivery.timeout.ms: how long a task waits for the reports of its records.

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import zmq
 
-from client_stub.records import Buffer
+from client_stub.contract.records import Buffer
 
 from ..protocol.framing import FrameReader, InvalidFrameSize
 

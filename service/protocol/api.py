@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from client_stub.records import Buffer
+from client_stub.contract.records import Buffer
 
 from . import messages as m
 from . import primitives as prim

@@ -18,7 +18,7 @@ import struct
 import cramjam
 import lz4.frame
 
-from client_stub.records import Buffer
+from client_stub.contract.records import Buffer
 
 
 class CompressionType(enum.IntEnum):

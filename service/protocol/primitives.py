@@ -10,8 +10,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from client_stub import records
-from client_stub.records import Buffer, uvarint
+from client_stub.contract import records
+from client_stub.contract.records import Buffer, uvarint
 
 INT8 = struct.Struct(">b")
 INT16 = struct.Struct(">h")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from client_stub.records import BATCH_HEADER_SIZE, Buffer, Record, decode_records
+from client_stub.contract.records import BATCH_HEADER_SIZE, Buffer, Record, decode_records
 
 from .compression import CompressionType, compress, decompress
 

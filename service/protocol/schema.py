@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from client_stub.records import Buffer
+from client_stub.contract.records import Buffer
 
 from . import primitives as prim
 

@@ -24,10 +24,11 @@ import msgpack
 import pytest
 import zmq
 
-from client_stub import Producer, RecordMetadata, ipc
+from client_stub import Producer, RecordMetadata
+from client_stub.contract import ipc
 from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
-from client_stub.records import encode_record
-from client_stub.shm import FREE, OWNED, Segment
+from client_stub.contract.records import encode_record
+from client_stub.contract.shared_memory import FREE, OWNED, Segment
 from service.tools.readback import ConsumedRecord, read_topic
 from tests.support import workers
 from tests.support.sidecar import SidecarProcess

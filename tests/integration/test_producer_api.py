@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from client_stub import Producer, RecordMetadata, ipc
+from client_stub import Producer, RecordMetadata
+from client_stub.contract import ipc
 from client_stub.errors import (
     BufferExhaustedError,
     KafkaError,

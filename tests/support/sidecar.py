@@ -16,8 +16,8 @@ from typing import IO, Self
 
 import zmq
 
-from client_stub import ipc
-from client_stub.shm import TABLE_ENTRY, Segment
+from client_stub.contract import ipc
+from client_stub.contract.shared_memory import TABLE_ENTRY, Segment
 from service.tools.embedded import free_port
 
 

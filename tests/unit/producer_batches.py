@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from client_stub.records import Header
+from client_stub.contract.records import Header
 from service.network.metadata import Cluster, Node, PartitionInfo
 from service.producer.batch import ProducerBatch, TopicPartition
 from tests.support.batches import encode_records

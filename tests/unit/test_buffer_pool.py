@@ -14,7 +14,7 @@ from multiprocessing import shared_memory
 
 import pytest
 
-from client_stub.shm import FREE, HEADER, LAYOUT_VERSION, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET, Segment
+from client_stub.contract.shared_memory import FREE, HEADER, LAYOUT_VERSION, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET, Segment
 from service.buffer_pool import BlockError, BufferPool, client_block_limit
 
 BLOCK = 4096

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import zmq
 
-from client_stub import errors, ipc
-from client_stub.shm import FREE, OWNED, SEALED, TABLE_ENTRY, Segment
+from client_stub import errors
+from client_stub.contract import ipc
+from client_stub.contract.shared_memory import FREE, OWNED, SEALED, TABLE_ENTRY, Segment
 from service.buffer_pool import BufferPool
 from service.config import ProducerConfig
 from service.daemon import SidecarDaemon

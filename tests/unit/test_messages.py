@@ -18,7 +18,7 @@ from kafka.protocol import metadata as kp_metadata
 from kafka.protocol import producer as kp_producer
 from kafka.protocol import sasl as kp_sasl
 
-from client_stub.records import uvarint
+from client_stub.contract.records import uvarint
 from service.protocol import messages as m
 from service.protocol import primitives as prim
 from service.protocol.api import (

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client_stub.records import (
+from client_stub.contract.records import (
     Record,
     decode_record,
     decode_records,

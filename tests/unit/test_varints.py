@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client_stub.records import read_uvarint, read_varint, unzigzag, uvarint, varint, varint_size, zigzag
+from client_stub.contract.records import read_uvarint, read_varint, unzigzag, uvarint, varint, varint_size, zigzag
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 UINT64_MAX = (1 << 64) - 1

@@ -51,7 +51,7 @@ from typing import Any
 
 import msgpack
 
-from . import errors
+from .. import errors
 
 PROTOCOL_VERSION = 1
 DEFAULT_ENDPOINT = "ipc:///run/kafka-sidecar/sidecar.sock"

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client_stub import errors, ipc
+from client_stub import errors
+from client_stub.contract import ipc
 
 # -- pack / unpack --------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from ._fastpath import encode_record, encode_record_into, rebase_records, record_size
+from .._fastpath import encode_record, encode_record_into, rebase_records, record_size
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
 Header = tuple[bytes, "bytes | None"]

@@ -1,0 +1,13 @@
+"""What the client and the daemon agree on, and all of it.
+
+- :mod:`.ipc`: the messages over ZeroMQ, each a typed record with its pack and unpack,
+  the handshake's hello options and welcome settings by name;
+- :mod:`.shared_memory`: the BufferPool segment's layout, and mapping it;
+- :mod:`.records`: Kafka's v2 record format, which clients write into their blocks and
+  the daemon wraps in a batch header.
+
+:data:`PROTOCOL_VERSION` versions the whole contract: a client and a daemon of different
+versions refuse each other at the handshake, and a client refuses a segment of another.
+"""
+
+PROTOCOL_VERSION = 1
