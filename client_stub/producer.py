@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import zmq
 
-from .contract import ipc
+from .contract import PROTOCOL_VERSION, ipc
 from ._fastpath import Appender, Completer, OpenBatch
 from .errors import (
     BufferExhaustedError,
@@ -61,6 +61,7 @@ _REPORT_GRACE_MS = 30_000
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
+_HEARTBEAT = ipc.encode(ipc.Heartbeat())
 # Reports are slow when they take this many linger_ms (smoothed, or the oldest awaited one so far).
 # The daemon or the broker is then behind, and a partition's open batch is not sealed at linger_ms
 # while its previous sealed batch awaits its report: it keeps filling until full (or flush), as a
@@ -252,7 +253,7 @@ class Producer:
                                   self._partitioner_name == "murmur2_random")
         # send() is the Appender's, in C: no Python frame per record (Producer.send documents it).
         self.send = self._appender.send
-        self._welcome: dict[str, Any] | None = None
+        self._welcome: ipc.Welcome | None = None
         self._session_error: KafkaError | None = None
         self._segment: Segment | None = None
         self._spare: list[int] = []
@@ -269,7 +270,7 @@ class Producer:
         self._topics: dict[str, _Topic] = {}
         self._requests: dict[int, _BlockRequest] = {}
         self._outbox: deque[bytes] = deque()
-        self._seal_notices: list[list[Any]] = []
+        self._seal_notices: list[ipc.SealNotice] = []
         self._hello_sent = False
         self._closing = False
         self._linger_s = (self._linger_ms if self._linger_ms is not None else 5) / 1000
@@ -451,14 +452,14 @@ class Producer:
             return None
         welcome = self._welcome
         size = record_size(0, 0, key, value, headers)
-        limit = welcome["settings"]["max_request_size"]
+        limit = welcome.settings.max_request_size
         if size + BATCH_HEADER_SIZE > limit:
             raise RecordTooLargeError(
                 f"The message is {size + BATCH_HEADER_SIZE} bytes when serialized which is larger than {limit}, "
                 "which is the value of the max.request.size configuration.")
-        count = -(-size // welcome["block_size"])
-        if count > welcome["block_count"]:
-            buffer_memory = welcome["block_count"] * welcome["block_size"]
+        count = -(-size // welcome.block_size)
+        if count > welcome.block_count:
+            buffer_memory = welcome.settings.buffer_memory
             raise RecordTooLargeError(
                 f"The message is {size} bytes when serialized which is larger than the total memory buffer you "
                 f"have configured with the buffer.memory configuration ({buffer_memory}).")
@@ -532,14 +533,14 @@ class Producer:
 
     def _max_grant(self) -> int:
         # Never a large share of a small pool.
-        block_count = self._welcome["block_count"] if self._welcome else _MIN_GRANT
+        block_count = self._welcome.block_count if self._welcome else _MIN_GRANT
         return max(1, block_count // _MAX_GRANT_SHARE)
 
     def _request_blocks(self, count: int, contiguous: bool) -> int:
         request_id = self._next_request_id
         self._next_request_id += 1
         self._requests[request_id] = _BlockRequest(count, contiguous)
-        self._post(ipc.BLOCKS, request_id, count, contiguous, self.max_block_ms)
+        self._post(ipc.Blocks(request_id, count, contiguous, self.max_block_ms))
         return request_id
 
     def _wait(self, deadline: float, waiting: Callable[[], bool], timeout_error: Callable[[], KafkaError]) -> None:
@@ -567,7 +568,7 @@ class Producer:
             raise KafkaError(f"{what} in an on_delivery callback, on the producer's I/O thread, which delivers "
                              "what it would wait for: hand the work to another thread")
 
-    def _wait_for_welcome(self, deadline: float) -> dict[str, Any]:
+    def _wait_for_welcome(self, deadline: float) -> ipc.Welcome:
         if self._welcome is not None:
             return self._welcome
         with self._lock:
@@ -585,7 +586,7 @@ class Producer:
         with self._lock:
             if topic not in self._topics:
                 self._topics[topic] = _Topic()
-                self._post(ipc.METADATA, topic)
+                self._post(ipc.Metadata(topic))
             info = self._topics[topic]
 
             def waiting() -> bool:
@@ -614,16 +615,16 @@ class Producer:
         self._partitioner.batch_sealed(batch.topic, batch.partition)
         batch.release()
         if not batch.record_count:
-            self._post(ipc.RELEASE, list(range(batch.first_block, batch.first_block + batch.block_count)))
+            self._post(ipc.Release(list(range(batch.first_block, batch.first_block + batch.block_count))))
             return
         self._sealed[batch.batch_id] = batch
         self._unreported[key] = self._unreported.get(key, 0) + 1
         batch.sealed = time.monotonic()
         ago = int((batch.sealed - batch.created) * 1000)
         # Notices wait for the I/O thread, which sends all it finds in one SEAL message.
-        self._seal_notices.append([batch.batch_id, batch.first_block, batch.block_count, batch.topic,
-                                   batch.partition, batch.record_count, batch.pos, batch.base_timestamp,
-                                   batch.max_timestamp, ago])
+        self._seal_notices.append(ipc.SealNotice(batch.batch_id, batch.first_block, batch.block_count, batch.topic,
+                                                 batch.partition, batch.record_count, batch.pos,
+                                                 batch.base_timestamp, batch.max_timestamp, ago))
         if len(self._seal_notices) == 1:
             self._wake()
 
@@ -675,7 +676,7 @@ class Producer:
             with self._lock:
                 self._stopping = True
                 self._queue_seal_notices()
-                self._post(ipc.GOODBYE)
+                self._post(ipc.Goodbye())
             if self._io_thread is not None:
                 self._io_thread.join()
             self._fail_unconfirmed()
@@ -692,9 +693,9 @@ class Producer:
 
     # -- messages to the daemon ------------------------------------------------------------------
 
-    def _post(self, *message: Any) -> None:
+    def _post(self, message: ipc.Message) -> None:
         """Queue a message for the I/O thread (lock held or not: deque appends are atomic)."""
-        self._outbox.append(ipc.pack(*message))
+        self._outbox.append(ipc.encode(message))
         self._wake()
 
     def _wake(self) -> None:
@@ -719,7 +720,7 @@ class Producer:
         wake_fd = self._wake_r.fileno()
         poller.register(wake_fd, zmq.POLLIN)
         self._hello_sent = True
-        sock.send(ipc.pack(*self._hello()))
+        sock.send(ipc.encode(self._hello()))
         next_heartbeat = time.monotonic() + 1.0
         try:
             while True:
@@ -742,9 +743,9 @@ class Producer:
                 if self._lost:
                     self._fail_lost()
                 if time.monotonic() >= next_heartbeat:
-                    sock.send(ipc.pack(ipc.HEARTBEAT))
+                    sock.send(_HEARTBEAT)
                     self._expire_unreported()
-                    interval = (self._welcome or {}).get("settings", {}).get("heartbeat_interval_ms", 1000)
+                    interval = self._welcome.settings.heartbeat_interval_ms if self._welcome else 1000
                     next_heartbeat = time.monotonic() + interval / 1000
         except BaseException as exc:
             # A callback raised SystemExit, say, or a bug: nothing will report this process's records any
@@ -771,7 +772,7 @@ class Producer:
     def _setting(self, given: int | None, name: str, default: int) -> int:
         if given is not None:
             return given
-        return (self._welcome or {}).get("settings", {}).get(name, default)
+        return getattr(self._welcome.settings, name) if self._welcome else default
 
     @property
     def linger_ms(self) -> int:
@@ -785,8 +786,8 @@ class Producer:
 
     def _expire_unreported(self) -> None:
         """Fail batches the daemon has not reported on long after its delivery.timeout.ms: it is gone."""
-        settings = (self._welcome or {}).get("settings", {})
-        limit = (settings.get("delivery_timeout_ms", 120_000) + _REPORT_GRACE_MS) / 1000
+        delivery_timeout_ms = self._welcome.settings.delivery_timeout_ms if self._welcome else 120_000
+        limit = (delivery_timeout_ms + _REPORT_GRACE_MS) / 1000
         now = time.monotonic()
         with self._lock:
             overdue = [b for b in self._sealed.values() if now - b.sealed > limit]
@@ -842,7 +843,7 @@ class Producer:
     def _queue_seal_notices(self) -> None:
         """Move the waiting seal notices to the outbox as one SEAL message (lock held)."""
         if self._seal_notices:
-            self._outbox.append(ipc.pack(ipc.SEAL, self._seal_notices))
+            self._outbox.append(ipc.encode(ipc.Seal(self._seal_notices)))
             self._seal_notices = []
 
     def _receive_all(self, sock: zmq.Socket) -> None:
@@ -850,85 +851,80 @@ class Producer:
         while sock.getsockopt(_EVENTS) & _POLLIN:
             data = sock.recv(_NOBLOCK)
             try:
-                message = ipc.unpack(data)
-                self._handle(message)
+                self._handle(ipc.decode(data))
+            except ipc.VersionMismatchError as exc:
+                with self._lock:
+                    self._session_error = SidecarUnavailableError(
+                        f"kafka-sidecar at {self.endpoint} speaks protocol version {exc.version!r}, this client "
+                        f"{PROTOCOL_VERSION}: upgrade kafka-sidecar on one side")
+                    self._cond.notify_all()
             except Exception:
                 log.exception("cannot handle a message from the daemon")
 
-    def _handle(self, message: list[Any]) -> None:
-        kind = message[0]
-        if kind == ipc.DELIVERY:
-            self._deliver(message[1])
+    def _handle(self, message: ipc.Message) -> None:
+        if isinstance(message, ipc.Delivery):
+            self._deliver(message.reports)
             return
         with self._lock:
-            if kind == ipc.GRANT:
-                _, request_id, blocks = message
-                request = self._requests.get(request_id)
+            if isinstance(message, ipc.Grant):
+                request = self._requests.get(message.request_id)
                 if request is None or (request.contiguous and request.error is not None):
                     # Not asked for (by this session), or no longer wanted: they go back.
-                    self._requests.pop(request_id, None)
-                    self._post(ipc.RELEASE, blocks)
+                    self._requests.pop(message.request_id, None)
+                    self._post(ipc.Release(message.blocks))
                 elif request.contiguous:
-                    request.blocks = blocks
+                    request.blocks = message.blocks
                 else:
-                    del self._requests[request_id]
+                    del self._requests[message.request_id]
                     self._spare_requested = False
-                    self._spare.extend(blocks)
-            elif kind == ipc.GRANT_FAILED:
-                _, request_id, reason = message
-                request = self._requests.get(request_id)
+                    self._spare.extend(message.blocks)
+            elif isinstance(message, ipc.GrantFailed):
+                request = self._requests.get(message.request_id)
                 if request is not None and request.contiguous and request.error is None:
-                    request.error = reason  # the waiting send() raises it
+                    request.error = message.reason  # the waiting send() raises it
                 elif request is not None:
-                    del self._requests[request_id]
+                    del self._requests[message.request_id]
                     self._spare_requested = self._spare_requested and request.contiguous
-            elif kind == ipc.TOPIC:
-                _, topic, count, available, error = message
-                info = self._topics.setdefault(topic, _Topic())
-                info.partition_count = count
-                info.available = tuple(available)
-                info.error = ipc.error_from_wire(error)
+            elif isinstance(message, ipc.Topic):
+                info = self._topics.setdefault(message.topic, _Topic())
+                count = info.partition_count = message.partition_count
+                info.available = tuple(message.available_partitions)
+                info.error = ipc.error_from_wire(message.error)
                 if count and (info.error is None or info.error.retriable):
-                    self._partition_counts[topic] = count
+                    self._partition_counts[message.topic] = count
                 else:
-                    self._partition_counts.pop(topic, None)
-            elif kind == ipc.WELCOME:
+                    self._partition_counts.pop(message.topic, None)
+            elif isinstance(message, ipc.Welcome):
                 self._welcomed(message)
-            elif kind == ipc.SEAL_NOW:
+            elif isinstance(message, ipc.SealNow):
                 self._seal_all()
                 if self._spare:
-                    self._post(ipc.RELEASE, self._spare)
+                    self._post(ipc.Release(self._spare))
                     self._spare = []
-            elif kind == ipc.ERROR:
-                self._refused(message[1], message[2])
+            elif isinstance(message, ipc.Error):
+                self._refused(message.code, message.message)
             self._cond.notify_all()
 
-    def _welcomed(self, message: list[Any]) -> None:
-        _, version, client_id, segment, block_size, block_count, settings, daemon_id = message
-        if version != ipc.PROTOCOL_VERSION:
-            self._session_error = SidecarUnavailableError(
-                f"kafka-sidecar at {self.endpoint} speaks protocol version {version!r}, this client "
-                f"{ipc.PROTOCOL_VERSION}: upgrade kafka-sidecar on one side")
-            return
+    def _welcomed(self, welcome: ipc.Welcome) -> None:
         if self._welcome is not None:
             self._forget_session()
         try:
-            self._segment = Segment(segment)
+            self._segment = Segment(welcome.segment)
         except (OSError, ValueError) as exc:
             # Say why, rather than letting send() time out waiting for a session that cannot work.
             self._session_error = SidecarUnavailableError(
-                f"cannot map the shared memory {segment!r} of the kafka-sidecar daemon at {self.endpoint}: {exc}")
+                f"cannot map the shared memory {welcome.segment!r} of the kafka-sidecar daemon at {self.endpoint}: "
+                f"{exc}")
             return
-        self._welcome = {"client_id": client_id, "block_size": block_size, "block_count": block_count,
-                         "settings": settings, "daemon_id": daemon_id}
+        self._welcome = welcome
         self._hello_sent = False
         self._linger_s = self.linger_ms / 1000
         # The C fast path takes records once there is a session, unless serializers must run.
         if self._key_serializer is None and self._value_serializer is None and not self._closing:
             self._appender.enable()
         for topic in self._topics:
-            self._post(ipc.METADATA, topic)  # a new session: follow the topics again
-        log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, client_id)
+            self._post(ipc.Metadata(topic))  # a new session: follow the topics again
+        log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, welcome.client_id)
 
     def _refused(self, code: str, text: str) -> None:
         if code == ipc.ERROR_UNKNOWN_CLIENT:
@@ -938,7 +934,7 @@ class Producer:
                 log.warning("the kafka-sidecar daemon does not know this client any more: connecting again")
                 self._forget_session()
                 self._hello_sent = True
-                self._post(*self._hello())
+                self._post(self._hello())
         elif self._welcome is None:
             # Refused before the welcome: the handshake itself (e.g. a version mismatch).
             log.error("the kafka-sidecar daemon refused the handshake: %s", text)
@@ -982,20 +978,22 @@ class Producer:
             self._appender.count_done(pending)
             self._cond.notify_all()
 
-    def _hello(self) -> tuple[Any, ...]:
-        return (ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), self._client_name,
-                {"linger_ms": self.linger_ms, "partitioner": self._partitioner_name,
-                 "process": ipc.process_identity(os.getpid()), "retriable_topic_errors": True})
+    def _hello(self) -> ipc.Hello:
+        return ipc.Hello(PROTOCOL_VERSION, os.getpid(), self._client_name,
+                         ipc.HelloOptions(linger_ms=self.linger_ms, partitioner=self._partitioner_name,
+                                          process=ipc.process_identity(os.getpid()), retriable_topic_errors=True))
 
-    def _deliver(self, reports: list[list[Any]]) -> None:
+    def _deliver(self, rows: list[Any]) -> None:
         # Only the bookkeeping holds the lock: send() must not wait while futures complete.
         reported = []
         now = time.monotonic()
         with self._lock:
-            for batch_id, first, count, base_offset, log_append_time, error_wire in reports:
+            for row in rows:
+                batch_id, first, count, base_offset, log_append_time, error_wire = ipc.DeliveryReport._make(row)
                 batch = self._sealed.get(batch_id)
                 if batch is None:
                     continue
+                # WHOLE_BATCH and anything past the batch's end count up to its last record.
                 count = max(min(count, batch.record_count - first), 0)
                 batch.reported += count
                 if batch.reported >= batch.record_count:

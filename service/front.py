@@ -24,9 +24,9 @@ from typing import Any
 
 import zmq
 
-from client_stub.contract import ipc
-from client_stub.errors import InvalidRequestError, KafkaError, error_code
+from client_stub.contract import PROTOCOL_VERSION, ipc
 from client_stub.contract.records import BATCH_HEADER_SIZE
+from client_stub.errors import InvalidRequestError, KafkaError, error_code
 
 from .buffer_pool import BlockError, BufferPool
 from .producer.batch import ProducerBatch, TopicPartition
@@ -65,7 +65,7 @@ class ClientSession:
     process: list[str] | None = None
     # Whether the client waits on through a topic's retriable metadata error (older clients fail at once).
     retriable_topic_errors: bool = False
-    reports: list[list[Any]] = field(default_factory=list)
+    reports: list[ipc.DeliveryReport] = field(default_factory=list)
     topics: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     gone: bool = False
 
@@ -129,15 +129,15 @@ class SidecarFront:
             except FileNotFoundError:
                 pass
 
-    def _send(self, session: ClientSession | bytes, *message: Any) -> None:
+    def _send(self, session: ClientSession | bytes, message: ipc.Message) -> None:
         identity = session if isinstance(session, bytes) else session.identity
-        payload = ipc.pack(*message)
+        payload = ipc.encode(message)
         try:
             # send_multipart() without its per-frame type checks and flag arithmetic.
             self.socket.send(identity, _NOBLOCK | _SNDMORE)
             self.socket.send(payload, _NOBLOCK)
         except zmq.Again:
-            log.debug("client queue full, dropped a %s message", message[0])
+            log.debug("client queue full, dropped a %s message", type(message).__name__)
 
     def _complain(self, identity: bytes, message: str, code: str = ipc.ERROR_REFUSED) -> None:
         self.messages_refused += 1
@@ -145,7 +145,7 @@ class SidecarFront:
         if now - self._last_complaint >= _LOG_INTERVAL_S:
             self._last_complaint = now
             log.warning("refused a client message (%d so far): %s", self.messages_refused, message)
-        self._send(identity, ipc.ERROR, code, message)
+        self._send(identity, ipc.Error(code, message))
 
     # -- incoming --------------------------------------------------------------------------------
 
@@ -175,76 +175,73 @@ class SidecarFront:
             self._complain(identity, f"a message has exactly one frame, got {len(frames) - 1}")
             return
         try:
-            message = ipc.unpack(frames[1])
-            kind = message[0]
-            if kind == ipc.HELLO:
-                self._hello(identity, session, message)
-                return
-            if session is None:
+            fields = ipc.unpack(frames[1])
+            if session is None and fields[0] != ipc.Hello.TYPE:
                 self._complain(identity, "unknown client: send HELLO first", ipc.ERROR_UNKNOWN_CLIENT)
                 return
+            message = ipc.from_fields(fields)
+            if isinstance(message, ipc.Hello):
+                self._hello(identity, session, message)
+                return
+            assert session is not None
             session.last_seen_ms = self.clock()
-            handler = self._HANDLERS.get(kind)
+            handler = self._HANDLERS.get(type(message))
             if handler is None:
-                raise ValueError(f"unknown message type {kind!r}")
+                raise ValueError(f"{type(message).__name__.upper()} is a message of the daemon's, not a client's")
             handler(self, session, message)
+        except ipc.VersionMismatchError as exc:
+            self._complain(identity, f"protocol version mismatch: the client speaks {exc.version!r}, this daemon "
+                                     f"speaks {PROTOCOL_VERSION}; upgrade kafka-sidecar on one side",
+                           ipc.ERROR_VERSION)
         except (ValueError, TypeError, BlockError) as exc:
             self._complain(identity, str(exc))
 
-    def _hello(self, identity: bytes, session: ClientSession | None, message: list[Any]) -> None:
-        # The version first: another version's HELLO may well have other fields.
-        version = message[1] if len(message) > 1 else None
-        if version != ipc.PROTOCOL_VERSION:
-            self._complain(identity, f"protocol version mismatch: the client speaks {version!r}, this daemon "
-                                     f"speaks {ipc.PROTOCOL_VERSION}; upgrade kafka-sidecar on one side",
-                           ipc.ERROR_VERSION)
-            return
-        _, version, pid, name, options = _fields(message, 5, "HELLO")
+    def _hello(self, identity: bytes, session: ClientSession | None, message: ipc.Hello) -> None:
         if session is not None:
             self._end_session(session)
         self._release_quarantine(identity)
-        _check_int(pid, "pid", 1, 2**32)
-        process = options.get("process") if isinstance(options, dict) else None
+        _check_int(message.pid, "pid", 1, 2**32)
+        process = message.options.process
         mine = ipc.process_identity(os.getpid())
         same_namespace = isinstance(process, list) and mine is not None and process[:1] == mine[:1]
-        session = ClientSession(identity, self._next_client_id, pid, str(name)[:200], self.clock(),
-                                process if same_namespace else None,
-                                isinstance(options, dict) and options.get("retriable_topic_errors") is True)
+        session = ClientSession(identity, self._next_client_id, message.pid, str(message.client_name)[:200],
+                                self.clock(), process if same_namespace else None,
+                                message.options.retriable_topic_errors is True)
         self._next_client_id += 1
         self.sessions[identity] = session
         self._by_id[session.client_id] = session
         log.info("client %s connected: pid %s %s", session.client_id, session.pid, session.name)
-        settings = {"max_request_size": self.core.config["max.request.size"],
-                    "linger_ms": self.core.config["linger.ms"],
-                    "max_block_ms": self.core.config["max.block.ms"],
-                    "delivery_timeout_ms": self.core.config["delivery.timeout.ms"],
-                    "buffer_memory": self.pool.block_count * self.pool.block_size,
-                    "heartbeat_interval_ms": max(self.client_timeout_ms // 10, 100)}
-        self._send(session, ipc.WELCOME, ipc.PROTOCOL_VERSION, session.client_id, self.pool.name,
-                   self.pool.block_size, self.pool.block_count, settings, self.daemon_id)
+        settings = ipc.WelcomeSettings(max_request_size=self.core.config["max.request.size"],
+                                       linger_ms=self.core.config["linger.ms"],
+                                       max_block_ms=self.core.config["max.block.ms"],
+                                       delivery_timeout_ms=self.core.config["delivery.timeout.ms"],
+                                       buffer_memory=self.pool.block_count * self.pool.block_size,
+                                       heartbeat_interval_ms=max(self.client_timeout_ms // 10, 100))
+        self._send(session, ipc.Welcome(PROTOCOL_VERSION, session.client_id, self.pool.name, self.pool.block_size,
+                                        self.pool.block_count, settings, self.daemon_id))
 
-    def _blocks(self, session: ClientSession, message: list[Any]) -> None:
-        _, request_id, count, contiguous, timeout_ms = _fields(message, 5, "BLOCKS")
+    def _blocks(self, session: ClientSession, message: ipc.Blocks) -> None:
+        request_id = message.request_id
         _check_int(request_id, "request_id")
         try:
-            _check_int(count, "count", 1, self.pool.block_count)
-            _check_int(timeout_ms, "timeout_ms", 0, 2**62)
-            deadline = self.clock() + min(timeout_ms, MAX_BLOCK_WAIT_MS)
-            blocks = self.pool.request(session.client_id, request_id, count, bool(contiguous), deadline)
+            _check_int(message.count, "count", 1, self.pool.block_count)
+            _check_int(message.timeout_ms, "timeout_ms", 0, 2**62)
+            deadline = self.clock() + min(message.timeout_ms, MAX_BLOCK_WAIT_MS)
+            blocks = self.pool.request(session.client_id, request_id, message.count, bool(message.contiguous),
+                                       deadline)
         except ValueError as exc:
             # The client waits for an answer to this request: it fails now rather than at its timeout.
             self._complain(session.identity, str(exc))
-            self._send(session, ipc.GRANT_FAILED, request_id, f"the daemon refused the request: {exc}")
+            self._send(session, ipc.GrantFailed(request_id, f"the daemon refused the request: {exc}"))
             return
         if blocks is not None:
-            self._send(session, ipc.GRANT, request_id, blocks)
+            self._send(session, ipc.Grant(request_id, blocks))
 
-    def _seal(self, session: ClientSession, message: list[Any]) -> None:
-        _, notices = _fields(message, 2, "SEAL")
-        if not isinstance(notices, list):
+    def _seal(self, session: ClientSession, message: ipc.Seal) -> None:
+        if not isinstance(message.notices, list):
             raise ValueError("SEAL carries a list of notices")
         now = self.clock()
-        for notice in notices:
+        for notice in message.notices:
             try:
                 batch = self._batch_from_notice(session, notice, now)
             except (ValueError, TypeError, BlockError) as exc:
@@ -260,18 +257,21 @@ class SidecarFront:
     def _refuse_notice(self, session: ClientSession, notice: Any, exc: Exception) -> None:
         """An ERROR, a failed DELIVERY entry for the batch, and the sender's unsealed blocks of it freed."""
         self._complain(session.identity, f"seal refused: {exc}")
-        if not isinstance(notice, list) or not notice or not _is_int(notice[0]):
+        # What can be read of a refused notice, which may have too few fields, or fields of other types.
+        fields = dict(zip(ipc.SealNotice._fields, notice, strict=False)) if isinstance(notice, list) else {}
+        batch_id, first, count = (fields.get(name) for name in ("batch_id", "first_block", "block_count"))
+        if not _is_int(batch_id):
             return
         error = InvalidRequestError(f"the daemon refused the batch: {exc}")
-        session.reports.append([notice[0], 0, 2**31 - 1, -1, -1, ipc.error_to_wire(error)])
-        if len(notice) >= 3 and _is_int(notice[1]) and _is_int(notice[2]):
+        session.reports.append(ipc.DeliveryReport.failed(batch_id, error))
+        if _is_int(first) and _is_int(count):
             # The client counts a failed batch as finished: it neither writes to nor releases its blocks again.
-            self.pool.free_unsealed(session.client_id, notice[1], notice[2])
+            self.pool.free_unsealed(session.client_id, first, count)
 
-    def _batch_from_notice(self, session: ClientSession, notice: Any, now: int) -> ProducerBatch:
-        if not isinstance(notice, list) or len(notice) != len(ipc.SEAL_FIELDS):
-            raise ValueError(f"a seal notice has the fields {', '.join(ipc.SEAL_FIELDS)}")
-        (batch_id, first, count, topic, partition, records, length, base_ts, max_ts, ago) = notice
+    def _batch_from_notice(self, session: ClientSession, raw: Any, now: int) -> ProducerBatch:
+        if not isinstance(raw, list) or len(raw) != len(ipc.SealNotice._fields):
+            raise ValueError(f"a seal notice has the fields {', '.join(ipc.SealNotice._fields)}")
+        (batch_id, first, count, topic, partition, records, length, base_ts, max_ts, ago) = ipc.SealNotice._make(raw)
         _check_int(batch_id, "batch_id")
         _check_int(first, "first_block", 0, self.pool.block_count - 1)
         _check_int(count, "block_count", 1, self.pool.block_count)
@@ -294,21 +294,20 @@ class SidecarFront:
                              max_timestamp=max_ts, created_ms=now - ago, on_complete=self._batch_done,
                              release=lambda: self.pool.free(blocks), origin=(session.client_id, batch_id))
 
-    def _release(self, session: ClientSession, message: list[Any]) -> None:
-        _, blocks = _fields(message, 2, "RELEASE")
+    def _release(self, session: ClientSession, message: ipc.Release) -> None:
+        blocks = message.blocks
         if not isinstance(blocks, list) or not all(_is_int(b) for b in blocks):
             raise ValueError("RELEASE carries a list of block numbers")
         self.pool.give_back(session.client_id, blocks)
 
-    def _metadata(self, session: ClientSession, message: list[Any]) -> None:
-        _, topic = _fields(message, 2, "METADATA")
-        ipc.check_topic(topic)
+    def _metadata(self, session: ClientSession, message: ipc.Metadata) -> None:
+        topic = ipc.check_topic(message.topic)
         try:
             self._follow(session, topic)
         except ValueError as exc:
             # The client's send() waits for this topic's metadata: it fails now rather than at its timeout.
             self._complain(session.identity, str(exc))
-            self._send(session, ipc.TOPIC, topic, None, [], ipc.error_to_wire(InvalidRequestError(str(exc))))
+            self._send(session, ipc.Topic(topic, None, [], ipc.error_to_wire(InvalidRequestError(str(exc)))))
             return
         session.topics[topic] = ()  # the state it was last told: none, so it hears the current one now
         self.core.metadata.add_topic(topic, self.clock())
@@ -324,16 +323,16 @@ class SidecarFront:
                                  "topics")
             session.topics[topic] = ()
 
-    def _heartbeat(self, session: ClientSession, message: list[Any]) -> None:
+    def _heartbeat(self, session: ClientSession, message: ipc.Heartbeat) -> None:
         pass  # last_seen_ms is updated for every message
 
-    def _goodbye(self, session: ClientSession, message: list[Any]) -> None:
+    def _goodbye(self, session: ClientSession, message: ipc.Goodbye) -> None:
         log.info("client %s (pid %s) said goodbye", session.client_id, session.pid)
         self._end_session(session)
 
-    _HANDLERS: dict[int, Callable[[SidecarFront, ClientSession, list[Any]], None]] = {
-        ipc.BLOCKS: _blocks, ipc.SEAL: _seal, ipc.RELEASE: _release, ipc.METADATA: _metadata,
-        ipc.HEARTBEAT: _heartbeat, ipc.GOODBYE: _goodbye,
+    _HANDLERS: dict[type[Any], Callable[[SidecarFront, ClientSession, Any], None]] = {
+        ipc.Blocks: _blocks, ipc.Seal: _seal, ipc.Release: _release, ipc.Metadata: _metadata,
+        ipc.Heartbeat: _heartbeat, ipc.Goodbye: _goodbye,
     }
 
     def _end_session(self, session: ClientSession, *, alive: bool = False) -> None:
@@ -369,8 +368,8 @@ class SidecarFront:
         session = self._by_id.get(client_id)
         if session is None:
             return  # the client is gone; its records were still delivered (or failed) for it
-        session.reports.append([batch_id, batch.origin_index, batch.record_count, batch.base_offset,
-                                batch.log_append_time_ms, ipc.error_to_wire(batch.error)])
+        session.reports.append(ipc.DeliveryReport(batch_id, batch.origin_index, batch.record_count, batch.base_offset,
+                                                  batch.log_append_time_ms, ipc.error_to_wire(batch.error)))
 
     def after_iteration(self) -> None:
         """Work due after each loop iteration: grants, expiries, reports, metadata, pressure."""
@@ -379,14 +378,14 @@ class SidecarFront:
         for waiter in self.pool.expire_waiters(now):
             session = self._by_id.get(waiter.client_id)
             if session is not None:
-                self._send(session, ipc.GRANT_FAILED, waiter.request_id,
-                           f"no {waiter.count} free block(s) of the BufferPool in time")
+                self._send(session, ipc.GrantFailed(waiter.request_id,
+                                                    f"no {waiter.count} free block(s) of the BufferPool in time"))
         for waiter, blocks in self.pool.serve_waiters():
             session = self._by_id.get(waiter.client_id)
             if session is None:
                 self.pool.free(blocks)
             else:
-                self._send(session, ipc.GRANT, waiter.request_id, blocks)
+                self._send(session, ipc.Grant(waiter.request_id, blocks))
         # Sealed batches are always ready to send here: the pressure is for the clients, to seal what they hold.
         if self.pool.waiters and now - self._seal_now_sent_ms >= _SEAL_NOW_INTERVAL_MS:
             self._seal_now_sent_ms = now
@@ -395,11 +394,11 @@ class SidecarFront:
             at_limit = self.pool.clients_at_limit()
             for session in self.sessions.values():
                 if exhausted or session.client_id in at_limit:
-                    self._send(session, ipc.SEAL_NOW)
+                    self._send(session, ipc.SealNow())
         for session in list(self.sessions.values()):
             if session.reports:
                 reports, session.reports = session.reports, []
-                self._send(session, ipc.DELIVERY, reports)
+                self._send(session, ipc.Delivery(reports))
             if now - session.last_seen_ms > self.client_timeout_ms:
                 log.warning("client %s (pid %s) silent for %d ms: ending its session", session.client_id,
                             session.pid, now - session.last_seen_ms)
@@ -447,13 +446,7 @@ class SidecarFront:
         if state == session.topics.get(topic) or (count is None and error is None):
             return
         session.topics[topic] = state
-        self._send(session, ipc.TOPIC, topic, count, list(state[1]), error)
-
-
-def _fields(message: list[Any], count: int, name: str) -> list[Any]:
-    if len(message) != count:
-        raise ValueError(f"{name} has {count - 1} fields, got {len(message) - 1}")
-    return message
+        self._send(session, ipc.Topic(topic, count, list(state[1]), error))
 
 
 def _is_int(value: Any) -> bool:

@@ -1,45 +1,27 @@
 """The messages between application processes and the daemon over ZeroMQ.
 
-Each ZeroMQ message is one msgpack array whose first element is the message
-type. Clients talk through a DEALER socket to the daemon's ROUTER. The handshake
-carries :data:`PROTOCOL_VERSION`; either side refuses a version it does not
-speak, with a message that says which versions are involved.
+Clients talk through a DEALER socket to the daemon's ROUTER. Each ZeroMQ message is
+one msgpack array: the message's type, then its fields in the order of its class
+below. Every message is a typed record (a NamedTuple) with :func:`encode` and
+:func:`decode`; :func:`decode` refuses an unknown type or a wrong number of fields,
+and the receiver checks the values. The handshake carries the contract's
+:data:`~client_stub.contract.PROTOCOL_VERSION`; either side refuses another version,
+with a message that says which versions are involved.
 
-Client -> daemon::
+The type numbers are each class's ``TYPE``. Client -> daemon: :class:`Hello`, :class:`Blocks`, :class:`Seal` (of
+:class:`SealNotice` rows), :class:`Release`, :class:`Metadata`, :class:`Heartbeat`,
+:class:`Goodbye`. Daemon -> client: :class:`Welcome` (with :class:`WelcomeSettings`),
+:class:`Grant`, :class:`GrantFailed`, :class:`Delivery` (of :class:`DeliveryReport`
+rows), :class:`Topic`, :class:`SealNow`, :class:`Error`.
 
-    [HELLO, version, pid, client_name, options]          options: linger_ms, partitioner, process,
-                                                          retriable_topic_errors (True: the client
-                                                          waits on through them, see TOPIC)
-    [BLOCKS, request_id, count, contiguous, timeout_ms]   count blocks (a run of count if contiguous)
-    [SEAL, [[batch_id, first_block, block_count, topic, partition, record_count, length,
-             base_timestamp, max_timestamp, created_ms_ago], ...]]
-    [RELEASE, [block, ...]]                               unused granted blocks given back
-    [METADATA, topic]                                     subscribe to a topic's metadata
-    [HEARTBEAT]
-    [GOODBYE]
+A refused request the client waits on is also answered after its :class:`Error`, so
+that the client fails it at once rather than at its timeout: a :class:`Blocks` with a
+usable request_id by :class:`GrantFailed`; a :class:`Metadata` for a valid topic name
+(refused when the client already follows as many topics as it may) by a
+:class:`Topic` without partitions and with the error; each refused seal notice with a
+usable batch_id by a :class:`DeliveryReport` failing the whole batch.
 
-Daemon -> client::
-
-    [WELCOME, version, client_id, segment, block_size, block_count, settings, daemon_id]
-    [GRANT, request_id, [block, ...]]                     for contiguous requests: the run, in order
-    [GRANT_FAILED, request_id, message]                   the request waited longer than its timeout,
-                                                          or was refused (after an ERROR)
-    [DELIVERY, [[batch_id, first_record, record_count, base_offset, log_append_time_ms, error], ...]]
-    [TOPIC, topic, partition_count, available_partitions, error]   error: the topic's last error in
-                                                          metadata; a retriable one (the topic is
-                                                          unknown) only to clients that said
-                                                          retriable_topic_errors, which wait on
-    [SEAL_NOW]                                            the pool is exhausted: seal what you hold
-    [ERROR, code, message]                                the last message was refused; code is one
-                                                          of the ERROR_* strings below
-
-``error`` is None or an :func:`error_to_wire` list.
-
-A refused request the client waits on is also answered after its ERROR, so that the
-client fails it at once rather than at its timeout: a BLOCKS with a usable request_id
-by GRANT_FAILED; a METADATA for a valid topic name (refused when the client already
-follows as many topics as it may) by [TOPIC, topic, None, [], error]; each refused
-seal notice with a usable batch_id by a DELIVERY entry failing the whole batch.
+Errors travel as :func:`error_to_wire` lists.
 """
 
 from __future__ import annotations
@@ -47,44 +29,302 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Any
+from typing import Any, NamedTuple, TypeAlias
 
 import msgpack
 
 from .. import errors
+from . import PROTOCOL_VERSION
 
-PROTOCOL_VERSION = 1
 DEFAULT_ENDPOINT = "ipc:///run/kafka-sidecar/sidecar.sock"
 ENDPOINT_ENV = "KAFKA_SIDECAR_ENDPOINT"
 
-HELLO = 1
-BLOCKS = 2
-SEAL = 3
-RELEASE = 4
-METADATA = 5
-HEARTBEAT = 6
-GOODBYE = 7
-
-WELCOME = 101
-GRANT = 102
-GRANT_FAILED = 103
-DELIVERY = 104
-TOPIC = 105
-SEAL_NOW = 106
-ERROR = 107
-
-# ERROR codes: a handshake of another version; a message from a client the daemon does not
-# know (it restarted, or ended the session), which should say HELLO again; anything else.
+# Error.code: a handshake of another version; a message from a client the daemon does not
+# know (it restarted, or ended the session), which should say Hello again; anything else.
 ERROR_VERSION = "version_mismatch"
 ERROR_UNKNOWN_CLIENT = "unknown_client"
 ERROR_REFUSED = "refused"
 
-# A seal notice's fields, in order.
-SEAL_FIELDS = ("batch_id", "first_block", "block_count", "topic", "partition", "record_count", "length",
-               "base_timestamp", "max_timestamp", "created_ms_ago")
-
 # Kafka's topic name rule (Topic.java): legal characters, at most 249 of them.
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+# An error as error_to_wire() writes it: [class name, code, Kafka name, message, retriable].
+WireError: TypeAlias = list[Any]
+
+
+class VersionMismatchError(ValueError):
+    """A handshake of another protocol version."""
+
+    def __init__(self, kind: str, version: Any) -> None:
+        super().__init__(f"{kind} of protocol version {version!r}, this side speaks {PROTOCOL_VERSION}")
+        self.version = version
+
+
+# -- client -> daemon ---------------------------------------------------------------------------
+
+
+class HelloOptions(NamedTuple):
+    """What a client says of itself in its :class:`Hello` (a map by name on the wire)."""
+
+    linger_ms: int | None = None
+    partitioner: str | None = None
+    # [pid namespace, start time] of the client process (process_identity()): the daemon notices at
+    # once when it dies, if both share a pid namespace.
+    process: list[str] | None = None
+    # The client waits on through a topic's retriable metadata error (see Topic); older clients fail at once.
+    retriable_topic_errors: bool = False
+
+
+class Hello(NamedTuple):
+    """The handshake, first of a session (again after an ERROR_UNKNOWN_CLIENT)."""
+
+    TYPE = 1
+
+    version: int
+    pid: int
+    client_name: str
+    options: HelloOptions
+
+
+class Blocks(NamedTuple):
+    """Ask for ``count`` blocks (a run of ``count`` if ``contiguous``), waiting up to ``timeout_ms``."""
+
+    TYPE = 2
+
+    request_id: int
+    count: int
+    contiguous: bool
+    timeout_ms: int
+
+
+class SealNotice(NamedTuple):
+    """One batch sealed in the client's blocks, handed to the daemon."""
+
+    batch_id: int
+    first_block: int
+    block_count: int
+    topic: str
+    partition: int
+    record_count: int
+    length: int
+    base_timestamp: int
+    max_timestamp: int
+    created_ms_ago: int
+
+
+class Seal(NamedTuple):
+    """Seal notices, checked by the daemon one by one (a bad notice does not refuse the others)."""
+
+    TYPE = 3
+
+    notices: list[Any]
+
+
+class Release(NamedTuple):
+    """Granted blocks given back unused."""
+
+    TYPE = 4
+
+    blocks: list[int]
+
+
+class Metadata(NamedTuple):
+    """Follow a topic: its partitions now, and each change later, come as :class:`Topic`."""
+
+    TYPE = 5
+
+    topic: str
+
+
+class Heartbeat(NamedTuple):
+    """The client is alive (it says so when it has nothing else to say)."""
+
+    TYPE = 6
+
+
+class Goodbye(NamedTuple):
+    """The end of the session: the client's unsealed blocks return to the pool."""
+
+    TYPE = 7
+
+
+# -- daemon -> client ---------------------------------------------------------------------------
+
+
+class WelcomeSettings(NamedTuple):
+    """The daemon's settings a client works with (a map by name on the wire)."""
+
+    max_request_size: int
+    linger_ms: int
+    max_block_ms: int
+    delivery_timeout_ms: int
+    buffer_memory: int
+    heartbeat_interval_ms: int
+
+
+class Welcome(NamedTuple):
+    """The session is open: the client maps ``segment`` and may ask for blocks."""
+
+    TYPE = 101
+
+    version: int
+    client_id: int
+    segment: str
+    block_size: int
+    block_count: int
+    settings: WelcomeSettings
+    daemon_id: str
+
+
+class Grant(NamedTuple):
+    """Blocks for a :class:`Blocks` request; for a contiguous one, the run in order."""
+
+    TYPE = 102
+
+    request_id: int
+    blocks: list[int]
+
+
+class GrantFailed(NamedTuple):
+    """The request waited longer than its timeout, or was refused (after an :class:`Error`)."""
+
+    TYPE = 103
+
+    request_id: int
+    reason: str
+
+
+class DeliveryReport(NamedTuple):
+    """The outcome of ``record_count`` records of a batch from ``first_record`` (:data:`WHOLE_BATCH`: all
+    from there)."""
+
+    batch_id: int
+    first_record: int
+    record_count: int
+    base_offset: int
+    log_append_time_ms: int
+    error: WireError | None
+
+    @classmethod
+    def failed(cls, batch_id: int, error: errors.KafkaError) -> DeliveryReport:
+        """Every record of a batch failed with ``error``."""
+        return cls(batch_id, 0, WHOLE_BATCH, -1, -1, error_to_wire(error))
+
+
+# DeliveryReport.record_count of a report on every record of a batch from first_record on: the daemon
+# refuses a batch without knowing how many records it holds.
+WHOLE_BATCH = 2**31 - 1
+
+
+class Delivery(NamedTuple):
+    """Delivery reports, as :class:`DeliveryReport` rows."""
+
+    TYPE = 104
+
+    reports: list[Any]
+
+
+class Topic(NamedTuple):
+    """A followed topic's state: its partition count (None: not known yet), the partitions with a leader,
+    and its last metadata error (a retriable one only to clients that said ``retriable_topic_errors``,
+    which wait on)."""
+
+    TYPE = 105
+
+    topic: str
+    partition_count: int | None
+    available_partitions: list[int]
+    error: WireError | None
+
+
+class SealNow(NamedTuple):
+    """The pool is exhausted: seal what you hold, give back your spare blocks."""
+
+    TYPE = 106
+
+
+class Error(NamedTuple):
+    """The last message was refused; ``code`` is one of the ``ERROR_*`` strings."""
+
+    TYPE = 107
+
+    code: str
+    message: str
+
+
+Message: TypeAlias = (Hello | Blocks | Seal | Release | Metadata | Heartbeat | Goodbye | Welcome | Grant
+                      | GrantFailed | Delivery | Topic | SealNow | Error)
+
+# By type number on the wire (each class's TYPE: clients' messages from 1, the daemon's from 101).
+_CLASSES: dict[int, type[Any]] = {cls.TYPE: cls for cls in (Hello, Blocks, Seal, Release, Metadata, Heartbeat,
+                                                             Goodbye, Welcome, Grant, GrantFailed, Delivery,
+                                                             Topic, SealNow, Error)}
+
+
+def encode(message: Message) -> bytes:
+    """The wire form of a typed message."""
+    kind = message.TYPE
+    if isinstance(message, Hello):
+        return pack(kind, *message[:3], message.options._asdict())
+    if isinstance(message, Welcome):
+        return pack(kind, *message[:5], message.settings._asdict(), message.daemon_id)
+    return pack(kind, *message)
+
+
+def decode(data: bytes) -> Message:
+    """The typed message ``data`` holds; ValueError if it is not one (see :func:`from_fields`)."""
+    return from_fields(unpack(data))
+
+
+def from_fields(fields: list[Any]) -> Message:
+    """The typed message of an :func:`unpack` result; ValueError for an unknown type or a wrong number of
+    fields, VersionMismatchError for a handshake of another version (whose other fields may differ)."""
+    number, *values = fields
+    cls = _CLASSES.get(number)
+    if cls is None:
+        raise ValueError(f"unknown message type {number!r}")
+    name = cls.__name__.upper()
+    if cls in (Hello, Welcome) and values[:1] != [PROTOCOL_VERSION]:
+        raise VersionMismatchError(name, values[0] if values else None)
+    if len(values) != len(cls._fields):
+        raise ValueError(f"{name} has {len(cls._fields)} fields, got {len(values)}")
+    if cls is Hello:
+        values[3] = _named(HelloOptions, values[3], "HELLO options", partial=True)
+    elif cls is Welcome:
+        values[5] = _named(WelcomeSettings, values[5], "WELCOME settings", partial=False)
+    return cls._make(values)
+
+
+def _named(cls: type[Any], value: Any, what: str, *, partial: bool) -> Any:
+    """A NamedTuple from a map by name. Names this side does not know are left out (a newer peer's);
+    those it needs must be there unless ``partial``, which takes the defaults."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} are a map")
+    known = {name: value[name] for name in cls._fields if name in value}
+    if not partial and len(known) != len(cls._fields):
+        missing = ", ".join(name for name in cls._fields if name not in value)
+        raise ValueError(f"{what} lack {missing}")
+    return cls(**known)
+
+
+def pack(*fields: Any) -> bytes:
+    """One msgpack array of ``fields`` (the wire's layer below :func:`encode`)."""
+    # msgpack's Packer starts with a 256 KiB buffer: a malloc() per message, which in the client's
+    # I/O thread takes pages of a malloc arena of its own. A small buffer is Python's (it grows as needed).
+    return msgpack.packb(fields, use_bin_type=True, buf_size=256)
+
+
+def unpack(data: bytes) -> list[Any]:
+    """One msgpack array that starts with a message type; ValueError if ``data`` is not one."""
+    try:
+        message = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ValueError(f"not a msgpack message: {exc}") from None
+    # bool is an int in Python, but msgpack's true is no message type (it would read as Hello).
+    if not isinstance(message, list) or not message or not isinstance(message[0], int) \
+            or isinstance(message[0], bool):
+        raise ValueError("a message is an array that starts with its type")
+    return message
 
 
 def default_endpoint() -> str:

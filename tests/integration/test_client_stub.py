@@ -24,8 +24,9 @@ import msgpack
 import pytest
 import zmq
 
+import client_stub.producer
 from client_stub import Producer, RecordMetadata
-from client_stub.contract import ipc
+from client_stub.contract import PROTOCOL_VERSION, ipc
 from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
 from client_stub.contract.records import encode_record
 from client_stub.contract.shared_memory import FREE, OWNED, Segment
@@ -274,8 +275,8 @@ class HostileSession:
         self.sock.connect(endpoint)
         self.reports: list[list] = []
         self.next_request = 1
-        self.send(ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), "hostile-owner", {})
-        welcome = self.expect(ipc.WELCOME)
+        self.send(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "hostile-owner", {})
+        welcome = self.expect(ipc.Welcome.TYPE)
         self.client_id, self.segment = welcome[2], Segment(welcome[3])
 
     def send(self, *message) -> None:
@@ -290,26 +291,26 @@ class HostileSession:
             message = ipc.unpack(self.sock.recv())
             if message[0] == kind:
                 return message
-            if message[0] == ipc.DELIVERY:
+            if message[0] == ipc.Delivery.TYPE:
                 self.reports += message[1]
             else:
-                assert message[0] in (ipc.SEAL_NOW, ipc.TOPIC), message
+                assert message[0] in (ipc.SealNow.TYPE, ipc.Topic.TYPE), message
         raise AssertionError(f"no message {kind} from the daemon")
 
     def refused(self, *message, reason: str) -> None:
         self.send(*message)
-        error = self.expect(ipc.ERROR)
+        error = self.expect(ipc.Error.TYPE)
         assert reason in error[2], error
 
     def blocks(self, count: int) -> list[int]:
         request_id, self.next_request = self.next_request, self.next_request + 1
-        self.send(ipc.BLOCKS, request_id, count, False, 10_000)
-        grant = self.expect(ipc.GRANT)
+        self.send(ipc.Blocks.TYPE, request_id, count, False, 10_000)
+        grant = self.expect(ipc.Grant.TYPE)
         assert grant[1] == request_id and len(grant[2]) == count, grant
         return grant[2]
 
     def close(self) -> None:
-        self.send(ipc.GOODBYE)
+        self.send(ipc.Goodbye.TYPE)
         self.segment.close()
         self.sock.close()
 
@@ -340,36 +341,36 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
     sealed = 0
     for round_ in range(100):
         mine, theirs = abuser.blocks(4), other.blocks(2)
-        abuser.refused(ipc.RELEASE, [mine[0], mine[0]], reason="named more than once")
-        abuser.send(ipc.RELEASE, [mine[0]])
-        abuser.refused(ipc.RELEASE, [mine[0]], reason="not granted")
-        abuser.refused(ipc.RELEASE, theirs, reason="not granted")
-        abuser.refused(ipc.SEAL, [_seal_notice(10_000 + round_, mine[0], hostile_topic, 10)], reason="seal refused")
-        abuser.refused(ipc.SEAL, [_seal_notice(20_000 + round_, theirs[0], hostile_topic, 10)],
+        abuser.refused(ipc.Release.TYPE, [mine[0], mine[0]], reason="named more than once")
+        abuser.send(ipc.Release.TYPE, [mine[0]])
+        abuser.refused(ipc.Release.TYPE, [mine[0]], reason="not granted")
+        abuser.refused(ipc.Release.TYPE, theirs, reason="not granted")
+        abuser.refused(ipc.Seal.TYPE, [_seal_notice(10_000 + round_, mine[0], hostile_topic, 10)], reason="seal refused")
+        abuser.refused(ipc.Seal.TYPE, [_seal_notice(20_000 + round_, theirs[0], hostile_topic, 10)],
                        reason="seal refused")
         good = [b for b, (state, owner) in enumerate(daemon.block_table())
                 if state == OWNED and owner not in (abuser.client_id, other.client_id)]
         if good:
-            abuser.refused(ipc.RELEASE, good[:3], reason="not granted")
-            abuser.refused(ipc.SEAL, [_seal_notice(30_000 + round_, good[0], topic, 10)], reason="seal refused")
+            abuser.refused(ipc.Release.TYPE, good[:3], reason="not granted")
+            abuser.refused(ipc.Seal.TYPE, [_seal_notice(30_000 + round_, good[0], topic, 10)], reason="seal refused")
         # A valid batch of its own, sealed twice.
         record = encode_record(0, 0, None, f"hostile-{round_}".encode(), ())
         abuser.segment.blocks(mine[1])[:len(record)] = record
-        abuser.send(ipc.SEAL, [_seal_notice(round_, mine[1], hostile_topic, len(record))])
+        abuser.send(ipc.Seal.TYPE, [_seal_notice(round_, mine[1], hostile_topic, len(record))])
         sealed += 1
-        abuser.refused(ipc.SEAL, [_seal_notice(round_, mine[1], hostile_topic, len(record))], reason="seal refused")
-        abuser.refused(ipc.RELEASE, [mine[1]], reason="not granted")
+        abuser.refused(ipc.Seal.TYPE, [_seal_notice(round_, mine[1], hostile_topic, len(record))], reason="seal refused")
+        abuser.refused(ipc.Release.TYPE, [mine[1]], reason="not granted")
         # The sequence that once crashed the daemon: a block released thrice, then more requests.
-        abuser.refused(ipc.RELEASE, [mine[2], mine[2], mine[2]], reason="named more than once")
-        abuser.send(ipc.RELEASE, mine[2:])
-        other.send(ipc.RELEASE, theirs)
+        abuser.refused(ipc.Release.TYPE, [mine[2], mine[2], mine[2]], reason="named more than once")
+        abuser.send(ipc.Release.TYPE, mine[2:])
+        other.send(ipc.Release.TYPE, theirs)
     rng = random.Random(1)
     hostile = [context.socket(zmq.DEALER) for _ in range(4)]
     for sock in hostile:
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(daemon.endpoint)
     # One hostile client says hello properly and then abuses its session.
-    hostile[0].send(ipc.pack(ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), "hostile", {}))
+    hostile[0].send(ipc.pack(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "hostile", {}))
     for i in range(10_000):
         sock = hostile[i % 4]
         choice = i % 8
@@ -378,17 +379,17 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
         elif choice == 1:
             payload = msgpack.packb([rng.randrange(-5, 300)] + [rng.random() for _ in range(rng.randrange(5))])
         elif choice == 2:
-            payload = ipc.pack(ipc.SEAL, [[i, rng.randrange(0, 5000), rng.randrange(-3, 9), topic,
+            payload = ipc.pack(ipc.Seal.TYPE, [[i, rng.randrange(0, 5000), rng.randrange(-3, 9), topic,
                                            rng.randrange(-1, 4), rng.randrange(-1, 9), rng.randrange(-1, 99999),
                                            0, 0, 0]])
         elif choice == 3:
-            payload = ipc.pack(ipc.BLOCKS, i, rng.choice([-1, 0, 10**9, "x"]), True, 10)
+            payload = ipc.pack(ipc.Blocks.TYPE, i, rng.choice([-1, 0, 10**9, "x"]), True, 10)
         elif choice == 4:
-            payload = ipc.pack(ipc.RELEASE, [rng.randrange(0, 2048) for _ in range(3)])
+            payload = ipc.pack(ipc.Release.TYPE, [rng.randrange(0, 2048) for _ in range(3)])
         elif choice == 5:
-            payload = ipc.pack(ipc.HELLO, rng.randrange(2, 99), -5, None, [])
+            payload = ipc.pack(ipc.Hello.TYPE, rng.randrange(2, 99), -5, None, [])
         elif choice == 6:
-            payload = ipc.pack(ipc.METADATA, "../" * rng.randrange(1, 90))
+            payload = ipc.pack(ipc.Metadata.TYPE, "../" * rng.randrange(1, 90))
         else:
             sock.send_multipart([b"extra", os.urandom(10)])
             continue
@@ -397,7 +398,7 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
     # The abuser's own valid batches were delivered, each once.
     deadline = time.monotonic() + 60
     while sum(r[3] >= 0 for r in abuser.reports) < sealed and time.monotonic() < deadline:
-        abuser.reports += abuser.expect(ipc.DELIVERY)[1]
+        abuser.reports += abuser.expect(ipc.Delivery.TYPE)[1]
     delivered = sorted(r[0] for r in abuser.reports if r[3] >= 0)
     abuser.close()
     other.close()
@@ -487,7 +488,9 @@ def test_a_malformed_endpoint_is_refused_at_the_first_send() -> None:
 
 def test_protocol_version_mismatch_is_refused_on_both_sides(broker, sidecar, monkeypatch) -> None:
     daemon = sidecar(broker.bootstrap)
+    # The client of this process speaks version 99 (its handshake, and what it accepts); the daemon the real one.
     monkeypatch.setattr(ipc, "PROTOCOL_VERSION", 99)
+    monkeypatch.setattr(client_stub.producer, "PROTOCOL_VERSION", 99)
     producer = Producer(daemon.endpoint, max_block_ms=5000)
     with pytest.raises(SidecarUnavailableError, match="version"):
         producer.send("t", b"v")

@@ -24,7 +24,7 @@ import pytest
 import zmq
 
 from client_stub import Producer, RecordMetadata
-from client_stub.contract import ipc
+from client_stub.contract import PROTOCOL_VERSION, ipc
 from client_stub.errors import (
     BufferExhaustedError,
     KafkaError,
@@ -564,9 +564,9 @@ def test_a_welcome_of_another_protocol_version_is_refused(tmp_path) -> None:
             if router.poll(50):
                 identity, data = router.recv_multipart()
                 message = ipc.unpack(data)
-                if message[0] == ipc.HELLO:
+                if message[0] == ipc.Hello.TYPE:
                     hellos.append(message)
-                    router.send_multipart([identity, ipc.pack(ipc.WELCOME, 99, 1, "no-such-segment", 16384, 8,
+                    router.send_multipart([identity, ipc.pack(ipc.Welcome.TYPE, 99, 1, "no-such-segment", 16384, 8,
                                                               {"max_block_ms": 60000}, "fake-daemon")])
 
     fake_daemon = threading.Thread(target=answer_hellos)
@@ -575,10 +575,10 @@ def test_a_welcome_of_another_protocol_version_is_refused(tmp_path) -> None:
         producer = Producer(endpoint, max_block_ms=30_000)
         started = time.monotonic()
         with pytest.raises(SidecarUnavailableError,
-                           match=rf"other-version.sock speaks protocol version 99, this client {ipc.PROTOCOL_VERSION}"):
+                           match=rf"other-version.sock speaks protocol version 99, this client {PROTOCOL_VERSION}"):
             producer.send("t", b"v")
         assert time.monotonic() - started < 10, "refused at the WELCOME, not after max_block_ms"
-        assert [hello[1] for hello in hellos] == [ipc.PROTOCOL_VERSION]
+        assert [hello[1] for hello in hellos] == [PROTOCOL_VERSION]
         producer.close(0)
     finally:
         stop.set()

@@ -16,7 +16,7 @@ from typing import IO, Self
 
 import zmq
 
-from client_stub.contract import ipc
+from client_stub.contract import PROTOCOL_VERSION, ipc
 from client_stub.contract.shared_memory import TABLE_ENTRY, Segment
 from service.tools.embedded import free_port
 
@@ -70,7 +70,7 @@ class SidecarProcess:
         sock.setsockopt(zmq.LINGER, 0)
         try:
             sock.connect(self.endpoint)
-            sock.send(ipc.pack(ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), "test-probe", {}))
+            sock.send(ipc.pack(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "test-probe", {}))
             deadline = time.monotonic() + timeout
             while not sock.poll(100):
                 if self.process is not None and self.process.poll() is not None:
@@ -78,7 +78,7 @@ class SidecarProcess:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no WELCOME from the daemon in {timeout}s:\n{self.log_tail()}")
             welcome = ipc.unpack(sock.recv())
-            sock.send(ipc.pack(ipc.GOODBYE))
+            sock.send(ipc.pack(ipc.Goodbye.TYPE))
             return welcome
         finally:
             sock.close()

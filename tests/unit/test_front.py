@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from client_stub import errors
-from client_stub.contract import ipc
+from client_stub.contract import PROTOCOL_VERSION, ipc
 from client_stub.contract.shared_memory import FREE, OWNED, SEALED, TABLE_ENTRY, Segment
 from service.buffer_pool import BufferPool
 from service.config import ProducerConfig
@@ -69,24 +69,24 @@ class Client:
     def hello(self, pid: int | None = None, process: Any = "mine", **options: Any) -> int:
         if process == "mine":
             process = ipc.process_identity(os.getpid())
-        self.send(ipc.HELLO, ipc.PROTOCOL_VERSION, pid or os.getpid(), "test-client", {"process": process, **options})
+        self.send(ipc.Hello.TYPE, PROTOCOL_VERSION, pid or os.getpid(), "test-client", {"process": process, **options})
         self.env.pump()
         welcome = self.recv()
-        assert welcome[0] == ipc.WELCOME, welcome
+        assert welcome[0] == ipc.Welcome.TYPE, welcome
         self.client_id = welcome[2]
         return self.client_id
 
     def blocks(self, count: int, contiguous: bool = False, timeout_ms: int = 1000) -> list[int]:
         request_id = self.next_request
         self.next_request += 1
-        self.send(ipc.BLOCKS, request_id, count, contiguous, timeout_ms)
+        self.send(ipc.Blocks.TYPE, request_id, count, contiguous, timeout_ms)
         self.env.pump()
         grant = self.recv()
-        assert grant[:2] == [ipc.GRANT, request_id], grant
+        assert grant[:2] == [ipc.Grant.TYPE, request_id], grant
         return grant[2]
 
     def seal(self, *notices: list[Any]) -> None:
-        self.send(ipc.SEAL, list(notices))
+        self.send(ipc.Seal.TYPE, list(notices))
         self.env.pump()
 
     def error(self) -> str:
@@ -95,7 +95,7 @@ class Client:
 
     def error_with_code(self) -> tuple[str, str]:
         message = self.recv()
-        assert message[0] == ipc.ERROR, message
+        assert message[0] == ipc.Error.TYPE, message
         return message[1], message[2]
 
     def close(self) -> None:
@@ -157,7 +157,7 @@ def notice(batch_id: int = 1, first: int = 0, count: int = 1, topic: str = "t", 
 
 def deliveries(client: Client) -> list[list[Any]]:
     message = client.recv()
-    assert message[0] == ipc.DELIVERY, message
+    assert message[0] == ipc.Delivery.TYPE, message
     return message[1]
 
 
@@ -166,10 +166,10 @@ def deliveries(client: Client) -> list[list[Any]]:
 
 def test_hello_gets_a_welcome_with_the_segment(env: Env) -> None:
     client = env.client()
-    client.send(ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), "worker-1", {"linger_ms": 5})
+    client.send(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "worker-1", {"linger_ms": 5})
     env.pump()
     kind, version, client_id, segment, block_size, block_count, settings, daemon_id = client.recv()
-    assert (kind, version, segment, block_size, block_count) == (ipc.WELCOME, ipc.PROTOCOL_VERSION, env.pool.name,
+    assert (kind, version, segment, block_size, block_count) == (ipc.Welcome.TYPE, PROTOCOL_VERSION, env.pool.name,
                                                                  BLOCK, BLOCKS)
     assert settings == {"max_request_size": MAX_REQUEST_SIZE, "linger_ms": 5, "max_block_ms": 60000,
                         "delivery_timeout_ms": 120000, "buffer_memory": BLOCKS * BLOCK,
@@ -184,10 +184,10 @@ def test_hello_gets_a_welcome_with_the_segment(env: Env) -> None:
 
 
 @pytest.mark.parametrize("hello", [
-    [ipc.HELLO, 99, 1234, "old", {}],
-    [ipc.HELLO, 2, 1234, "newer, with another field", {}, "extra"],  # another version, other fields
-    [ipc.HELLO, 0],
-    [ipc.HELLO, "1", 1234, "text version", {}],
+    [ipc.Hello.TYPE, 99, 1234, "old", {}],
+    [ipc.Hello.TYPE, 2, 1234, "newer, with another field", {}, "extra"],  # another version, other fields
+    [ipc.Hello.TYPE, 0],
+    [ipc.Hello.TYPE, "1", 1234, "text version", {}],
 ], ids=["99", "2-more-fields", "0-fewer-fields", "text"])
 def test_hello_of_another_version_is_refused_naming_both(env: Env, hello: list[Any]) -> None:
     client = env.client()
@@ -196,17 +196,17 @@ def test_hello_of_another_version_is_refused_naming_both(env: Env, hello: list[A
     text = client.error()
     assert "protocol version mismatch" in text
     assert f"the client speaks {hello[1]!r}" in text
-    assert f"this daemon speaks {ipc.PROTOCOL_VERSION}" in text
+    assert f"this daemon speaks {PROTOCOL_VERSION}" in text
     assert env.front.sessions == {}
-    client.send(ipc.HEARTBEAT)
+    client.send(ipc.Heartbeat.TYPE)
     env.pump()
     assert "send HELLO first" in client.error()
 
 
 @pytest.mark.parametrize("hello", [
-    [ipc.HELLO, ipc.PROTOCOL_VERSION, 1234, "x"],
-    [ipc.HELLO, ipc.PROTOCOL_VERSION, 0, "x", {}],
-    [ipc.HELLO, ipc.PROTOCOL_VERSION, "1234", "x", {}],
+    [ipc.Hello.TYPE, PROTOCOL_VERSION, 1234, "x"],
+    [ipc.Hello.TYPE, PROTOCOL_VERSION, 0, "x", {}],
+    [ipc.Hello.TYPE, PROTOCOL_VERSION, "1234", "x", {}],
 ], ids=["missing-options", "pid-0", "pid-text"])
 def test_malformed_hello_is_refused(env: Env, hello: list[Any]) -> None:
     client = env.client()
@@ -217,8 +217,8 @@ def test_malformed_hello_is_refused(env: Env, hello: list[Any]) -> None:
 
 
 @pytest.mark.parametrize("message", [
-    [ipc.BLOCKS, 1, 1, False, 100], [ipc.SEAL, [notice()]], [ipc.RELEASE, [0]], [ipc.METADATA, "t"],
-    [ipc.HEARTBEAT], [ipc.GOODBYE],
+    [ipc.Blocks.TYPE, 1, 1, False, 100], [ipc.Seal.TYPE, [notice()]], [ipc.Release.TYPE, [0]], [ipc.Metadata.TYPE, "t"],
+    [ipc.Heartbeat.TYPE], [ipc.Goodbye.TYPE],
 ], ids=lambda message: str(message[0]))
 def test_messages_before_hello_are_refused(env: Env, message: list[Any]) -> None:
     client = env.client()
@@ -236,7 +236,7 @@ def test_garbage_is_refused_and_counted(env: Env) -> None:
     client.sock.send(b"\xc1not msgpack")
     env.pump()
     assert "not a msgpack message" in client.error()
-    client.sock.send_multipart([ipc.pack(ipc.HEARTBEAT), b"second frame"])
+    client.sock.send_multipart([ipc.pack(ipc.Heartbeat.TYPE), b"second frame"])
     env.pump()
     assert "exactly one frame, got 2" in client.error()
     client.hello()
@@ -275,10 +275,10 @@ def test_blocks_are_granted(env: Env) -> None:
 
 
 @pytest.mark.parametrize(("message", "answered"), [
-    ([ipc.BLOCKS, 1, 0, False, 100], True), ([ipc.BLOCKS, 1, BLOCKS + 1, False, 100], True),
-    ([ipc.BLOCKS, 1, "2", False, 100], True), ([ipc.BLOCKS, -1, 1, False, 100], False),
-    ([ipc.BLOCKS, 1, 1, False, -5], True), ([ipc.BLOCKS, 1, 1, False], False),
-    ([ipc.BLOCKS, 1, True, False, 100], True),
+    ([ipc.Blocks.TYPE, 1, 0, False, 100], True), ([ipc.Blocks.TYPE, 1, BLOCKS + 1, False, 100], True),
+    ([ipc.Blocks.TYPE, 1, "2", False, 100], True), ([ipc.Blocks.TYPE, -1, 1, False, 100], False),
+    ([ipc.Blocks.TYPE, 1, 1, False, -5], True), ([ipc.Blocks.TYPE, 1, 1, False], False),
+    ([ipc.Blocks.TYPE, 1, True, False, 100], True),
 ], ids=["zero", "too-many", "text", "negative-id", "negative-timeout", "missing-field", "bool-count"])
 def test_bad_block_requests_are_refused(env: Env, message: list[Any], answered: bool) -> None:
     client = env.client()
@@ -288,7 +288,7 @@ def test_bad_block_requests_are_refused(env: Env, message: list[Any], answered: 
     text = client.error()
     if answered:
         # The request itself fails too, so that the client does not wait for it until its timeout.
-        assert client.recv() == [ipc.GRANT_FAILED, 1, f"the daemon refused the request: {text}"]
+        assert client.recv() == [ipc.GrantFailed.TYPE, 1, f"the daemon refused the request: {text}"]
     assert client.quiet()
     assert env.pool.free_blocks == BLOCKS and not env.pool.waiters
 
@@ -298,21 +298,21 @@ def test_one_waiting_request_of_each_kind_per_client(env: Env) -> None:
     a.hello()
     b.hello()
     held = a.blocks(BLOCKS)
-    b.send(ipc.BLOCKS, 1, 1, False, 1000)
-    b.send(ipc.BLOCKS, 2, 1, False, 1000)
-    b.send(ipc.BLOCKS, 3, 2, True, 1000)
-    b.send(ipc.BLOCKS, 4, 2, True, 1000)
+    b.send(ipc.Blocks.TYPE, 1, 1, False, 1000)
+    b.send(ipc.Blocks.TYPE, 2, 1, False, 1000)
+    b.send(ipc.Blocks.TYPE, 3, 2, True, 1000)
+    b.send(ipc.Blocks.TYPE, 4, 2, True, 1000)
     env.pump()
     assert "request 1 for spare blocks is still waiting" in b.error()
-    assert b.recv()[:2] == [ipc.GRANT_FAILED, 2]
+    assert b.recv()[:2] == [ipc.GrantFailed.TYPE, 2]
     assert "request 3 for a run of blocks is still waiting" in b.error()
-    assert b.recv()[:2] == [ipc.GRANT_FAILED, 4]
+    assert b.recv()[:2] == [ipc.GrantFailed.TYPE, 4]
     assert [w.request_id for w in env.pool.waiters] == [1, 3]
-    a.send(ipc.RELEASE, held)
+    a.send(ipc.Release.TYPE, held)
     env.pump()
     env.front.after_iteration()
-    assert b.recv()[:2] == [ipc.GRANT, 1]
-    assert b.recv()[:2] == [ipc.GRANT, 3]
+    assert b.recv()[:2] == [ipc.Grant.TYPE, 1]
+    assert b.recv()[:2] == [ipc.Grant.TYPE, 3]
 
 
 def test_a_client_at_its_limit_is_asked_to_seal_and_the_others_are_served() -> None:
@@ -323,17 +323,17 @@ def test_a_client_at_its_limit_is_asked_to_seal_and_the_others_are_served() -> N
         b.hello()
         held = a.blocks(BLOCKS)
         assert len(held) == 4 and all(env.state(x) == (OWNED, a_id) for x in held)
-        a.send(ipc.BLOCKS, 9, 1, False, 1000)
+        a.send(ipc.Blocks.TYPE, 9, 1, False, 1000)
         env.pump()
         env.front.after_iteration()
         # A waits for its own blocks: only A is asked to seal, and B is served at once.
-        assert a.recv() == [ipc.SEAL_NOW]
+        assert a.recv() == [ipc.SealNow.TYPE]
         assert b.quiet()
         assert len(b.blocks(BLOCKS)) == 4
-        a.send(ipc.RELEASE, held[:1])
+        a.send(ipc.Release.TYPE, held[:1])
         env.pump()
         env.front.after_iteration()
-        assert a.recv() == [ipc.GRANT, 9, held[:1]]
+        assert a.recv() == [ipc.Grant.TYPE, 9, held[:1]]
         assert env.pool.held_by(a_id) == 4
     finally:
         env.close()
@@ -344,10 +344,10 @@ def test_a_run_larger_than_a_client_may_hold_fails_at_once() -> None:
     try:
         client = env.client()
         client.hello()
-        client.send(ipc.BLOCKS, 3, 5, True, 60_000)
+        client.send(ipc.Blocks.TYPE, 3, 5, True, 60_000)
         env.pump()
         assert "a client may hold 4 of the pool's 8" in client.error()
-        assert client.recv()[:2] == [ipc.GRANT_FAILED, 3]
+        assert client.recv()[:2] == [ipc.GrantFailed.TYPE, 3]
         assert not env.pool.waiters
     finally:
         env.close()
@@ -359,16 +359,16 @@ def test_release_gives_blocks_back(env: Env) -> None:
     b.hello()
     mine = a.blocks(3)
     theirs = b.blocks(1)
-    a.send(ipc.RELEASE, mine[:2])
+    a.send(ipc.Release.TYPE, mine[:2])
     env.pump()
     assert a.quiet()
     assert [env.state(x) for x in mine] == [(FREE, 0), (FREE, 0), (OWNED, a_id)]
     # Another client's block: refused, nothing freed.
-    a.send(ipc.RELEASE, [mine[2], theirs[0]])
+    a.send(ipc.Release.TYPE, [mine[2], theirs[0]])
     env.pump()
     assert "not granted to this client" in a.error()
     assert env.state(mine[2]) == (OWNED, a_id) and env.state(theirs[0])[0] == OWNED
-    for bad in ([ipc.RELEASE, "0"], [ipc.RELEASE, [0.5]], [ipc.RELEASE, [BLOCKS]], [ipc.RELEASE, [True]]):
+    for bad in ([ipc.Release.TYPE, "0"], [ipc.Release.TYPE, [0.5]], [ipc.Release.TYPE, [BLOCKS]], [ipc.Release.TYPE, [True]]):
         a.send(*bad)
         env.pump()
         a.error()
@@ -379,7 +379,7 @@ def test_release_of_a_block_named_twice_is_refused(env: Env) -> None:
     client = env.client()
     client_id = client.hello()
     [block] = client.blocks(1)
-    client.send(ipc.RELEASE, [block, block])
+    client.send(ipc.Release.TYPE, [block, block])
     env.pump()
     assert "named more than once" in client.error()
     assert env.state(block) == (OWNED, client_id)
@@ -393,22 +393,22 @@ def test_abuse_of_its_own_blocks_cannot_make_the_daemon_grant_a_block_twice(env:
     hostile_id = hostile.hello()
     good_id = good.hello()
     [block] = hostile.blocks(1)
-    hostile.send(ipc.RELEASE, [block, block, block])
+    hostile.send(ipc.Release.TYPE, [block, block, block])
     env.pump()
     assert "named more than once" in hostile.error()
     mine = good.blocks(BLOCKS)
     assert sorted(mine) == sorted(set(range(BLOCKS)) - {block})
-    hostile.send(ipc.BLOCKS, 20, 2, True, 1)
-    hostile.send(ipc.BLOCKS, 21, 1, False, 60_000)
+    hostile.send(ipc.Blocks.TYPE, 20, 2, True, 1)
+    hostile.send(ipc.Blocks.TYPE, 21, 1, False, 60_000)
     env.pump()
     env.clock.advance(10)
     env.front.after_iteration()
-    assert hostile.recv()[:2] == [ipc.GRANT_FAILED, 20]
-    assert hostile.recv() == good.recv() == [ipc.SEAL_NOW]  # the spare request waits for the pool
-    good.send(ipc.RELEASE, mine[:1])
+    assert hostile.recv()[:2] == [ipc.GrantFailed.TYPE, 20]
+    assert hostile.recv() == good.recv() == [ipc.SealNow.TYPE]  # the spare request waits for the pool
+    good.send(ipc.Release.TYPE, mine[:1])
     env.pump()
     env.front.after_iteration()
-    assert hostile.recv() == [ipc.GRANT, 21, mine[:1]]
+    assert hostile.recv() == [ipc.Grant.TYPE, 21, mine[:1]]
     assert env.state(block) == env.state(mine[0]) == (OWNED, hostile_id)
     assert all(env.state(b) == (OWNED, good_id) for b in mine[1:])
     assert env.pool.free_blocks == 0 and not env.pool.waiters
@@ -472,9 +472,9 @@ GOOD = notice(batch_id=5, first=0, count=2, length=5000, records=3)
 
 
 def _with(**changes: Any) -> list[Any]:
-    fields = dict(zip(ipc.SEAL_FIELDS, GOOD, strict=True))
+    fields = dict(zip(ipc.SealNotice._fields, GOOD, strict=True))
     fields.update(changes)
-    return [fields[name] for name in ipc.SEAL_FIELDS]
+    return [fields[name] for name in ipc.SealNotice._fields]
 
 
 @pytest.mark.parametrize(("bad", "reason"), [
@@ -540,7 +540,7 @@ def test_seal_notice_without_a_batch_id_is_refused_without_report(env: Env, bad:
     assert [env.state(0), env.state(1)] == [(OWNED, client_id), (OWNED, client_id)]
 
 
-@pytest.mark.parametrize("message", [[ipc.SEAL, {"1": notice()}], [ipc.SEAL, [notice()], "extra"], [ipc.SEAL]],
+@pytest.mark.parametrize("message", [[ipc.Seal.TYPE, {"1": notice()}], [ipc.Seal.TYPE, [notice()], "extra"], [ipc.Seal.TYPE]],
                          ids=["not-a-list", "extra-field", "no-notices"])
 def test_malformed_seal_message_is_refused(env: Env, message: list[Any]) -> None:
     client = env.client()
@@ -646,12 +646,12 @@ def test_goodbye_reclaims_unsealed_blocks_and_keeps_sealed_batches(env: Env) -> 
     client = env.client()
     client_id = client.hello()
     sealed, unsealed = _seal_two_keep_two(env, client)
-    client.send(ipc.GOODBYE)
+    client.send(ipc.Goodbye.TYPE)
     env.pump()
     _check_ended(env, client_id, sealed, unsealed)
     env.front.after_iteration()
     assert client.quiet()  # nobody to report to
-    client.send(ipc.HEARTBEAT)
+    client.send(ipc.Heartbeat.TYPE)
     env.pump()
     assert "send HELLO first" in client.error()
 
@@ -662,7 +662,7 @@ def test_silent_client_is_ended_after_the_timeout(env: Env) -> None:
     chatty_id = chatty.hello()
     sealed, unsealed = _seal_two_keep_two(env, client)
     env.clock.advance(TIMEOUT_MS)
-    chatty.send(ipc.HEARTBEAT)
+    chatty.send(ipc.Heartbeat.TYPE)
     env.pump()
     env.front.after_iteration()
     assert len(env.front.sessions) == 2  # exactly the timeout is not past it
@@ -671,7 +671,7 @@ def test_silent_client_is_ended_after_the_timeout(env: Env) -> None:
     assert [s.client_id for s in env.front.sessions.values()] == [chatty_id]
     # It may only be stopped, and write into its blocks when it wakes: nobody else gets them yet.
     assert all(env.state(b) == (OWNED, client_id) for b in unsealed)
-    client.send(ipc.HEARTBEAT)
+    client.send(ipc.Heartbeat.TYPE)
     env.pump()
     assert client.error_with_code() == (ipc.ERROR_UNKNOWN_CLIENT, "unknown client: send HELLO first")
     # Its HELLO starts a new session: it has dropped the old one's blocks, they go back.
@@ -696,21 +696,21 @@ def test_silent_clients_waiting_request_goes_with_its_session(env: Env) -> None:
     a.hello()
     silent.hello()
     held = a.blocks(BLOCKS)
-    silent.send(ipc.BLOCKS, 1, 1, False, 10 * TIMEOUT_MS)
+    silent.send(ipc.Blocks.TYPE, 1, 1, False, 10 * TIMEOUT_MS)
     env.pump()
     env.front.after_iteration()
-    assert a.recv() == [ipc.SEAL_NOW]
+    assert a.recv() == [ipc.SealNow.TYPE]
     env.clock.advance(TIMEOUT_MS + 1)
-    a.send(ipc.HEARTBEAT)
+    a.send(ipc.Heartbeat.TYPE)
     env.pump()
     env.front.after_iteration()
-    assert a.recv() == [ipc.SEAL_NOW]  # in the iteration that ended the silent session
+    assert a.recv() == [ipc.SealNow.TYPE]  # in the iteration that ended the silent session
     # Nobody would take what the request is granted: it is dropped, and nobody is asked to seal for it.
     assert not env.pool.waiters and not env.pool.exhausted
     env.clock.advance(50)
     env.front.after_iteration()
     assert a.quiet()
-    a.send(ipc.RELEASE, held[:1])
+    a.send(ipc.Release.TYPE, held[:1])
     env.pump()
     env.front.after_iteration()
     assert env.state(held[0]) == (FREE, 0)
@@ -721,7 +721,7 @@ def test_heartbeats_keep_a_session(env: Env) -> None:
     client.hello()
     for _ in range(5):
         env.clock.advance(TIMEOUT_MS * 2 // 3)
-        client.send(ipc.HEARTBEAT)
+        client.send(ipc.Heartbeat.TYPE)
         env.pump()
         env.front.after_iteration()
     assert len(env.front.sessions) == 1
@@ -784,23 +784,23 @@ def test_exhausted_pool_asks_everyone_to_seal(env: Env) -> None:
     a.hello()
     b.hello()
     held = a.blocks(BLOCKS)
-    b.send(ipc.BLOCKS, 77, 1, False, 1000)
+    b.send(ipc.Blocks.TYPE, 77, 1, False, 1000)
     env.pump()
     assert b.quiet()  # waiting
     assert env.front.next_timer_ms() <= 50
     env.front.after_iteration()
-    assert a.recv() == [ipc.SEAL_NOW] and b.recv() == [ipc.SEAL_NOW]
+    assert a.recv() == [ipc.SealNow.TYPE] and b.recv() == [ipc.SealNow.TYPE]
     assert env.pool.exhausted
     env.front.after_iteration()
     assert a.quiet() and b.quiet()  # not more often than every 50 ms
     env.clock.advance(50)
     env.front.after_iteration()
-    assert a.recv() == [ipc.SEAL_NOW] and b.recv() == [ipc.SEAL_NOW]
+    assert a.recv() == [ipc.SealNow.TYPE] and b.recv() == [ipc.SealNow.TYPE]
     # a gives a block back: the waiting request is served, the pressure is off.
-    a.send(ipc.RELEASE, [held[3]])
+    a.send(ipc.Release.TYPE, [held[3]])
     env.pump()
     env.front.after_iteration()
-    assert b.recv() == [ipc.GRANT, 77, [held[3]]]
+    assert b.recv() == [ipc.Grant.TYPE, 77, [held[3]]]
     assert not env.pool.exhausted
     env.clock.advance(50)
     env.front.after_iteration()
@@ -812,15 +812,15 @@ def test_waiting_request_fails_at_its_timeout(env: Env) -> None:
     a.hello()
     b.hello()
     a.blocks(BLOCKS)
-    b.send(ipc.BLOCKS, 5, 2, True, 300)
+    b.send(ipc.Blocks.TYPE, 5, 2, True, 300)
     env.pump()
     env.clock.advance(299)
     env.front.after_iteration()
-    assert b.recv() == [ipc.SEAL_NOW]
+    assert b.recv() == [ipc.SealNow.TYPE]
     env.clock.advance(1)
     env.front.after_iteration()
     kind, request_id, reason = b.recv()
-    assert (kind, request_id) == (ipc.GRANT_FAILED, 5) and "no 2 free block(s)" in reason
+    assert (kind, request_id) == (ipc.GrantFailed.TYPE, 5) and "no 2 free block(s)" in reason
     assert not env.pool.waiters and not env.pool.exhausted
 
 
@@ -830,16 +830,16 @@ def test_expired_request_at_the_head_does_not_hold_back_the_next(env: Env) -> No
     b.hello()
     c.hello()
     held = a.blocks(BLOCKS)
-    b.send(ipc.BLOCKS, 1, 4, True, 100)  # a run of four: cannot be served by one block
+    b.send(ipc.Blocks.TYPE, 1, 4, True, 100)  # a run of four: cannot be served by one block
     env.pump()
-    c.send(ipc.BLOCKS, 2, 1, False, 1000)
+    c.send(ipc.Blocks.TYPE, 2, 1, False, 1000)
     env.pump()
-    a.send(ipc.RELEASE, [held[0]])
+    a.send(ipc.Release.TYPE, [held[0]])
     env.pump()
     env.clock.advance(100)
     env.front.after_iteration()
-    assert b.recv()[:2] == [ipc.GRANT_FAILED, 1]
-    assert c.recv() == [ipc.GRANT, 2, [held[0]]]
+    assert b.recv()[:2] == [ipc.GrantFailed.TYPE, 1]
+    assert c.recv() == [ipc.Grant.TYPE, 2, [held[0]]]
 
 
 def test_blocks_granted_to_a_client_that_left_go_back(env: Env) -> None:
@@ -847,12 +847,12 @@ def test_blocks_granted_to_a_client_that_left_go_back(env: Env) -> None:
     a.hello()
     b.hello()
     held = a.blocks(BLOCKS)
-    b.send(ipc.BLOCKS, 1, 1, False, 1000)
+    b.send(ipc.Blocks.TYPE, 1, 1, False, 1000)
     env.pump()
-    b.send(ipc.GOODBYE)
+    b.send(ipc.Goodbye.TYPE)
     env.pump()
     assert not env.pool.waiters  # its request left with it
-    a.send(ipc.RELEASE, held[:1])
+    a.send(ipc.Release.TYPE, held[:1])
     env.pump()
     env.front.after_iteration()
     assert env.pool.free_blocks == 1
@@ -870,7 +870,7 @@ def test_next_timer_follows_sessions_waiters_and_checks(env: Env) -> None:
     env.clock.advance(100)
     env.front.after_iteration()
     client.blocks(BLOCKS)
-    client.send(ipc.BLOCKS, 9, 1, False, 30)
+    client.send(ipc.Blocks.TYPE, 9, 1, False, 30)
     env.pump()
     assert env.front.next_timer_ms() == 30  # the waiter's deadline comes before the SEAL_NOW repeat
     env.clock.advance(40)
@@ -898,13 +898,13 @@ def test_topic_pushed_when_metadata_knows_it(env: Env) -> None:
     client.hello()
     other.hello()
     env.front.after_iteration()
-    client.send(ipc.METADATA, "t")
+    client.send(ipc.Metadata.TYPE, "t")
     env.pump()
     assert client.quiet()  # not known yet
     assert "t" in env.core.metadata.topics() and env.core.metadata.update_requested
     env.core.metadata.update(metadata_response({"t": [1, 1, -1]}), env.clock())
     env.front.after_iteration()
-    assert client.recv() == [ipc.TOPIC, "t", 3, [0, 1], None]
+    assert client.recv() == [ipc.Topic.TYPE, "t", 3, [0, 1], None]
     assert other.quiet()  # it did not ask
     # The same again: nothing new to say.
     env.core.metadata.update(metadata_response({"t": [1, 1, -1]}), env.clock())
@@ -913,11 +913,11 @@ def test_topic_pushed_when_metadata_knows_it(env: Env) -> None:
     # A leader appears.
     env.core.metadata.update(metadata_response({"t": [1, 1, 1]}), env.clock())
     env.front.after_iteration()
-    assert client.recv() == [ipc.TOPIC, "t", 3, [0, 1, 2], None]
+    assert client.recv() == [ipc.Topic.TYPE, "t", 3, [0, 1, 2], None]
     # Asking for a known topic is answered at once.
-    other.send(ipc.METADATA, "t")
+    other.send(ipc.Metadata.TYPE, "t")
     env.pump()
-    assert other.recv() == [ipc.TOPIC, "t", 3, [0, 1, 2], None]
+    assert other.recv() == [ipc.Topic.TYPE, "t", 3, [0, 1, 2], None]
 
 
 def test_topic_errors_pushed_final_and_retriable(env: Env) -> None:
@@ -926,19 +926,19 @@ def test_topic_errors_pushed_final_and_retriable(env: Env) -> None:
     older = env.client()
     older.hello()  # a client from before retriable errors were pushed: it would fail on one at once
     for each in (client, older):
-        each.send(ipc.METADATA, "secret")
-        each.send(ipc.METADATA, "coming")
+        each.send(ipc.Metadata.TYPE, "secret")
+        each.send(ipc.Metadata.TYPE, "coming")
     env.pump()
     env.core.metadata.update(metadata_response({}, {"secret": 29, "coming": 3}), env.clock())
     env.front.after_iteration()
     for each in (client, older):
         kind, topic, count, available, error = each.recv()
-        assert (kind, topic, count, available) == (ipc.TOPIC, "secret", None, [])
+        assert (kind, topic, count, available) == (ipc.Topic.TYPE, "secret", None, [])
         failure = ipc.error_from_wire(error)
         assert isinstance(failure, errors.AuthorizationError) and failure.name == "TOPIC_AUTHORIZATION_FAILED"
     # UNKNOWN_TOPIC_OR_PARTITION is retriable: the client keeps waiting, and can name it if it times out.
     kind, topic, count, available, error = client.recv()
-    assert (kind, topic, count, available) == (ipc.TOPIC, "coming", None, [])
+    assert (kind, topic, count, available) == (ipc.Topic.TYPE, "coming", None, [])
     failure = ipc.error_from_wire(error)
     assert failure.retriable and failure.name == "UNKNOWN_TOPIC_OR_PARTITION"
     assert client.quiet()
@@ -948,7 +948,7 @@ def test_topic_errors_pushed_final_and_retriable(env: Env) -> None:
 def test_metadata_of_a_bad_topic_is_refused(env: Env) -> None:
     client = env.client()
     client.hello()
-    client.send(ipc.METADATA, "a b")
+    client.send(ipc.Metadata.TYPE, "a b")
     env.pump()
     assert "invalid topic name" in client.error()
     assert "a b" not in env.core.metadata.topics()
@@ -957,11 +957,11 @@ def test_metadata_of_a_bad_topic_is_refused(env: Env) -> None:
 def test_seal_of_a_partition_the_topic_does_not_have_is_refused(env: Env) -> None:
     client = env.client()
     client.hello()
-    client.send(ipc.METADATA, "t")
+    client.send(ipc.Metadata.TYPE, "t")
     env.pump()
     env.core.metadata.update(metadata_response({"t": [1, 1, 1]}), env.clock())
     env.front.after_iteration()
-    assert client.recv() == [ipc.TOPIC, "t", 3, [0, 1, 2], None]
+    assert client.recv() == [ipc.Topic.TYPE, "t", 3, [0, 1, 2], None]
     assert client.blocks(2, contiguous=True) == [0, 1]
     client.seal(notice(batch_id=1, first=0, partition=3), notice(batch_id=2, first=1, partition=2))
     assert "partition 3 of topic t does not exist: it has 3" in client.error()
@@ -976,15 +976,15 @@ def test_a_client_produces_to_a_limited_number_of_topics(env: Env) -> None:
     client = env.client()
     client.hello()
     for n in range(MAX_TOPICS_PER_CLIENT):
-        client.send(ipc.METADATA, f"topic-{n}")
+        client.send(ipc.Metadata.TYPE, f"topic-{n}")
     env.pump()
     assert client.quiet()
-    client.send(ipc.METADATA, "one-too-many")
+    client.send(ipc.Metadata.TYPE, "one-too-many")
     env.pump()
     assert f"a client may produce to at most {MAX_TOPICS_PER_CLIENT} topics" in client.error()
     # The client's send() waits for the topic: it learns at once that it will not come.
     kind, topic, count, available, error = client.recv()
-    assert (kind, topic, count, available) == (ipc.TOPIC, "one-too-many", None, [])
+    assert (kind, topic, count, available) == (ipc.Topic.TYPE, "one-too-many", None, [])
     failure = ipc.error_from_wire(error)
     assert isinstance(failure, errors.InvalidRequestError) and "at most" in str(failure)
     assert "one-too-many" not in env.core.metadata.topics()
@@ -995,12 +995,12 @@ def test_a_client_produces_to_a_limited_number_of_topics(env: Env) -> None:
     assert env.queued("one-too-many") == [] and len(env.queued("topic-7")) == 1
     assert "one-too-many" not in env.core.metadata.topics()
     # Asking again for a topic it has is no new topic; another client counts its own.
-    client.send(ipc.METADATA, "topic-7")
+    client.send(ipc.Metadata.TYPE, "topic-7")
     env.pump()
     assert client.quiet()
     other = env.client()
     other.hello()
-    other.send(ipc.METADATA, "one-too-many")
+    other.send(ipc.Metadata.TYPE, "one-too-many")
     env.pump()
     assert other.quiet() and "one-too-many" in env.core.metadata.topics()
 
@@ -1013,16 +1013,16 @@ def test_exception_in_a_handler_does_not_escape(env: Env, monkeypatch: pytest.Mo
     def broken(front: SidecarFront, session: Any, message: list[Any]) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setitem(SidecarFront._HANDLERS, ipc.HEARTBEAT, broken)
+    monkeypatch.setitem(SidecarFront._HANDLERS, ipc.Heartbeat, broken)
     client = env.client()
     client.hello()
-    client.send(ipc.HEARTBEAT)
-    client.send(ipc.BLOCKS, 1, 1, False, 100)
+    client.send(ipc.Heartbeat.TYPE)
+    client.send(ipc.Blocks.TYPE, 1, 1, False, 100)
     with caplog.at_level(logging.ERROR, logger="service.front"):
         env.pump()
     assert "error handling a client message" in caplog.text
     # The next message was still handled.
-    assert client.recv()[:2] == [ipc.GRANT, 1]
+    assert client.recv()[:2] == [ipc.Grant.TYPE, 1]
 
 
 def test_exception_from_the_core_does_not_escape(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1034,7 +1034,7 @@ def test_exception_from_the_core_does_not_escape(env: Env, monkeypatch: pytest.M
     client.hello()
     client.blocks(1)
     client.seal(notice())
-    client.send(ipc.HEARTBEAT)
+    client.send(ipc.Heartbeat.TYPE)
     env.pump()
     assert len(env.front.sessions) == 1
     # The batch that could not be queued failed: its records are reported, and its block is free again.
@@ -1066,12 +1066,12 @@ def test_daemon_loop_survives_an_error_after_an_iteration(tmp_path: Path, monkey
         # It still serves.
         client.setsockopt(zmq.LINGER, 0)
         client.connect(endpoint)
-        client.send(ipc.pack(ipc.HELLO, ipc.PROTOCOL_VERSION, os.getpid(), "after", {}))
+        client.send(ipc.pack(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "after", {}))
         for _ in range(20):
             daemon.run_once()
             if client.poll(0):
                 break
-        assert ipc.unpack(client.recv(zmq.NOBLOCK))[0] == ipc.WELCOME
+        assert ipc.unpack(client.recv(zmq.NOBLOCK))[0] == ipc.Welcome.TYPE
     finally:
         client.close()
         context.term()
@@ -1118,11 +1118,11 @@ def test_stale_ipc_socket_file_is_replaced(env: Env, tmp_path: Path) -> None:
     try:
         client.setsockopt(zmq.LINGER, 0)
         client.connect(f"ipc://{path}")
-        client.send(ipc.pack(ipc.HEARTBEAT))
+        client.send(ipc.pack(ipc.Heartbeat.TYPE))
         assert front.socket.poll(2000)
         front.handle_readable()
         assert client.poll(2000)
-        assert ipc.unpack(client.recv())[0] == ipc.ERROR
+        assert ipc.unpack(client.recv())[0] == ipc.Error.TYPE
     finally:
         client.close()
         front.close()
