@@ -24,7 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
-from client_stub.contract.shared_memory import FREE, HEADER, LAYOUT_VERSION, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET, Layout
+from client_stub.contract import PROTOCOL_VERSION
+from client_stub.contract.shared_memory import FREE, HEADER, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET, Layout
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class BufferPool:
         # socket of the ipc endpoint); others never, whatever the umask: every client's records are here.
         os.fchmod(self._shm._fd, SEGMENT_MODE & ~_umask())
         self.buf = self._shm.buf
-        HEADER.pack_into(self.buf, 0, MAGIC, LAYOUT_VERSION, block_size, block_count, TABLE_OFFSET,
+        HEADER.pack_into(self.buf, 0, MAGIC, PROTOCOL_VERSION, block_size, block_count, TABLE_OFFSET,
                          self.layout.data_offset, os.getpid())
         # The table in shared memory is for recovery and tools; these mirror it for speed.
         self._state = bytearray(block_count)

@@ -3,7 +3,7 @@
 The daemon creates the segment; clients map it and write records into the
 blocks granted to them. Layout::
 
-    0       header (64 bytes): magic, layout version, block size, block count,
+    0       header (64 bytes): magic, the contract's PROTOCOL_VERSION, block size, block count,
             offset of the block table, offset of the first block, daemon pid
     4096    block table: per block 16 bytes: state u8, 3 bytes padding,
             owner (client id) u32, sealed length u32, sealed record count u32
@@ -23,8 +23,9 @@ import os
 import struct
 from dataclasses import dataclass
 
+from . import PROTOCOL_VERSION
+
 MAGIC = b"KSIDECAR"
-LAYOUT_VERSION = 1
 HEADER = struct.Struct("<8sIIIIII")
 TABLE_OFFSET = 4096
 TABLE_ENTRY = struct.Struct("<BxxxIII")
@@ -80,9 +81,9 @@ class Segment:
         if magic != MAGIC:
             self.close()
             raise ValueError(f"shared memory {name!r} is not a kafka-sidecar BufferPool")
-        if version != LAYOUT_VERSION:
+        if version != PROTOCOL_VERSION:
             self.close()
-            raise ValueError(f"BufferPool layout version {version}, this client reads {LAYOUT_VERSION}")
+            raise ValueError(f"BufferPool of protocol version {version}, this client reads {PROTOCOL_VERSION}")
         self.layout = Layout(block_size, block_count)
 
     def blocks(self, first: int, count: int = 1) -> memoryview:

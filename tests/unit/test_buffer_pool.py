@@ -14,7 +14,8 @@ from multiprocessing import shared_memory
 
 import pytest
 
-from client_stub.contract.shared_memory import FREE, HEADER, LAYOUT_VERSION, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET, Segment
+from client_stub.contract import PROTOCOL_VERSION
+from client_stub.contract.shared_memory import FREE, HEADER, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET, Segment
 from service.buffer_pool import BlockError, BufferPool, client_block_limit
 
 BLOCK = 4096
@@ -60,7 +61,7 @@ def take_all(pool: BufferPool, client: int = A) -> None:
 
 def test_segment_header_and_layout(pool: BufferPool, segment: Segment) -> None:
     assert (pool.block_size, pool.block_count, pool.free_blocks) == (BLOCK, BLOCKS, BLOCKS)
-    assert HEADER.unpack_from(segment.buf, 0) == (MAGIC, LAYOUT_VERSION, BLOCK, BLOCKS, TABLE_OFFSET,
+    assert HEADER.unpack_from(segment.buf, 0) == (MAGIC, PROTOCOL_VERSION, BLOCK, BLOCKS, TABLE_OFFSET,
                                                   pool.layout.data_offset, os.getpid())
     assert segment.layout == pool.layout
     assert pool.layout.data_offset % 4096 == 0
@@ -96,8 +97,8 @@ def test_segment_refuses_shared_memory_of_something_else() -> None:
 
 
 def test_segment_refuses_another_layout_version(pool: BufferPool) -> None:
-    HEADER.pack_into(pool.buf, 0, MAGIC, LAYOUT_VERSION + 1, BLOCK, BLOCKS, TABLE_OFFSET, pool.layout.data_offset, 1)
-    with pytest.raises(ValueError, match=f"layout version {LAYOUT_VERSION + 1}"):
+    HEADER.pack_into(pool.buf, 0, MAGIC, PROTOCOL_VERSION + 1, BLOCK, BLOCKS, TABLE_OFFSET, pool.layout.data_offset, 1)
+    with pytest.raises(ValueError, match=f"protocol version {PROTOCOL_VERSION + 1}"):
         Segment(pool.name)
 
 
