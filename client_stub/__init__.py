@@ -5,6 +5,7 @@
         producer.send("events", b"value", key=b"key").result()
 """
 
-from .producer import Producer, RecordMetadata
+from .futures import RecordMetadata
+from .producer import Producer
 
 __all__ = ["Producer", "RecordMetadata"]

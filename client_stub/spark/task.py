@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import KafkaError, KafkaTimeoutError
-from ..producer import Producer, RecordMetadata
+from ..futures import RecordMetadata
+from ..producer import Producer
 from .options import SinkOptions
 from .schema import Columns
 

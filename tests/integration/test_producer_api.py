@@ -602,8 +602,7 @@ def test_a_callback_that_raises_system_exit_stops_the_producer_loudly(broker, to
     producer = Producer(daemon.endpoint, linger_ms=0)
     futures = [producer.send(topic, b"%d" % n, on_delivery=exits) for n in range(5)]
     producer.flush(30)
-    assert producer._io_thread is not None
-    producer._io_thread.join(30)  # the thread that ran the callback has ended
+    producer._io.join(30)  # the thread that ran the callback has ended
     # Every record completed and had its callback once, the second one's SystemExit notwithstanding:
     # delivered, or failed with the reason once nothing could report it any more.
     assert len(calls) == 5 and all(f.done() for f in futures)

@@ -1,0 +1,122 @@
+"""This process's share of the daemon's BufferPool: spare blocks at hand, and requests for more.
+
+The daemon grants blocks of its shared-memory BufferPool; a client keeps a few
+spare so that opening a batch needs no round trip, and asks for a run of
+contiguous blocks for a record larger than one. Every method is called with the
+producer's lock held; the waiting is the producer's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from .contract import ipc
+
+# A grant is what this process used in the last _GRANT_HORIZON_S (at least _MIN_GRANT, at most
+# 1/_MAX_GRANT_SHARE of the pool), and the next one is asked for when half is left. A spare block is
+# memory that nobody else can use, and once written, shared memory that stays resident: no more than
+# the process needs.
+_MIN_GRANT = 4
+_GRANT_HORIZON_S = 0.025
+_MAX_GRANT_SHARE = 16
+
+
+class BlockRequest:
+    """A request for blocks the client waits on: a contiguous run for one large record."""
+
+    __slots__ = ("request_id", "count", "contiguous", "blocks", "error")
+
+    def __init__(self, request_id: int, count: int, contiguous: bool) -> None:
+        self.request_id = request_id
+        self.count = count
+        self.contiguous = contiguous
+        self.blocks: list[int] | None = None
+        self.error: str | None = None
+
+
+class BlockGrants:
+    """Spare blocks and block requests of one session."""
+
+    def __init__(self, post: Callable[[ipc.Message], None]) -> None:
+        self._post = post
+        self.spare: list[int] = []
+        self._requests: dict[int, BlockRequest] = {}
+        self._next_request_id = 1
+        self._grant = _MIN_GRANT
+        self._blocks_taken = 0  # since the last grant request
+        self._grant_asked = 0.0  # time.monotonic() of the last grant request
+        self._spare_requested = False
+        self.pool_blocks = 0  # the pool's size, once welcomed
+
+    def take_spare(self, max_block_ms: int) -> int | None:
+        """A spare block, if there is one; the next are asked for before they are needed."""
+        block = self.spare.pop() if self.spare else None
+        if block is not None:
+            self._blocks_taken += 1
+        self.top_up(max_block_ms)
+        return block
+
+    def top_up(self, max_block_ms: int) -> None:
+        """Ask for spare blocks when half of the last grant is used (one request at a time: spare blocks
+        are for the next few batches, not a hoard)."""
+        if self._spare_requested or len(self.spare) > self._grant // 2:
+            return
+        now = time.monotonic()
+        if self._grant_asked:
+            rate = self._blocks_taken / max(now - self._grant_asked, 0.001)
+            # Never a large share of a small pool.
+            most = max(1, (self.pool_blocks or _MIN_GRANT) // _MAX_GRANT_SHARE)
+            self._grant = min(max(math.ceil(rate * _GRANT_HORIZON_S), _MIN_GRANT), most)
+        self._blocks_taken = 0
+        self._grant_asked = now
+        self._spare_requested = True
+        self.request(self._grant, False, max_block_ms)
+
+    def request(self, count: int, contiguous: bool, max_block_ms: int) -> BlockRequest:
+        request = BlockRequest(self._next_request_id, count, contiguous)
+        self._next_request_id += 1
+        self._requests[request.request_id] = request
+        self._post(ipc.Blocks(request.request_id, count, contiguous, max_block_ms))
+        return request
+
+    def finished(self, request: BlockRequest) -> None:
+        """The waiter has what it asked for, or gave up (a late grant then goes back)."""
+        if request.blocks is None and request.error is None:
+            request.error = "abandoned"
+        else:
+            self._requests.pop(request.request_id, None)
+
+    def granted(self, grant: ipc.Grant) -> None:
+        request = self._requests.get(grant.request_id)
+        if request is None or (request.contiguous and request.error is not None):
+            # Not asked for (by this session), or no longer wanted: they go back.
+            self._requests.pop(grant.request_id, None)
+            self._post(ipc.Release(grant.blocks))
+        elif request.contiguous:
+            request.blocks = grant.blocks
+        else:
+            del self._requests[grant.request_id]
+            self._spare_requested = False
+            self.spare.extend(grant.blocks)
+
+    def refused(self, failed: ipc.GrantFailed) -> None:
+        request = self._requests.get(failed.request_id)
+        if request is not None and request.contiguous and request.error is None:
+            request.error = failed.reason  # the waiting send() raises it
+        elif request is not None:
+            del self._requests[failed.request_id]
+            self._spare_requested = self._spare_requested and request.contiguous
+
+    def give_back_spare(self) -> None:
+        """The pool is exhausted (SEAL_NOW): spare blocks go back to the daemon."""
+        if self.spare:
+            self._post(ipc.Release(self.spare))
+            self.spare = []
+
+    def forget(self) -> None:
+        """The session is gone: its blocks and requests with it."""
+        self.spare.clear()
+        self._requests.clear()
+        self._spare_requested = False

@@ -1,0 +1,130 @@
+"""Record futures, and their completion from delivery reports.
+
+Kafka's Java producer returns a FutureRecordMetadata per record and completes it
+with a RecordMetadata; here the same, as a :class:`concurrent.futures.Future`.
+Futures are completed by the fast path's Completer (:mod:`client_stub.fastpath`),
+on the producer's I/O thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures._base import RUNNING
+from typing import NamedTuple
+
+from .errors import KafkaError
+from .fastpath import Completer
+
+log = logging.getLogger("client_stub.producer")
+
+DeliveryCallback = Callable[["KafkaError | None", "RecordMetadata | None"], None]
+
+
+class RecordMetadata(NamedTuple):
+    """Where a record landed."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    serialized_key_size: int
+    serialized_value_size: int
+
+
+# Guards the first use of a RecordFuture's Condition against its completion.
+_CONDITION_LOCK = threading.Lock()
+
+
+class RecordFuture(Future):
+    """The Future of one record, with what its RecordMetadata needs.
+
+    A plain Future makes a threading.Condition and two lists when created: most of
+    the cost of a send(), and memory held while the record is in flight. Most record
+    futures are never waited on one by one (flush() waits for all of them), so this
+    one keeps its state in slots and makes the Condition and lists on first use; a
+    future that nobody waits on or watches is completed in place, without them.
+    Both paths hold _CONDITION_LOCK, so a waiter arriving during completion either
+    finds the Condition to be notified on or the result already set. Record futures
+    cannot be cancelled: the record is handed off.
+
+    The fast path of send() makes these without running ``__init__`` (object.__new__,
+    then the slots that ``__init__`` sets), and completes them in their slots.
+    """
+
+    __slots__ = ("on_delivery", "timestamp_ms", "key_size", "value_size", "_state", "_result", "_exception",
+                 "_cond", "_waiter_list", "_callback_list")
+
+    def __init__(self, on_delivery: DeliveryCallback | None, timestamp_ms: int, key_size: int,
+                 value_size: int) -> None:
+        # Future.__init__ is skipped on purpose: see the class docstring.
+        self.on_delivery = on_delivery
+        self.timestamp_ms = timestamp_ms
+        self.key_size = key_size
+        self.value_size = value_size
+        self._state = RUNNING
+        self._result: RecordMetadata | None = None
+        self._exception: BaseException | None = None
+        self._cond: threading.Condition | None = None
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        cond = self._cond
+        if cond is None:
+            with _CONDITION_LOCK:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
+
+    @property
+    def _waiters(self) -> list:  # type: ignore[override]
+        try:
+            return self._waiter_list
+        except AttributeError:
+            self._waiter_list: list = []
+            return self._waiter_list
+
+    @property
+    def _done_callbacks(self) -> list:  # type: ignore[override]
+        try:
+            return self._callback_list
+        except AttributeError:
+            self._callback_list: list = []
+            return self._callback_list
+
+    def _notify(self, result: RecordMetadata | None, error: KafkaError | None) -> None:
+        """Complete a watched future (its Condition exists), then run its callback."""
+        try:
+            if error is None:
+                self.set_result(result)
+            else:
+                self.set_exception(error)
+        except InvalidStateError:
+            return  # completed already: a record completes once
+        if self.on_delivery is not None:
+            try:
+                self.on_delivery(error, result)
+            except Exception as exc:
+                _callback_failed(exc)
+
+
+def _callback_failed(exc: BaseException) -> None:
+    log.error("error in an on_delivery callback", exc_info=exc)
+
+
+def reinit_after_fork() -> None:
+    """In a forked child: the parent's I/O thread may have held the lock at the fork, and nobody would
+    release it."""
+    _CONDITION_LOCK._at_fork_reinit()  # type: ignore[attr-defined]
+
+
+# Completes record futures from delivery reports (the I/O thread).
+completer = Completer(RecordFuture, RecordMetadata, _CONDITION_LOCK, _callback_failed)
+
+
+def fail(futures: list[RecordFuture], error: KafkaError) -> None:
+    """Complete ``futures`` with ``error`` (those still pending), and run their callbacks."""
+    completer.complete(futures, 0, len(futures), "", -1, -1, -1, error)

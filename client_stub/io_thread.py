@@ -1,0 +1,387 @@
+"""The producer's I/O thread: its session with the daemon, as the Java producer's Sender thread.
+
+One per producer and process. It sends what the producer queued (seal notices,
+block requests, releases), seals batches that have lingered, receives the
+daemon's messages (grants, topics, delivery reports) and completes the records'
+futures, sends heartbeats, and keeps the session: the handshake, and a new one
+when the daemon restarted or took the process for dead, failing what the lost
+session held.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from .accumulator import RecordAccumulator
+from .block_grants import BlockGrants
+from .contract import PROTOCOL_VERSION, ipc
+from .contract.shared_memory import Segment
+from .errors import KafkaError, KafkaTimeoutError, SidecarUnavailableError
+from .fastpath import Appender
+from .futures import RecordFuture, completer, fail
+from .metadata import Metadata
+
+log = logging.getLogger("client_stub.producer")
+
+# A batch not reported this long after the daemon's delivery.timeout.ms is given up on.
+_REPORT_GRACE_MS = 30_000
+# pyzmq's flags are enum.Flag members, whose & runs Python code: plain ints for the per-message calls.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+_HEARTBEAT = ipc.encode(ipc.Heartbeat())
+
+
+class Outbox:
+    """Messages for the daemon, queued by any thread and sent by the I/O thread, which they wake."""
+
+    def __init__(self) -> None:
+        self._messages: deque[bytes] = deque()
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        self._wake_pending = False
+        self._io_ident: int | None = None
+
+    def open(self) -> None:
+        """Make the wake-up pipe (when the I/O thread starts)."""
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+
+    def post(self, message: ipc.Message) -> None:
+        """Queue a message (lock held or not: deque appends are atomic) and wake the I/O thread."""
+        self._messages.append(ipc.encode(message))
+        self.wake()
+
+    def wake(self) -> None:
+        # The I/O thread sends what was queued before it polls again; a wake-up pending is enough.
+        if self._wake_pending or threading.get_ident() == self._io_ident:
+            return
+        self._wake_pending = True
+        try:
+            self._wake_w.send(b"\x00")  # type: ignore[union-attr]
+        except (BlockingIOError, AttributeError):
+            pass  # already woken (the pipe is full), or not started
+
+    def bind(self) -> int:
+        """Called on the I/O thread when it starts, whose own wake() calls are unneeded; returns the file
+        descriptor to poll for wake-ups."""
+        self._io_ident = threading.get_ident()
+        return self._wake_r.fileno()  # type: ignore[union-attr]
+
+    def send_all(self, sock: zmq.Socket) -> None:
+        """Send what is queued (I/O thread)."""
+        messages = self._messages
+        while messages:
+            sock.send(messages.popleft())
+
+    def empty(self) -> bool:
+        return not self._messages
+
+    def woken(self) -> None:
+        """Take the wake-up (I/O thread)."""
+        # Drained before the flag is cleared, and both before the queues are read: a wake-up written after
+        # the drain stays in the pipe; one skipped because the flag was still set asked for what the queues
+        # are about to show. (Cleared first, a wake-up written between the two was drained with the flag
+        # left set, and every later wake() skipped.) One read: a wake-up is one byte, and whatever is left
+        # wakes the next poll at once. A small read comes from Python's object allocator; a page-sized one
+        # would be a malloc() in this thread's own arena, whose pages stay resident in every client process.
+        try:
+            self._wake_r.recv(64)  # type: ignore[union-attr]
+        except BlockingIOError:
+            pass
+        self._wake_pending = False
+
+
+class IoThread:
+    """The I/O thread of one producer in one process, and the session it holds with the daemon.
+
+    ``welcome``, ``segment`` and ``session_error`` are the session's state, which
+    send() reads under the producer's lock.
+    """
+
+    def __init__(self, endpoint: str, cond: threading.Condition, outbox: Outbox, accumulator: RecordAccumulator,
+                 grants: BlockGrants, metadata: Metadata, appender: Appender, *, hello: Callable[[], ipc.Hello],
+                 linger_ms: int | None, fast_path_allowed: Callable[[], bool]) -> None:
+        self.endpoint = endpoint
+        self._cond = cond  # the producer's, on its lock
+        self._outbox = outbox
+        self._accumulator = accumulator
+        self._grants = grants
+        self._metadata = metadata
+        self._appender = appender
+        self._hello = hello
+        self._linger_ms = linger_ms
+        self._fast_path_allowed = fast_path_allowed
+        self.welcome: ipc.Welcome | None = None
+        self.segment: Segment | None = None
+        self.session_error: KafkaError | None = None
+        self._hello_sent = False
+        self._lost: list[RecordFuture] = []
+        self._lost_error: KafkaError | None = None
+        self._stopping = False
+        self._context: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect and start the thread (ValueError for an endpoint ZeroMQ refuses)."""
+        self._context, self._sock = self._connect()
+        self._outbox.open()
+        self._thread = threading.Thread(target=self._run, name="kafka-sidecar-io", daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> tuple[zmq.Context, zmq.Socket]:
+        """A context of this process and its socket to the daemon (which the I/O thread then uses alone).
+
+        Made by the caller, not on the I/O thread: what ZeroMQ allocates for the socket (its pipes,
+        ~50 KB) then comes from the process's main malloc arena, which has room, rather than from a new
+        arena of the I/O thread's, pages that stay resident in every client process.
+        """
+        context = zmq.Context()
+        # One socket is all it holds: the default of 1023 would size the context's socket tables
+        # (~12 KB) for a thousand.
+        context.set(zmq.MAX_SOCKETS, 8)
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        try:
+            sock.connect(self.endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            context.term()
+            raise ValueError(f"cannot connect to the kafka-sidecar endpoint {self.endpoint!r}: {exc}") from None
+        return context, sock
+
+    def stop(self) -> None:
+        """Send what is queued and a GOODBYE, then end (lock held; join() waits for it)."""
+        self._stopping = True
+        notices = self._accumulator.take_notices()
+        if notices is not None:
+            self._outbox.post(notices)
+        self._outbox.post(ipc.Goodbye())
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def is_current(self) -> bool:
+        """Whether the calling thread is this I/O thread (where delivery callbacks run)."""
+        return threading.current_thread() is self._thread
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        assert self._context is not None and self._sock is not None
+        sock = self._sock
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        # zmq.Poller reports a plain socket by its file descriptor, not as the object registered.
+        wake_fd = self._outbox.bind()
+        poller.register(wake_fd, zmq.POLLIN)
+        self._hello_sent = True
+        sock.send(ipc.encode(self._hello()))
+        next_heartbeat = time.monotonic() + 1.0
+        try:
+            while True:
+                wake_at = min(self._seal_lingered(), next_heartbeat)
+                self._outbox.send_all(sock)
+                if self._stopping and self._outbox.empty():
+                    break
+                # In whole milliseconds, rounded up: rounding down would spin until the deadline.
+                events = dict(poller.poll(max(math.ceil((wake_at - time.monotonic()) * 1000), 0)))
+                if wake_fd in events:
+                    self._outbox.woken()
+                if sock in events:
+                    self._receive_all(sock)
+                if self._lost:
+                    self._fail_lost()
+                if time.monotonic() >= next_heartbeat:
+                    sock.send(_HEARTBEAT)
+                    self._expire_unreported()
+                    interval = self.welcome.settings.heartbeat_interval_ms if self.welcome else 1000
+                    next_heartbeat = time.monotonic() + interval / 1000
+        except BaseException as exc:
+            # A callback raised SystemExit, say, or a bug: nothing will report this process's records any
+            # more. Each send() and flush() says so from now on, and the records waiting fail with it.
+            self._stopped(exc)
+            raise
+        finally:
+            sock.close()
+            self._context.term()
+            self._release_segment()
+
+    def _seal_lingered(self) -> float:
+        with self._cond:
+            wake_at = self._accumulator.seal_lingered(time.monotonic())
+            notices = self._accumulator.take_notices()
+            if notices is not None:
+                self._outbox.post(notices)
+        return wake_at
+
+    def _stopped(self, exc: BaseException) -> None:
+        error = KafkaError(f"the producer's I/O thread stopped ({type(exc).__name__}: {exc}): "
+                           "this producer can send no more; make a new one")
+        with self._cond:
+            self.session_error = error
+            self._appender.disable()
+            futures = self._accumulator.abandon()
+            self._appender.count_done(self._appender.outstanding)
+            self._cond.notify_all()
+        fail(futures, error)
+
+    def _expire_unreported(self) -> None:
+        """Fail batches the daemon has not reported on long after its delivery.timeout.ms: it is gone."""
+        delivery_timeout_ms = self.welcome.settings.delivery_timeout_ms if self.welcome else 120_000
+        limit = (delivery_timeout_ms + _REPORT_GRACE_MS) / 1000
+        with self._cond:
+            overdue = self._accumulator.overdue(time.monotonic(), limit)
+        if overdue:
+            error = KafkaTimeoutError(f"no delivery report from the kafka-sidecar daemon at {self.endpoint} "
+                                      f"{limit:.0f} s after sealing: is it running?")
+            fail([f for b in overdue for f in b.futures], error)
+            with self._cond:
+                self._appender.count_done(sum(b.record_count - b.reported for b in overdue))
+                self._cond.notify_all()
+
+    # -- messages from the daemon ----------------------------------------------------------------
+
+    def _receive_all(self, sock: zmq.Socket) -> None:
+        # Asking for the events is cheaper than raising zmq.Again at the end of every batch.
+        while sock.getsockopt(_EVENTS) & _POLLIN:
+            data = sock.recv(_NOBLOCK)
+            try:
+                self._handle(ipc.decode(data))
+            except ipc.VersionMismatchError as exc:
+                with self._cond:
+                    self.session_error = SidecarUnavailableError(
+                        f"kafka-sidecar at {self.endpoint} speaks protocol version {exc.version!r}, this client "
+                        f"{PROTOCOL_VERSION}: upgrade kafka-sidecar on one side")
+                    self._cond.notify_all()
+            except Exception:
+                log.exception("cannot handle a message from the daemon")
+
+    def _handle(self, message: ipc.Message) -> None:
+        if isinstance(message, ipc.Delivery):
+            self._deliver(message.reports)
+            return
+        with self._cond:
+            if isinstance(message, ipc.Grant):
+                self._grants.granted(message)
+            elif isinstance(message, ipc.GrantFailed):
+                self._grants.refused(message)
+            elif isinstance(message, ipc.Topic):
+                self._metadata.update(message)
+            elif isinstance(message, ipc.Welcome):
+                self._welcomed(message)
+            elif isinstance(message, ipc.SealNow):
+                self._accumulator.seal_all()
+                self._grants.give_back_spare()
+            elif isinstance(message, ipc.Error):
+                self._refused(message)
+            self._cond.notify_all()
+
+    def _deliver(self, rows: list[Any]) -> None:
+        # Only the bookkeeping holds the lock: send() must not wait while futures complete.
+        with self._cond:
+            reported = self._accumulator.reported(rows, time.monotonic())
+        try:
+            for batch, report in reported:
+                completer.complete(batch.futures, report.first_record, report.record_count, batch.topic,
+                                   batch.partition, report.base_offset, report.log_append_time_ms,
+                                   ipc.error_from_wire(report.error))
+        finally:
+            # Counted out after the callbacks ran: flush() returns once they have, as in the Java client.
+            with self._cond:
+                self._appender.count_done(sum(report.record_count for _, report in reported))
+                self._cond.notify_all()
+
+    # -- the session -----------------------------------------------------------------------------
+
+    def _welcomed(self, welcome: ipc.Welcome) -> None:
+        if self.welcome is not None:
+            self._forget_session()
+        try:
+            self.segment = Segment(welcome.segment)
+        except (OSError, ValueError) as exc:
+            # Say why, rather than letting send() time out waiting for a session that cannot work.
+            self.session_error = SidecarUnavailableError(
+                f"cannot map the shared memory {welcome.segment!r} of the kafka-sidecar daemon at {self.endpoint}: "
+                f"{exc}")
+            return
+        self.welcome = welcome
+        self._hello_sent = False
+        self._grants.pool_blocks = welcome.block_count
+        linger_ms = self._linger_ms if self._linger_ms is not None else welcome.settings.linger_ms
+        self._accumulator.linger_s = linger_ms / 1000
+        if self._fast_path_allowed():
+            self._appender.enable()
+        for topic in self._metadata.topics:
+            self._outbox.post(ipc.Metadata(topic))  # a new session: follow the topics again
+        log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, welcome.client_id)
+
+    def _refused(self, error: ipc.Error) -> None:
+        if error.code == ipc.ERROR_UNKNOWN_CLIENT:
+            # The daemon restarted, or ended the session (it took this process for dead): start again.
+            # The blocks of the old session are not ours any more: stop writing to them at once.
+            if not self._hello_sent:
+                log.warning("the kafka-sidecar daemon does not know this client any more: connecting again")
+                self._forget_session()
+                self._hello_sent = True
+                self._outbox.post(self._hello())
+        elif self.welcome is None:
+            # Refused before the welcome: the handshake itself (e.g. a version mismatch).
+            log.error("the kafka-sidecar daemon refused the handshake: %s", error.message)
+            self.session_error = SidecarUnavailableError(f"kafka-sidecar at {self.endpoint}: {error.message}")
+        else:
+            log.error("the kafka-sidecar daemon refused a message: %s", error.message)
+
+    def _forget_session(self) -> None:
+        """The session is gone (lock held): what it held is gone, and its records' fate unknown."""
+        self._appender.disable()
+        # Their records stay outstanding until this thread has failed them: a flush() that returned
+        # before would say that everything was delivered.
+        lost = self._accumulator.abandon()
+        self._grants.forget()
+        self.welcome = None
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
+        if lost:
+            log.error("%d record(s) handed to the lost session are failed as unknown", len(lost))
+            # Completed after the lock is released, as deliveries are.
+            self._lost += lost
+            self._lost_error = SidecarUnavailableError(
+                "the kafka-sidecar daemon lost this client's session (it restarted, or took the client for "
+                "dead): the delivery of this record is unknown")
+
+    def _fail_lost(self) -> None:
+        """Fail the records of a lost session, then count them out as _deliver does."""
+        with self._cond:
+            lost, self._lost = self._lost, []
+            pending = sum(1 for future in lost if not future.done())
+        fail(lost, self._lost_error)  # type: ignore[arg-type]
+        with self._cond:
+            self._appender.count_done(pending)
+            self._cond.notify_all()
+
+    def _release_segment(self) -> None:
+        with self._cond:
+            for batch in self._accumulator.open.values():
+                batch.release()
+            self._accumulator.open.clear()
+            if self.segment is not None:
+                self.segment.close()
+                self.segment = None
