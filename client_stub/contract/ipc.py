@@ -332,25 +332,6 @@ def default_endpoint() -> str:
     return os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT
 
 
-def pack(*message: Any) -> bytes:
-    # msgpack's Packer starts with a 256 KiB buffer: a malloc() per message, which in the client's
-    # I/O thread takes pages of a malloc arena of its own. A small buffer is Python's (it grows as needed).
-    return msgpack.packb(message, use_bin_type=True, buf_size=256)
-
-
-def unpack(data: bytes) -> list[Any]:
-    """Decode one message; ValueError if it is not a non-empty msgpack array starting with a type."""
-    try:
-        message = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise ValueError(f"not a msgpack message: {exc}") from None
-    # bool is an int in Python, but msgpack's true is no message type (it would read as HELLO).
-    if not isinstance(message, list) or not message or not isinstance(message[0], int) \
-            or isinstance(message[0], bool):
-        raise ValueError("a message is an array that starts with its type")
-    return message
-
-
 def check_topic(topic: Any) -> str:
     """The topic name, or ValueError saying why Kafka would refuse it."""
     if not isinstance(topic, str) or not _valid_topic(topic):

@@ -61,45 +61,19 @@ def api_for(message: type[Message]) -> Api:
     return APIS[message.API_KEY]
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHeader:
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
-
-
-_REQUEST_HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
-
-
-def peek_request_header(frame: Buffer, offset: int = 0) -> tuple[int, int, int]:
-    """(api key, api version, correlation id) that start every request frame (at ``offset``), whatever
-    its version: for those that only route or count requests."""
-    if len(frame) - offset < _REQUEST_HEADER.size:
-        raise prim.ProtocolError("request shorter than its header")
-    return _REQUEST_HEADER.unpack_from(frame, offset)
+# What starts every request header, whatever its version: api key, api version, correlation id.
+REQUEST_HEADER = struct.Struct(">hhi")
 
 
 def write_request_header(buf: bytearray, header_version: int, api_key: int, api_version: int,
                          correlation_id: int, client_id: str | None) -> None:
     """Request header v0 (no ClientId: ``client_id`` is not written), v1, or v2 (tagged fields)."""
-    buf += _REQUEST_HEADER.pack(api_key, api_version, correlation_id)
+    buf += REQUEST_HEADER.pack(api_key, api_version, correlation_id)
     if header_version >= 1:
         # ClientId stays a non-compact nullable string even in header v2.
         prim.write_string(buf, client_id)
     if header_version >= 2:
         buf.append(0)  # no tagged fields
-
-
-def read_request_header(frame: Buffer, header_version: int) -> tuple[RequestHeader, int]:
-    """A request header of ``header_version`` at the start of ``frame``, and the position after it."""
-    api_key, api_version, correlation_id = peek_request_header(frame)
-    client_id, pos = None, _REQUEST_HEADER.size
-    if header_version >= 1:
-        client_id, pos = prim.read_string(frame, pos)
-    if header_version >= 2:
-        pos = prim.skip_tagged_fields(frame, pos)
-    return RequestHeader(api_key, api_version, correlation_id, client_id), pos
 
 
 def encode_request(body: Message, version: int, correlation_id: int,
@@ -120,16 +94,6 @@ def encode_request(body: Message, version: int, correlation_id: int,
     return parts
 
 
-def decode_request(frame: Buffer) -> tuple[RequestHeader, Message]:
-    """Decode a request frame (without its size prefix): for test brokers and proxies."""
-    api_key, version, _ = peek_request_header(frame)
-    api = APIS.get(api_key)
-    if api is None:
-        raise prim.ProtocolError(f"unknown api key {api_key}")
-    header, pos = read_request_header(frame, api.request_header_version(version))
-    return header, api.request.decode(frame, version, pos)
-
-
 def peek_correlation_id(frame: Buffer, offset: int = 0) -> int:
     """The correlation id that starts every response frame (at ``offset``)."""
     if len(frame) - offset < 4:
@@ -147,15 +111,3 @@ def decode_response(frame: Buffer, api_key: int, version: int, *, strict: bool =
     if api.response_header_version(version) >= 1:
         pos = prim.skip_tagged_fields(frame, pos)
     return api.response.decode(frame, version, pos, strict=strict)
-
-
-def encode_response(body: Message, version: int, correlation_id: int) -> bytes:
-    """A size-prefixed response: for test brokers and proxies."""
-    api = APIS[body.API_KEY]
-    w = prim.Writer()
-    w.buf += prim.INT32.pack(correlation_id)
-    if api.response_header_version(version) >= 1:
-        w.buf.append(0)
-    body.encode_into(w, version)
-    data = w.getvalue()
-    return prim.INT32.pack(len(data)) + data

@@ -27,9 +27,9 @@ import zmq
 import client_stub.producer
 from client_stub import Producer, RecordMetadata
 from client_stub.contract import PROTOCOL_VERSION, ipc
-from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
 from client_stub.contract.records import encode_record
 from client_stub.contract.shared_memory import FREE, OWNED, Segment
+from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
 from service.tools.readback import ConsumedRecord, read_topic
 from tests.support import workers
 from tests.support.sidecar import SidecarProcess
@@ -345,7 +345,8 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
         abuser.send(ipc.Release.TYPE, [mine[0]])
         abuser.refused(ipc.Release.TYPE, [mine[0]], reason="not granted")
         abuser.refused(ipc.Release.TYPE, theirs, reason="not granted")
-        abuser.refused(ipc.Seal.TYPE, [_seal_notice(10_000 + round_, mine[0], hostile_topic, 10)], reason="seal refused")
+        abuser.refused(ipc.Seal.TYPE, [_seal_notice(10_000 + round_, mine[0], hostile_topic, 10)],
+                       reason="seal refused")
         abuser.refused(ipc.Seal.TYPE, [_seal_notice(20_000 + round_, theirs[0], hostile_topic, 10)],
                        reason="seal refused")
         good = [b for b, (state, owner) in enumerate(daemon.block_table())
@@ -358,7 +359,8 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
         abuser.segment.blocks(mine[1])[:len(record)] = record
         abuser.send(ipc.Seal.TYPE, [_seal_notice(round_, mine[1], hostile_topic, len(record))])
         sealed += 1
-        abuser.refused(ipc.Seal.TYPE, [_seal_notice(round_, mine[1], hostile_topic, len(record))], reason="seal refused")
+        abuser.refused(ipc.Seal.TYPE, [_seal_notice(round_, mine[1], hostile_topic, len(record))],
+                       reason="seal refused")
         abuser.refused(ipc.Release.TYPE, [mine[1]], reason="not granted")
         # The sequence that once crashed the daemon: a block released thrice, then more requests.
         abuser.refused(ipc.Release.TYPE, [mine[2], mine[2], mine[2]], reason="named more than once")

@@ -1,6 +1,6 @@
 """A scriptable Kafka broker on loopback that speaks the real wire protocol.
 
-``FakeBroker`` decodes requests with the sidecar's codec (``decode_request``) and
+``FakeBroker`` decodes requests with the broker's half of the sidecar's codec (``tests.support.broker_codec``) and
 answers with ``encode_response``, over real sockets served by one background
 thread. By default it answers ApiVersions, Metadata, InitProducerId and Produce
 the way a healthy one-broker cluster would (a Produce to a topic it does not have
@@ -41,10 +41,11 @@ from functools import partial
 from typing import Any, Final
 
 from service.protocol import messages as m
-from service.protocol.api import APIS, RequestHeader, decode_request, encode_response, peek_request_header
+from service.protocol.api import APIS
 from service.protocol.framing import FrameReader
 from service.protocol.primitives import ProtocolError
 from service.protocol.schema import Message
+from tests.support.broker_codec import RequestHeader, decode_request, encode_response, peek_request_header
 
 # The selector thread, wake-ups and frame splitting of the fault proxy serve here too.
 from .proxy import _SelectorServer

@@ -23,9 +23,10 @@ from functools import partial
 from types import TracebackType
 from typing import Self
 
-from service.protocol.api import peek_correlation_id, peek_request_header
+from service.protocol.api import peek_correlation_id
 from service.protocol.framing import SIZE, FrameReader
 from service.protocol.primitives import ProtocolError
+from tests.support.broker_codec import peek_request_header
 
 _PRODUCE = 0  # the api key of Produce requests
 _RECV_SIZE = 256 * 1024

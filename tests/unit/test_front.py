@@ -368,7 +368,8 @@ def test_release_gives_blocks_back(env: Env) -> None:
     env.pump()
     assert "not granted to this client" in a.error()
     assert env.state(mine[2]) == (OWNED, a_id) and env.state(theirs[0])[0] == OWNED
-    for bad in ([ipc.Release.TYPE, "0"], [ipc.Release.TYPE, [0.5]], [ipc.Release.TYPE, [BLOCKS]], [ipc.Release.TYPE, [True]]):
+    release = ipc.Release.TYPE
+    for bad in ([release, "0"], [release, [0.5]], [release, [BLOCKS]], [release, [True]]):
         a.send(*bad)
         env.pump()
         a.error()
@@ -540,7 +541,8 @@ def test_seal_notice_without_a_batch_id_is_refused_without_report(env: Env, bad:
     assert [env.state(0), env.state(1)] == [(OWNED, client_id), (OWNED, client_id)]
 
 
-@pytest.mark.parametrize("message", [[ipc.Seal.TYPE, {"1": notice()}], [ipc.Seal.TYPE, [notice()], "extra"], [ipc.Seal.TYPE]],
+@pytest.mark.parametrize("message", [[ipc.Seal.TYPE, {"1": notice()}], [ipc.Seal.TYPE, [notice()], "extra"],
+                                     [ipc.Seal.TYPE]],
                          ids=["not-a-list", "extra-field", "no-notices"])
 def test_malformed_seal_message_is_refused(env: Env, message: list[Any]) -> None:
     client = env.client()

@@ -24,16 +24,14 @@ from service.protocol import primitives as prim
 from service.protocol.api import (
     APIS,
     api_for,
-    decode_request,
     decode_response,
     encode_request,
-    encode_response,
     peek_correlation_id,
-    read_request_header,
     write_request_header,
 )
 from service.protocol.primitives import ProtocolError
 from service.protocol.schema import Field, Message, Struct
+from tests.support.broker_codec import decode_request, encode_response, read_request_header
 
 MESSAGES: list[type[Message]] = sorted(
     (obj for obj in vars(m).values() if isinstance(obj, type) and issubclass(obj, Message) and obj is not Message),

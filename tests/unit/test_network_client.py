@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from client_stub.errors import NetworkError, UnsupportedError
 from client_stub.contract.records import encode_record
+from client_stub.errors import NetworkError, UnsupportedError
 from service.network.client import (
     SOFTWARE_VERSION,
     ClientRequest,
@@ -36,8 +36,9 @@ from service.network.connection_states import ConnectionState
 from service.network.metadata import Metadata, Node
 from service.network.selector import Selector
 from service.protocol import messages as m
-from service.protocol.api import APIS, encode_response
+from service.protocol.api import APIS
 from service.protocol.record_batch import build_batch, decode_batches
+from tests.support.broker_codec import encode_response
 from tests.support.fake_broker import CLOSE, FakeBroker, codec_api_versions
 
 TOPIC = "events"
