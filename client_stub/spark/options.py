@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
 from ..contract.ipc import check_topic
+from ..errors import ConfigError
 from ..partitioner import PARTITIONERS
 
 # Kafka's own default for delivery.timeout.ms: how long a task waits for the reports of its records.

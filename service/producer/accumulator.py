@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from client_stub.errors import KafkaError
 from client_stub.contract.records import BATCH_HEADER_SIZE
+from client_stub.errors import KafkaError
 
 from ..network.connection_states import ExponentialBackoff
 from ..network.metadata import Cluster, Node

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from client_stub.errors import KafkaError, KafkaTimeoutError, for_code
 from client_stub.contract.records import BATCH_HEADER_SIZE, decode_records
+from client_stub.errors import KafkaError, KafkaTimeoutError, for_code
 from service.producer import batch as batch_module
 from service.producer.batch import FinalState, ProducerBatch, TopicPartition
 from service.protocol.compression import CompressionType
