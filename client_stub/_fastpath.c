@@ -5,10 +5,9 @@
  * in Python it costs several microseconds. This module holds that work:
  *
  *   - Kafka's v2 record encoding (KIP-98), written straight into a batch's
- *     shared-memory block: the one encoder of the project (client_stub.records
+ *     shared-memory block: the one encoder of the project (client_stub.contract.records
  *     and the daemon use it too);
  *   - murmur2, the Java producer's hash of keys;
- *   - rebase_records(), which the daemon uses to coalesce small batches of one partition into one;
  *   - OpenBatch, a batch being written by this process;
  *   - Appender.send(), which is Producer.send(): it appends the record itself in
  *     the common case (a known topic, bytes or None for key and value, no
@@ -16,8 +15,10 @@
  *   - Completer.complete(), the delivery reports: each record's RecordMetadata
  *     or error, its future and its on_delivery callback.
  *
- * The Python side (client_stub.producer) keeps the logic: sessions, blocks,
- * sealing, waiting, errors. Every function here holds the GIL throughout.
+ * Its pure-Python twin, client_stub/_fastpath_py.py, does the same with the same names and errors;
+ * client_stub.fastpath chooses between the two at import. The Python side (client_stub.producer)
+ * keeps the logic: sessions, blocks, sealing, waiting, errors. Every function here holds the GIL
+ * throughout.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -319,142 +320,6 @@ static PyObject *record_size(PyObject *module, PyObject *args, PyObject *kwargs)
         result = PyLong_FromSsize_t(record_size_of(&record, &body));
     }
     held_release(&held);
-    return result;
-}
-
-/* -- reading records back: rebasing them into another batch --------------------------------------- */
-
-/* Read a zig-zag varint at *pos (below end); 0 if it is not a whole varint of 64 bits or less. */
-static int get_varint(const unsigned char *data, Py_ssize_t end, Py_ssize_t *pos, int64_t *value) {
-    uint64_t result = 0;
-    for (int shift = 0; shift < 64 && *pos < end; shift += 7) {
-        unsigned char byte = data[(*pos)++];
-        result |= (uint64_t)(byte & 0x7F) << shift;
-        if (!(byte & 0x80)) {
-            *value = (int64_t)(result >> 1) ^ -(int64_t)(result & 1);
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* A length-prefixed field at *pos: 0 if its length is below ``min`` or it runs past end. */
-static int skip_field(const unsigned char *data, Py_ssize_t end, Py_ssize_t *pos, int64_t min) {
-    int64_t length;
-    if (!get_varint(data, end, pos, &length) || length < min || length > end - *pos) {
-        return 0;
-    }
-    if (length > 0) {
-        *pos += length;
-    }
-    return 1;
-}
-
-/* One record's layout, as found at its start. */
-typedef struct {
-    Py_ssize_t body_end;   /* where the record ends */
-    Py_ssize_t rest;       /* where its key length starts: everything from there is kept as it is */
-    unsigned char attributes;
-    int64_t timestamp_delta;
-} ParsedRecord;
-
-/* Parse the whole record at *pos, checking every length in it as a broker would; 0 if malformed. */
-static int parse_record(const unsigned char *data, Py_ssize_t end, Py_ssize_t *pos, ParsedRecord *record) {
-    int64_t length, offset_delta, headers;
-    if (!get_varint(data, end, pos, &length) || length < 1 || length > end - *pos) {
-        return 0;
-    }
-    Py_ssize_t p = *pos;
-    Py_ssize_t body_end = p + length;
-    record->attributes = data[p++];
-    if (!get_varint(data, body_end, &p, &record->timestamp_delta) ||
-        !get_varint(data, body_end, &p, &offset_delta)) {
-        return 0;
-    }
-    record->rest = p;
-    if (!skip_field(data, body_end, &p, -1) || !skip_field(data, body_end, &p, -1) ||
-        !get_varint(data, body_end, &p, &headers) || headers < 0) {
-        return 0;
-    }
-    for (int64_t i = 0; i < headers; i++) {
-        if (!skip_field(data, body_end, &p, 0) || !skip_field(data, body_end, &p, -1)) {
-            return 0;
-        }
-    }
-    if (p != body_end) {
-        return 0;
-    }
-    record->body_end = body_end;
-    *pos = body_end;
-    return 1;
-}
-
-PyDoc_STRVAR(rebase_records_doc,
-"rebase_records(records, record_count, first_offset_delta, timestamp_shift) -> bytes\n\n"
-"The records of one batch, re-encoded for another that holds them from ``first_offset_delta`` on,\n"
-"with a base timestamp ``timestamp_shift`` ms lower. ValueError unless ``records`` is exactly\n"
-"``record_count`` well-formed records.");
-
-static PyObject *rebase_records(PyObject *module, PyObject *args) {
-    Py_buffer src;
-    Py_ssize_t count;
-    long long first_offset, shift;
-    if (!PyArg_ParseTuple(args, "y*nLL:rebase_records", &src, &count, &first_offset, &shift)) {
-        return NULL;
-    }
-    PyObject *result = NULL;
-    /* The records lie in shared memory that their client can still write: both passes read one private
-       copy, so that what the first pass checked and sized is what the second writes. */
-    unsigned char *data = PyMem_Malloc(src.len > 0 ? (size_t)src.len : 1);
-    if (data == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    memcpy(data, src.buf, (size_t)src.len);
-    /* First pass: check every record and size the result. */
-    Py_ssize_t pos = 0, size = 0, n = 0;
-    ParsedRecord record;
-    int64_t shifted, offset;
-    while (pos < src.len && n < count) {
-        if (!parse_record(data, src.len, &pos, &record)) {
-            break;
-        }
-        if (__builtin_add_overflow(record.timestamp_delta, (int64_t)shift, &shifted) ||
-            __builtin_add_overflow((int64_t)first_offset, (int64_t)n, &offset)) {
-            PyErr_Format(PyExc_ValueError, "record %zd: its timestamp or offset delta is out of range", n);
-            goto done;
-        }
-        Py_ssize_t body = 1 + varint_size(shifted) + varint_size(offset) + (record.body_end - record.rest);
-        size += varint_size(body) + body;
-        n++;
-    }
-    if (n != count || pos != src.len) {
-        PyErr_Format(PyExc_ValueError, "not %zd well-formed records (record %zd, byte %zd of %zd)", count, n, pos,
-                     src.len);
-        goto done;
-    }
-    result = PyBytes_FromStringAndSize(NULL, size);
-    if (result == NULL) {
-        goto done;
-    }
-    /* Second pass: write them with their new deltas. */
-    char *out = PyBytes_AS_STRING(result);
-    pos = 0;
-    for (n = 0; n < count; n++) {
-        parse_record(data, src.len, &pos, &record);
-        Py_ssize_t rest = record.body_end - record.rest;
-        int64_t timestamp_delta = record.timestamp_delta + shift;
-        Py_ssize_t body = 1 + varint_size(timestamp_delta) + varint_size(first_offset + n) + rest;
-        out = put_varint(out, body);
-        *out++ = (char)record.attributes;
-        out = put_varint(out, timestamp_delta);
-        out = put_varint(out, first_offset + n);
-        memcpy(out, data + record.rest, (size_t)rest);
-        out += rest;
-    }
-done:
-    PyMem_Free(data);
-    PyBuffer_Release(&src);
     return result;
 }
 
@@ -1042,7 +907,11 @@ static PyObject *try_append(Appender *self, PyObject *topic, PyObject *value, Py
     Py_DECREF(key_of_batch);
     int appended = -1;
     Py_ssize_t before = 0;
-    if (batch != NULL && batch->buffer.obj != NULL) {
+    /* The dict is the producer's: anything else in it (the Python twin's OpenBatch, say) is not written here. */
+    if (batch != NULL && !PyObject_TypeCheck(batch, &OpenBatchType)) {
+        PyErr_Format(PyExc_TypeError, "open batches must be %s, got %.100s", OpenBatchType.tp_name,
+                     Py_TYPE(batch)->tp_name);
+    } else if (batch != NULL && batch->buffer.obj != NULL) {
         Record record = {
             .offset_delta = PyList_GET_SIZE(batch->futures),
             .timestamp_delta = timestamp - batch->base_timestamp,
@@ -1386,11 +1255,13 @@ static PyObject *Completer_complete(Completer *self, PyObject *const *args, Py_s
         PyErr_SetString(PyExc_TypeError, "futures must be a list");
         return NULL;
     }
-    Py_ssize_t first = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
-    long long base_offset = PyLong_AsLongLong(args[5]);
-    long long log_append_time = PyLong_AsLongLong(args[6]);
-    if (PyErr_Occurred()) {
+    /* One at a time: PyLong_AsLongLong may call __index__, which must not run with an error already set. */
+    Py_ssize_t first, count;
+    long long base_offset, log_append_time;
+    if (((first = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred()) ||
+        ((count = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred()) ||
+        ((base_offset = PyLong_AsLongLong(args[5])) == -1 && PyErr_Occurred()) ||
+        ((log_append_time = PyLong_AsLongLong(args[6])) == -1 && PyErr_Occurred())) {
         return NULL;
     }
     Py_ssize_t size = PyList_GET_SIZE(futures);
@@ -1413,16 +1284,20 @@ static PyObject *Completer_complete(Completer *self, PyObject *const *args, Py_s
         return PyErr_NoMemory();
     }
     PyObject **results = done + count;
+    /* All held before anything is allocated: an allocation may collect garbage, and a finalizer may change
+       the list (or let another thread do so). */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        done[i] = Py_NewRef(PyList_GET_ITEM(futures, first + i));
+    }
     int failed = 0;
     for (Py_ssize_t i = 0; i < count && !failed; i++) {
-        PyObject *future = PyList_GET_ITEM(futures, first + i);
+        PyObject *future = done[i];
         if (!PyObject_TypeCheck(future, self->slots.type)) {
             PyErr_Format(PyExc_TypeError, "futures must be %.100s, got %.100s", self->slots.type->tp_name,
                          Py_TYPE(future)->tp_name);
             failed = 1;
             break;
         }
-        done[i] = Py_NewRef(future);
         if (!PyObject_GC_IsTracked(future)) {
             PyObject_GC_Track(future); /* see new_future() */
         }
@@ -1501,14 +1376,14 @@ static PyMethodDef module_methods[] = {
      encode_record_into_doc},
     {"record_size", (PyCFunction)(void (*)(void))record_size, METH_VARARGS | METH_KEYWORDS, record_size_doc},
     {"murmur2", (PyCFunction)murmur2, METH_O, murmur2_doc},
-    {"rebase_records", (PyCFunction)rebase_records, METH_VARARGS, rebase_records_doc},
     {NULL},
 };
 
 static struct PyModuleDef fastpath_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "client_stub._fastpath",
-    .m_doc = "The client's per-record work in C: record encoding, murmur2, the send() fast path, deliveries.",
+    .m_doc = "The client's per-record work in C: record encoding, murmur2, the send() fast path, deliveries\n"
+             "(its pure-Python twin: client_stub._fastpath_py; client_stub.fastpath chooses).",
     .m_size = -1,
     .m_methods = module_methods,
 };

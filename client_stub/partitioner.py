@@ -15,7 +15,7 @@ import random
 import zlib
 from collections.abc import Callable, Sequence
 
-from ._fastpath import murmur2
+from .fastpath import murmur2
 
 PARTITIONERS = ("murmur2_random", "consistent_random", "random")
 
@@ -25,7 +25,7 @@ __all__ = ["PARTITIONERS", "Partitioner", "crc32_partition", "murmur2", "murmur2
 def murmur2_partition(key: bytes, partitions: int) -> int:
     """``toPositive(murmur2(key)) % partitions``, the Java producer's choice for a key.
 
-    Producer.send() makes the same choice in C for the common case (client_stub._fastpath).
+    Producer.send() makes the same choice itself for the common case (Appender.send in client_stub.fastpath).
     """
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
@@ -46,7 +46,7 @@ class Partitioner:
         self._keyed: Callable[[bytes, int], int] | None = {
             "murmur2_random": murmur2_partition, "consistent_random": crc32_partition}.get(name)
         # topic -> the partition of its records without a key, until their batch is sealed (shared with
-        # the C fast path of Producer.send()).
+        # the fast path of Producer.send(), client_stub.fastpath's Appender).
         self.sticky: dict[str, int] = {}
 
     def partition(self, topic: str, key: bytes | None, partitions: int, available: Sequence[int]) -> int:

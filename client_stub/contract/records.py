@@ -16,9 +16,9 @@ This module is that shared contract: varints, and the record layout::
 
 Varints are zig-zag encoded, as protobuf's sint32/sint64.
 
-The encoder runs once per record in every producing process, so it is written in C
-(``client_stub._fastpath``), as is rebase_records(), with which the daemon coalesces
-batches; the decoder, for the daemon's splits and the tests, is here.
+The encoder runs once per record in every producing process: it is the client's fast path
+(``client_stub.fastpath``: in C, ``client_stub/_fastpath.c``, or its pure-Python twin,
+``client_stub/_fastpath_py.py``); the decoder, for the daemon's splits and the tests, is here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from .._fastpath import encode_record, encode_record_into, rebase_records, record_size
+from ..fastpath import encode_record, encode_record_into, record_size
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
 Header = tuple[bytes, "bytes | None"]
@@ -36,8 +36,8 @@ Header = tuple[bytes, "bytes | None"]
 BATCH_HEADER_SIZE = 61
 
 __all__ = ["BATCH_HEADER_SIZE", "Buffer", "Header", "Record", "decode_record", "decode_records", "encode_record",
-           "encode_record_into", "read_uvarint", "read_varint", "rebase_records", "record_boundaries", "record_size",
-           "unzigzag", "uvarint", "varint", "varint_size", "zigzag"]
+           "encode_record_into", "read_uvarint", "read_varint", "record_boundaries", "record_size", "unzigzag",
+           "uvarint", "varint", "varint_size", "zigzag"]
 
 
 def _encode_uvarint(value: int) -> bytes:

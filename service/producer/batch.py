@@ -17,9 +17,10 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from client_stub.contract.records import BATCH_HEADER_SIZE, Buffer, decode_records, encode_record
 from client_stub.errors import KafkaError
-from client_stub.contract.records import BATCH_HEADER_SIZE, Buffer, decode_records, encode_record, rebase_records
 
+from ..fastpath import rebase_records
 from ..protocol.compression import CompressionType, compress
 from ..protocol.record_batch import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, encode_batch_header
 

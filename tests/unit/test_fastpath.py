@@ -1,9 +1,11 @@
-"""client_stub._fastpath without a daemon: batches written in memory, futures completed from reports.
+"""The client's fast path without a daemon: batches written in memory, futures completed from reports.
 
-OpenBatch writes records into a bytearray here as it does into shared memory; the
-Completer is the producer's own (its callback errors go to the producer's log);
-RecordFutures are made both ways the producer makes them: by their ``__init__``
-(the Python path of send()) and by the C fast path (Appender.send).
+Every test runs against both twins (the ``fastpath`` fixture): the C extension
+``client_stub._fastpath`` and ``client_stub._fastpath_py``, unless it says why it cannot.
+OpenBatch writes records into a bytearray here as it does into shared memory; a
+Completer is made as the producer makes its own (its callback errors go to the
+producer's log); RecordFutures are made both ways the producer makes them: by their
+``__init__`` (the Python path of send()) and by the fast path (Appender.send).
 """
 
 from __future__ import annotations
@@ -11,28 +13,54 @@ from __future__ import annotations
 import concurrent.futures
 import gc
 import logging
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import pytest
 
-from client_stub import _fastpath
-from client_stub.errors import InvalidRecordError, KafkaTimeoutError
-from client_stub.producer import RecordFuture, RecordMetadata, _completer, _fail
+from client_stub import _fastpath_py
+from client_stub.contract.records import decode_records
+from client_stub.errors import InvalidRecordError, KafkaError, KafkaTimeoutError
+from client_stub.futures import _CONDITION_LOCK, RecordFuture, RecordMetadata, _callback_failed
+from tests.support.fastpath import CLIENT, c_extension
 from tests.unit.test_partitioner import KAFKA_VECTORS
 
 BASE_TS = 1_700_000_000_000
 TOPIC = "t"
+C_FASTPATH = c_extension("client_stub._fastpath")
+c_only = pytest.mark.skipif(C_FASTPATH is None, reason="client_stub._fastpath is not built")
 
 
-def new_batch(capacity: int, *, partition: int = 0) -> tuple[_fastpath.OpenBatch, bytearray]:
+@pytest.fixture(params=CLIENT)
+def fastpath(request: pytest.FixtureRequest) -> ModuleType:
+    """One twin of the fast path: the C extension or its pure-Python twin."""
+    return request.param
+
+
+@pytest.fixture
+def completer(fastpath: ModuleType) -> Any:
+    """A Completer of that twin, made as the producer makes its own."""
+    return fastpath.Completer(RecordFuture, RecordMetadata, _CONDITION_LOCK, _callback_failed)
+
+
+def fail(completer: Any, futures: list[RecordFuture], error: KafkaError) -> None:
+    """What the producer does with records it gives up on (client_stub.futures.fail)."""
+    completer.complete(futures, 0, len(futures), "", -1, -1, -1, error)
+
+
+def new_batch(fastpath: ModuleType, capacity: int, *, partition: int = 0) -> tuple[Any, bytearray]:
     """An OpenBatch over a fresh bytearray (filled with 0xAA), its base timestamp BASE_TS."""
     memory = bytearray([0xAA]) * capacity
-    return _fastpath.OpenBatch(1, TOPIC, partition, 0, 1, memory, BASE_TS, time.monotonic()), memory
+    return fastpath.OpenBatch(1, TOPIC, partition, 0, 1, memory, BASE_TS, time.monotonic()), memory
 
 
-def snapshot(batch: _fastpath.OpenBatch, memory: bytearray) -> tuple:
+def snapshot(batch: Any, memory: bytearray) -> tuple:
     return (batch.pos, batch.record_count, list(batch.futures), batch.max_timestamp, bytes(memory))
 
 
@@ -60,40 +88,40 @@ def slow_send(*args: object) -> object:
     return DECLINED
 
 
-def appender_with_batches(partitions: int, *, capacity: int = 1024) -> tuple[
-        _fastpath.Appender, threading.Lock, list[_fastpath.OpenBatch], dict[tuple[str, int], _fastpath.OpenBatch]]:
+def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: int = 1024) -> tuple[
+        Any, threading.Lock, list[Any], dict[tuple[str, int], Any]]:
     """An enabled Appender (murmur2_random) for TOPIC with an open batch on every partition, what its seal()
     got, and its open batches."""
     lock = threading.Lock()
     slow_sends.clear()
-    sealed: list[_fastpath.OpenBatch] = []
+    sealed: list[Any] = []
 
-    def seal(batch: _fastpath.OpenBatch) -> None:
+    def seal(batch: Any) -> None:
         assert lock.locked(), "seal() runs with the producer's lock held"
         sealed.append(batch)
 
-    open_batches = {(TOPIC, partition): new_batch(capacity, partition=partition)[0]
+    open_batches = {(TOPIC, partition): new_batch(fastpath, capacity, partition=partition)[0]
                     for partition in range(partitions)}
-    appender = _fastpath.Appender(lock, open_batches, {TOPIC: partitions}, RecordFuture, seal, slow_send, {}, True)
+    appender = fastpath.Appender(lock, open_batches, {TOPIC: partitions}, RecordFuture, seal, slow_send, {}, True)
     appender.enable()
     return appender, lock, sealed, open_batches
 
 
-def python_futures(count: int, on_delivery: Callable | None = None) -> list[RecordFuture]:
+def init_futures(fastpath: ModuleType, count: int, on_delivery: Callable | None = None) -> list[RecordFuture]:
     """Futures as the Python path of send() makes them (key of 3 bytes, null value)."""
     return [RecordFuture(on_delivery, BASE_TS + n, 3, -1) for n in range(count)]
 
 
-def c_futures(count: int, on_delivery: Callable | None = None) -> list[RecordFuture]:
-    """Futures as the C fast path of send() makes them (key of 3 bytes, null value)."""
-    appender, _, _, _ = appender_with_batches(1, capacity=1 << 16)
+def appender_futures(fastpath: ModuleType, count: int, on_delivery: Callable | None = None) -> list[RecordFuture]:
+    """Futures as the fast path of send() makes them, in its slots (key of 3 bytes, null value)."""
+    appender, _, _, _ = appender_with_batches(fastpath, 1, capacity=1 << 16)
     futures = [appender.send(TOPIC, None, b"key", timestamp_ms=BASE_TS + n, on_delivery=on_delivery)
                for n in range(count)]
     assert all(type(f) is RecordFuture for f in futures)
     return futures
 
 
-MAKERS = [pytest.param(python_futures, id="python-made"), pytest.param(c_futures, id="c-made")]
+MAKERS = [pytest.param(init_futures, id="init-made"), pytest.param(appender_futures, id="appender-made")]
 
 
 # -- OpenBatch --------------------------------------------------------------------------------------
@@ -109,12 +137,12 @@ RECORDS = [
 ]
 
 
-def test_append_writes_what_encode_record_writes_with_deltas_from_the_batch() -> None:
-    batch, memory = new_batch(2048)
-    futures = python_futures(len(RECORDS))
+def test_append_writes_what_encode_record_writes_with_deltas_from_the_batch(fastpath: ModuleType) -> None:
+    batch, memory = new_batch(fastpath, 2048)
+    futures = init_futures(fastpath, len(RECORDS))
     for (key, value, headers, timestamp), future in zip(RECORDS, futures, strict=True):
         assert batch.append(key, value, headers, timestamp, future) is True
-    expected = b"".join(_fastpath.encode_record(n, timestamp - BASE_TS, key, value, headers)
+    expected = b"".join(fastpath.encode_record(n, timestamp - BASE_TS, key, value, headers)
                         for n, (key, value, headers, timestamp) in enumerate(RECORDS))
     assert bytes(memory[:batch.pos]) == expected
     assert batch.pos == len(expected) and batch.record_count == len(RECORDS)
@@ -124,10 +152,10 @@ def test_append_writes_what_encode_record_writes_with_deltas_from_the_batch() ->
     assert memory[batch.pos:] == bytearray([0xAA]) * (2048 - batch.pos)  # nothing written past the records
 
 
-def test_append_that_does_not_fit_leaves_the_batch_unchanged() -> None:
-    first = _fastpath.encode_record(0, 0, b"k", b"v" * 40, ())
-    second = _fastpath.encode_record(1, 7, None, b"w" * 30, [(b"h", b"x")])
-    batch, memory = new_batch(len(first) + len(second))
+def test_append_that_does_not_fit_leaves_the_batch_unchanged(fastpath: ModuleType) -> None:
+    first = fastpath.encode_record(0, 0, b"k", b"v" * 40, ())
+    second = fastpath.encode_record(1, 7, None, b"w" * 30, [(b"h", b"x")])
+    batch, memory = new_batch(fastpath, len(first) + len(second))
     assert batch.append(b"k", b"v" * 40, (), BASE_TS, RecordFuture(None, BASE_TS, 1, 40))
     before = snapshot(batch, memory)
     # One byte more than is left, then anything at all once the batch is exactly full.
@@ -141,8 +169,8 @@ def test_append_that_does_not_fit_leaves_the_batch_unchanged() -> None:
     assert batch.max_timestamp == BASE_TS + 7  # the refused record's timestamp counts for nothing
 
 
-def test_a_released_batch_refuses_records_and_lets_go_of_its_memory() -> None:
-    batch, memory = new_batch(256)
+def test_a_released_batch_refuses_records_and_lets_go_of_its_memory(fastpath: ModuleType) -> None:
+    batch, memory = new_batch(fastpath, 256)
     assert batch.append(b"k", b"v", (), BASE_TS, RecordFuture(None, BASE_TS, 1, 1))
     with pytest.raises(BufferError):
         memory.extend(b"x")  # the batch holds the buffer: shared memory could not be closed under it
@@ -159,44 +187,45 @@ def test_a_released_batch_refuses_records_and_lets_go_of_its_memory() -> None:
 # -- encode_record_into -----------------------------------------------------------------------------
 
 
-def test_encode_record_into_raises_when_the_record_does_not_fit() -> None:
-    size = _fastpath.record_size(0, 5, b"key", b"value", [(b"h", None)])
+def test_encode_record_into_raises_when_the_record_does_not_fit(fastpath: ModuleType) -> None:
+    size = fastpath.record_size(0, 5, b"key", b"value", [(b"h", None)])
     memory = bytearray([0xAA]) * (size + 10)
     for pos in (11, len(memory), len(memory) + 1, -1):
         with pytest.raises(ValueError, match="does not fit"):
-            _fastpath.encode_record_into(memory, pos, 0, 5, b"key", b"value", [(b"h", None)])
+            fastpath.encode_record_into(memory, pos, 0, 5, b"key", b"value", [(b"h", None)])
     assert memory == bytearray([0xAA]) * (size + 10)  # untouched
-    assert _fastpath.encode_record_into(memory, 10, 0, 5, b"key", b"value", [(b"h", None)]) == len(memory)
-    assert bytes(memory[10:]) == _fastpath.encode_record(0, 5, b"key", b"value", [(b"h", None)])
+    assert fastpath.encode_record_into(memory, 10, 0, 5, b"key", b"value", [(b"h", None)]) == len(memory)
+    assert bytes(memory[10:]) == fastpath.encode_record(0, 5, b"key", b"value", [(b"h", None)])
 
 
 # -- Completer --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("make", MAKERS)
-def test_complete_a_slice_of_the_futures(make) -> None:
+def test_complete_a_slice_of_the_futures(fastpath: ModuleType, completer: Any, make: Callable) -> None:
     calls = Calls()
-    futures = make(6, calls)
+    futures = make(fastpath, 6, calls)
     # A report on records 2-4 (a part of a split batch: its own base offset), then the others.
-    _completer.complete(futures, 2, 3, TOPIC, 4, 50, -1, None)
+    completer.complete(futures, 2, 3, TOPIC, 4, 50, -1, None)
     assert [f.done() for f in futures] == [False, False, True, True, True, False]
     assert [f.result(0) for f in futures[2:5]] == [RecordMetadata(TOPIC, 4, 50 + n, BASE_TS + 2 + n, 3, -1)
                                                    for n in range(3)]
-    _completer.complete(futures, 0, 2, TOPIC, 4, 40, BASE_TS + 999, None)  # LogAppendTime: the broker's time
+    completer.complete(futures, 0, 2, TOPIC, 4, 40, BASE_TS + 999, None)  # LogAppendTime: the broker's time
     assert [f.result(0) for f in futures[:2]] == [RecordMetadata(TOPIC, 4, 40 + n, BASE_TS + 999, 3, -1)
                                                   for n in range(2)]
-    _completer.complete(futures, 5, 10, TOPIC, 4, -1, -1, None)  # acks=0: no offset; a count past the end
+    completer.complete(futures, 5, 10, TOPIC, 4, -1, -1, None)  # acks=0: no offset; a count past the end
     assert futures[5].result(0) == RecordMetadata(TOPIC, 4, -1, BASE_TS + 5, 3, -1)
     assert [err for err, _ in calls.calls] == [None] * 6
     assert [md for _, md in calls.calls] == [futures[n].result(0) for n in (2, 3, 4, 0, 1, 5)]
 
 
 @pytest.mark.parametrize("make", MAKERS)
-def test_complete_with_an_error_fails_every_future_of_the_slice(make) -> None:
+def test_complete_with_an_error_fails_every_future_of_the_slice(fastpath: ModuleType, completer: Any,
+                                                                make: Callable) -> None:
     calls = Calls()
-    futures = make(4, calls)
+    futures = make(fastpath, 4, calls)
     error = InvalidRecordError("the broker refused the record")
-    _completer.complete(futures, 1, 3, TOPIC, 0, 77, -1, error)
+    completer.complete(futures, 1, 3, TOPIC, 0, 77, -1, error)
     assert not futures[0].done()
     for future in futures[1:]:
         assert future.exception(0) is error
@@ -207,14 +236,15 @@ def test_complete_with_an_error_fails_every_future_of_the_slice(make) -> None:
 
 @pytest.mark.parametrize("watched", [False, True], ids=["settled-in-place", "watched"])
 @pytest.mark.parametrize("make", MAKERS)
-def test_a_callback_that_raises_is_logged_and_the_others_still_run(make, watched: bool, caplog) -> None:
+def test_a_callback_that_raises_is_logged_and_the_others_still_run(fastpath: ModuleType, completer: Any,
+                                                                   make: Callable, watched: bool, caplog) -> None:
     calls = Calls(fail_on=11)
-    futures = make(4, calls)
+    futures = make(fastpath, 4, calls)
     if watched:  # a done-callback makes the future's Condition: it completes through _notify
         for future in futures:
             future.add_done_callback(lambda f: None)
     with caplog.at_level(logging.ERROR, logger="client_stub.producer"):
-        _completer.complete(futures, 0, 4, TOPIC, 0, 10, -1, None)
+        completer.complete(futures, 0, 4, TOPIC, 0, 10, -1, None)
     assert [md.offset for _, md in calls.calls] == [10, 11, 12, 13]
     assert [f.result(0).offset for f in futures] == [10, 11, 12, 13]
     [logged] = [r for r in caplog.records if "on_delivery" in r.getMessage()]
@@ -226,15 +256,16 @@ def test_a_callback_that_raises_is_logged_and_the_others_still_run(make, watched
 @pytest.mark.parametrize("watched", [False, True], ids=["settled-in-place", "watched"])
 @pytest.mark.parametrize("make", MAKERS)
 def test_a_callback_that_raises_a_base_exception_completes_every_future_then_raises_it(
-        make, watched: bool, raising: type[BaseException], caplog) -> None:
+        fastpath: ModuleType, completer: Any, make: Callable, watched: bool, raising: type[BaseException],
+        caplog) -> None:
     calls = Calls(fail_on=11, raising=raising)
-    futures = make(4, calls)
+    futures = make(fastpath, 4, calls)
     if watched:
         for future in futures:
             future.add_done_callback(lambda f: None)
     with caplog.at_level(logging.ERROR, logger="client_stub.producer"), \
             pytest.raises(raising, match="callback failed at offset 11"):
-        _completer.complete(futures, 0, 4, TOPIC, 0, 10, -1, None)
+        completer.complete(futures, 0, 4, TOPIC, 0, 10, -1, None)
     # Not swallowed (nothing logged in its place), and no future of the report left pending:
     # every callback ran.
     assert not [r for r in caplog.records if "on_delivery" in r.getMessage()]
@@ -244,18 +275,18 @@ def test_a_callback_that_raises_a_base_exception_completes_every_future_then_rai
 
 @pytest.mark.parametrize("watched", [False, True], ids=["settled-in-place", "watched"])
 @pytest.mark.parametrize("make", MAKERS)
-def test_a_future_completes_once(make, watched: bool) -> None:
+def test_a_future_completes_once(fastpath: ModuleType, completer: Any, make: Callable, watched: bool) -> None:
     calls = Calls()
-    futures = make(3, calls)
+    futures = make(fastpath, 3, calls)
     done_callbacks: list[RecordFuture] = []
     if watched:
         for future in futures:
             future.add_done_callback(done_callbacks.append)
     # The first record was failed as lost (the session went away); its report comes after all.
     lost = KafkaTimeoutError("lost")
-    _fail(futures[:1], lost)
-    _completer.complete(futures, 0, 3, TOPIC, 0, 0, -1, None)
-    _completer.complete(futures, 0, 3, TOPIC, 0, 500, -1, KafkaTimeoutError("late"))
+    fail(completer, futures[:1], lost)
+    completer.complete(futures, 0, 3, TOPIC, 0, 0, -1, None)
+    completer.complete(futures, 0, 3, TOPIC, 0, 500, -1, KafkaTimeoutError("late"))
     assert futures[0].exception(0) is lost
     assert [f.result(0).offset for f in futures[1:]] == [1, 2]
     assert calls.calls == [(lost, None), (None, futures[1].result(0)), (None, futures[2].result(0))]
@@ -264,8 +295,8 @@ def test_a_future_completes_once(make, watched: bool) -> None:
 
 
 @pytest.mark.parametrize("make", MAKERS)
-def test_a_future_waited_on_in_another_thread_is_woken(make) -> None:
-    futures = make(3)
+def test_a_future_waited_on_in_another_thread_is_woken(fastpath: ModuleType, completer: Any, make: Callable) -> None:
+    futures = make(fastpath, 3)
     got: dict[str, object] = {}
 
     def wait_for_result() -> None:
@@ -283,28 +314,92 @@ def test_a_future_waited_on_in_another_thread_is_woken(make) -> None:
     while any(f._cond is None for f in futures[:2]) and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.05)
-    _completer.complete(futures, 0, 2, TOPIC, 1, 7, -1, None)
+    completer.complete(futures, 0, 2, TOPIC, 1, 7, -1, None)
     for waiter in waiters:
         waiter.join(10)
     assert not any(w.is_alive() for w in waiters)
     assert got == {"result": RecordMetadata(TOPIC, 1, 7, BASE_TS, 3, -1), "wait": {futures[1]}}
 
 
-def test_c_made_futures_are_back_in_the_garbage_collectors_sight_once_complete() -> None:
-    futures = c_futures(2)
-    _completer.complete(futures, 0, 1, TOPIC, 0, 0, -1, None)
-    _fail(futures[1:], KafkaTimeoutError("lost"))
+def test_appender_made_futures_are_in_the_garbage_collectors_sight_once_complete(fastpath: ModuleType,
+                                                                                 completer: Any) -> None:
+    # The C fast path keeps its futures out of the collector's sight while in flight; the Python twin never does.
+    futures = appender_futures(fastpath, 2)
+    completer.complete(futures, 0, 1, TOPIC, 0, 0, -1, None)
+    fail(completer, futures[1:], KafkaTimeoutError("lost"))
     # Done futures may end up in cycles (a traceback, a callback holding its future): the collector must see them.
     assert all(gc.is_tracked(f) for f in futures)
+
+
+def test_complete_converts_its_arguments_in_order_and_stops_at_the_first_bad_one(completer: Any) -> None:
+    converted: list[str] = []
+
+    class Offset:
+        def __index__(self) -> int:
+            converted.append("base_offset")
+            return 0
+
+    futures = [RecordFuture(None, BASE_TS, 3, -1)]
+    with pytest.raises(TypeError):
+        completer.complete(futures, "0", 1, TOPIC, 0, Offset(), -1, None)
+    assert converted == []  # the C code called __index__ with the first error still set
+    completer.complete(futures, 0, 1, TOPIC, 0, Offset(), -1, None)
+    assert converted == ["base_offset"] and futures[0].result(0).offset == 0
+
+
+# A finalizer of cyclic garbage that empties the list being completed, run by a collection in the middle of
+# complete()'s first loop (where it allocates RecordMetadata): its futures were read from the list there, and the
+# C code read past the emptied list. The fast path's futures are untracked until that loop tracks them again:
+# that is how the finalizer knows where it is.
+EMPTIED_IN_COMPLETE = """
+import gc, threading, time
+from client_stub import _fastpath
+from client_stub.futures import _CONDITION_LOCK, RecordFuture, RecordMetadata, _callback_failed
+
+batch = _fastpath.OpenBatch(1, "t", 0, 0, 1, bytearray(1 << 20), 1, time.monotonic())
+appender = _fastpath.Appender(threading.Lock(), {("t", 0): batch}, {"t": 1}, RecordFuture, print, print, {}, True)
+appender.enable()
+for _ in range(1000):
+    appender.send("t", b"v", b"k", partition=0, timestamp_ms=1)
+futures = batch.futures
+held = list(futures)
+
+class EmptiesTheList:
+    def __init__(self):
+        self.cycle = self
+
+    def __del__(self):
+        if futures and gc.is_tracked(futures[0]) and not gc.is_tracked(futures[-1]):
+            futures.clear()
+        else:
+            EmptiesTheList()
+
+EmptiesTheList()
+gc.set_threshold(1)
+completer = _fastpath.Completer(RecordFuture, RecordMetadata, _CONDITION_LOCK, _callback_failed)
+completer.complete(futures, 0, len(futures), "t", 0, 0, -1, None)
+gc.set_threshold(700)
+assert not futures, "the finalizer did not run inside complete()"
+assert [f.result(0).offset for f in held] == list(range(1000))
+print("all complete")
+"""
+
+
+@c_only
+def test_complete_holds_the_futures_it_completes_before_anything_can_change_the_list() -> None:
+    # C only (the Python twin slices the list before anything else), and in a process of its own: it crashed.
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(EMPTIED_IN_COMPLETE)], capture_output=True,
+                         text=True, timeout=60)
+    assert (run.returncode, run.stdout.strip()) == (0, "all complete"), run.stderr
 
 
 # -- Appender: the fast path of send() ----------------------------------------------------------------
 
 
-def test_keyed_records_go_where_kafka_puts_them() -> None:
+def test_keyed_records_go_where_kafka_puts_them(fastpath: ModuleType) -> None:
     # Kafka's murmur2 test vectors, through the fast path's own choice of partition: toPositive(hash) % count.
     for partitions in (3, 12, 50):
-        appender, _, _, open_batches = appender_with_batches(partitions)
+        appender, _, _, open_batches = appender_with_batches(fastpath, partitions)
         for key, expected in KAFKA_VECTORS.items():
             future = appender.send(TOPIC, b"v", key)
             assert future is not DECLINED
@@ -313,9 +408,9 @@ def test_keyed_records_go_where_kafka_puts_them() -> None:
         assert appender.outstanding == len(KAFKA_VECTORS)
 
 
-def test_the_fast_path_appends_and_seals_a_full_batch() -> None:
-    record = _fastpath.encode_record(0, 0, b"key", b"v" * 100, ())
-    appender, _, sealed, open_batches = appender_with_batches(1, capacity=len(record) * 3 + 10)
+def test_the_fast_path_appends_and_seals_a_full_batch(fastpath: ModuleType) -> None:
+    record = fastpath.encode_record(0, 0, b"key", b"v" * 100, ())
+    appender, _, sealed, open_batches = appender_with_batches(fastpath, 1, capacity=len(record) * 3 + 10)
     batch = open_batches[(TOPIC, 0)]
     futures = [appender.send(TOPIC, b"v" * 100, b"key", partition=0, timestamp_ms=BASE_TS + n) for n in range(3)]
     assert batch.futures == futures and batch.record_count == 3
@@ -326,8 +421,8 @@ def test_the_fast_path_appends_and_seals_a_full_batch() -> None:
 
 @pytest.mark.parametrize("case", ["disabled", "unknown-topic", "str-key", "bad-partition", "no-room", "locked",
                                   "no-batch", "no-sticky-partition-yet", "headers"])
-def test_the_fast_path_declines_and_leaves_everything_unchanged(case: str) -> None:
-    appender, lock, sealed, open_batches = appender_with_batches(2, capacity=64)
+def test_the_fast_path_declines_and_leaves_everything_unchanged(fastpath: ModuleType, case: str) -> None:
+    appender, lock, sealed, open_batches = appender_with_batches(fastpath, 2, capacity=64)
     args = {"topic": TOPIC, "value": b"value", "key": b"key", "partition": None, "timestamp_ms": None,
             "headers": None, "on_delivery": None}
     if case == "disabled":
@@ -355,8 +450,8 @@ def test_the_fast_path_declines_and_leaves_everything_unchanged(case: str) -> No
     assert appender.outstanding == 0 and sealed == []
 
 
-def test_the_appender_alone_counts_outstanding_records() -> None:
-    appender, _, _, _ = appender_with_batches(1)
+def test_the_appender_alone_counts_outstanding_records(fastpath: ModuleType) -> None:
+    appender, _, _, _ = appender_with_batches(fastpath, 1)
     appender.send(TOPIC, b"v", b"k")
     appender.count_appended()  # a record the Python path appended
     assert appender.outstanding == 2
@@ -372,8 +467,8 @@ def test_the_appender_alone_counts_outstanding_records() -> None:
     assert appender.outstanding == 0
 
 
-def test_send_takes_its_arguments_as_python_would() -> None:
-    appender, _, _, _ = appender_with_batches(1)
+def test_send_takes_its_arguments_as_python_would(fastpath: ModuleType) -> None:
+    appender, _, _, _ = appender_with_batches(fastpath, 1)
     with pytest.raises(TypeError, match="missing required argument 'topic'"):
         appender.send()
     with pytest.raises(TypeError, match="at most 3 positional arguments"):
@@ -387,31 +482,91 @@ def test_send_takes_its_arguments_as_python_would() -> None:
     assert slow_sends == []
 
 
-@pytest.mark.parametrize("cls", [_fastpath.OpenBatch, _fastpath.Appender, _fastpath.Completer])
-def test_the_c_types_do_not_exist_uninitialised(cls: type) -> None:
-    # __new__ without __init__ left NULL fields that the methods read: a segfault at the first call.
+def test_the_fast_path_refuses_an_open_batch_that_is_not_its_own(fastpath: ModuleType) -> None:
+    # The C code wrote into whatever the producer's dict held (a segfault); the twins' batches do not mix.
+    appender, _, _, open_batches = appender_with_batches(fastpath, 1)
+    strangers = [object()]
+    other = _fastpath_py if fastpath is C_FASTPATH else C_FASTPATH
+    if other is not None:
+        strangers.append(new_batch(other, 1024)[0])
+    for stranger in strangers:
+        open_batches[(TOPIC, 0)] = stranger
+        with pytest.raises(TypeError, match="open batches must be"):
+            appender.send(TOPIC, b"v", b"k", partition=0)
+        assert appender.outstanding == 0
+
+
+def test_concurrent_sends_append_whole_records_in_offset_order(fastpath: ModuleType) -> None:
+    # The C fast path appends under the GIL; the Python twin under the producer's lock, taken per record
+    # (declining to the Python path when another thread holds it). Threads switch as often as they can here.
+    sealed: list[Any] = []
+    batch, memory = new_batch(fastpath, 1 << 20)
+    appender = fastpath.Appender(threading.Lock(), {(TOPIC, 0): batch}, {TOPIC: 1}, RecordFuture, sealed.append,
+                                 slow_send, {}, True)
+    appender.enable()
+    appended: list[list[RecordFuture]] = [[] for _ in range(4)]
+
+    def send(mine: list[RecordFuture]) -> None:
+        for n in range(500):
+            future = appender.send(TOPIC, b"v" * (n % 50), b"k%d" % n, partition=0, timestamp_ms=BASE_TS + n)
+            if future is not DECLINED:
+                mine.append(future)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=send, args=(mine,)) for mine in appended]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    taken = sum(map(len, appended))
+    assert taken and appender.outstanding == taken == batch.record_count and sealed == []
+    assert sorted(map(id, batch.futures)) == sorted(id(f) for mine in appended for f in mine)
+    records = decode_records(memory[:batch.pos], taken)
+    assert [r.offset_delta for r in records] == list(range(taken))
+    assert [r.timestamp_delta for r in records] == [f.timestamp_ms - BASE_TS for f in batch.futures]
+
+
+@c_only
+@pytest.mark.parametrize("name", ["OpenBatch", "Appender", "Completer"])
+def test_the_c_types_do_not_exist_uninitialised(name: str) -> None:
+    # __new__ without __init__ left NULL fields that the methods read: a segfault at the first call. C only: an
+    # instance of the Python twin made so has no attributes, and its methods raise AttributeError.
+    cls = getattr(C_FASTPATH, name)
     with pytest.raises(TypeError, match="missing required argument"):
         cls.__new__(cls)
 
 
-def test_header_values_of_a_bytes_subclass_are_taken_as_bytes_however_many() -> None:
+def test_header_values_of_a_bytes_subclass_are_taken_as_bytes_however_many(fastpath: ModuleType) -> None:
     class Tagged(bytes):
         """What a serializer may return: bytes with a tag."""
 
     headers = [(b"h%d" % n, Tagged(b"v%d" % n)) for n in range(100)]  # more than the 64 buffers held at once
     plain = [(key, bytes(value)) for key, value in headers]
-    assert _fastpath.encode_record(0, 0, b"k", b"v", headers) == _fastpath.encode_record(0, 0, b"k", b"v", plain)
+    assert fastpath.encode_record(0, 0, b"k", b"v", headers) == fastpath.encode_record(0, 0, b"k", b"v", plain)
     # Any iterable of pairs, copied before any field is read; anything else is refused with the rule.
-    assert _fastpath.encode_record(0, 0, None, None, iter(plain)) == _fastpath.encode_record(0, 0, None, None, plain)
+    assert fastpath.encode_record(0, 0, None, None, iter(plain)) == fastpath.encode_record(0, 0, None, None, plain)
     with pytest.raises(TypeError, match=r"headers must be a sequence of \(key, value\) pairs"):
-        _fastpath.encode_record(0, 0, None, None, 42)
+        fastpath.encode_record(0, 0, None, None, 42)
 
 
-def test_negative_timestamps_are_refused_so_that_no_delta_overflows() -> None:
+def test_a_record_of_more_than_64_buffers_that_are_not_bytes_is_refused(fastpath: ModuleType) -> None:
+    # The C encoder holds 64 buffers at most while it writes a record: both twins take the same records.
+    headers = [(b"h", bytearray(b"v"))] * 64
+    assert fastpath.encode_record(0, 0, None, None, headers) == fastpath.encode_record(0, 0, None, None,
+                                                                                       [(b"h", b"v")] * 64)
+    with pytest.raises(ValueError, match=r"too many non-bytes buffers in one record \(64 at most\)"):
+        fastpath.encode_record(0, 0, bytearray(b"k"), None, headers)
+
+
+def test_negative_timestamps_are_refused_so_that_no_delta_overflows(fastpath: ModuleType) -> None:
     memory = bytearray(1024)
     with pytest.raises(ValueError, match="timestamp_ms must not be negative"):
-        _fastpath.OpenBatch(1, TOPIC, 0, 0, 1, memory, -(2**63), time.monotonic())
-    batch, memory = new_batch(1024)
+        fastpath.OpenBatch(1, TOPIC, 0, 0, 1, memory, -(2**63), time.monotonic())
+    batch, memory = new_batch(fastpath, 1024)
     before = snapshot(batch, memory)
     for timestamp in (-1, -(2**63)):
         with pytest.raises(ValueError, match="timestamp_ms must not be negative"):

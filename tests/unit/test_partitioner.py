@@ -1,17 +1,24 @@
 """Partitioners: murmur2 as Kafka's Java client computes it, CRC-32 as librdkafka's consistent
-partitioner, sticky partitioning of records without a key, and the random partitioner."""
+partitioner, sticky partitioning of records without a key, and the random partitioner.
+
+murmur2 is the client's fast path: its tests run against both twins (``fastpath``), the C extension
+and its pure-Python twin; client_stub.partitioner uses the one in use.
+"""
 
 from __future__ import annotations
 
 import random
 import zlib
 from collections.abc import Sequence
+from types import ModuleType
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from client_stub import fastpath as chosen
 from client_stub.partitioner import PARTITIONERS, Partitioner, crc32_partition, murmur2, murmur2_partition
+from tests.support.fastpath import CLIENT
 
 # Kafka's UtilsTest.testMurmur2 (signed 32-bit values, as Java's int).
 KAFKA_VECTORS = {
@@ -77,10 +84,11 @@ def java_partition(key: bytes, partitions: int) -> int:
 # -- murmur2 --------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fastpath", CLIENT)
 @pytest.mark.parametrize(("data", "expected"), KAFKA_VECTORS.items(), ids=[k.decode()[:12] for k in KAFKA_VECTORS])
-def test_murmur2_matches_kafkas_test_vectors(data: bytes, expected: int) -> None:
-    assert murmur2(data) == expected % 2**32
-    assert 0 <= murmur2(data) < 2**32
+def test_murmur2_matches_kafkas_test_vectors(fastpath: ModuleType, data: bytes, expected: int) -> None:
+    assert fastpath.murmur2(data) == expected % 2**32
+    assert 0 <= fastpath.murmur2(data) < 2**32
     # The reference agrees with the same vectors, so that it can be trusted below.
     assert java_murmur2(data) == expected
 
@@ -93,9 +101,10 @@ def test_murmur2_partition_of_the_vectors() -> None:
     assert murmur2_partition(b"foobar", 50) == 16
 
 
+@pytest.mark.parametrize("fastpath", CLIENT)
 @given(st.binary(max_size=300))
-def test_murmur2_equals_a_transcription_of_javas(data: bytes) -> None:
-    assert murmur2(data) == java_murmur2(data) % 2**32
+def test_murmur2_equals_a_transcription_of_javas(fastpath: ModuleType, data: bytes) -> None:
+    assert fastpath.murmur2(data) == java_murmur2(data) % 2**32
 
 
 @given(st.binary(max_size=64), st.integers(min_value=1, max_value=10_000))
@@ -103,11 +112,21 @@ def test_murmur2_partition_equals_javas(key: bytes, partitions: int) -> None:
     assert murmur2_partition(key, partitions) == java_partition(key, partitions)
 
 
-def test_murmur2_every_tail_length() -> None:
+@pytest.mark.parametrize("fastpath", CLIENT)
+def test_murmur2_every_tail_length(fastpath: ModuleType) -> None:
     # Lengths 0..8 go through every branch of the tail (0 to 3 bytes left over).
     for length in range(9):
         data = bytes(range(200, 200 + length))
-        assert murmur2(data) == java_murmur2(data) % 2**32
+        assert fastpath.murmur2(data) == java_murmur2(data) % 2**32
+
+
+@pytest.mark.parametrize("fastpath", CLIENT)
+def test_murmur2_takes_any_bytes_like_key_and_nothing_else(fastpath: ModuleType) -> None:
+    key = b"some-key-17"
+    expected = java_murmur2(key) % 2**32
+    assert fastpath.murmur2(bytearray(key)) == fastpath.murmur2(memoryview(key)) == expected
+    with pytest.raises(TypeError, match="bytes-like object is required"):
+        fastpath.murmur2("some-key-17")
 
 
 def test_murmur2_partition_takes_any_bytes_like_key() -> None:
@@ -115,6 +134,7 @@ def test_murmur2_partition_takes_any_bytes_like_key() -> None:
     expected = java_partition(key, 7)
     assert murmur2_partition(bytearray(key), 7) == expected
     assert murmur2_partition(memoryview(key), 7) == expected
+    assert murmur2 is chosen.murmur2  # the partitioner's is the fast path's in use
 
 
 # -- crc32 ----------------------------------------------------------------------------------------

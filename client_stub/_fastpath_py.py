@@ -1,0 +1,654 @@
+"""The client's per-record work in pure Python: the twin of the C extension ``client_stub._fastpath``.
+
+Name for name, behaviour for behaviour and error for error what ``client_stub/_fastpath.c`` does
+(its docstrings and comments are the specification; these follow them): Kafka's v2 record encoding,
+murmur2, OpenBatch, Appender.send() and Completer.complete(). It is the reference for the C code,
+the client of machines where the extension could not be built, and the path to a free-threaded
+CPython. ``client_stub.fastpath`` chooses between the two when first imported.
+
+One difference is on purpose: this code does not rely on the GIL. The C fast path of send() appends
+without taking the producer's lock, only checking that nobody holds it (nothing else runs while it
+holds the GIL); Appender.send() here takes the lock, without waiting, around the append and the
+count of outstanding records, and hands the record to the Python path when another thread holds it,
+as the C code does.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+import time
+from collections.abc import Callable
+from concurrent.futures._base import FINISHED, RUNNING
+from types import MemberDescriptorType
+from typing import Any
+
+__all__ = ["Appender", "Completer", "OpenBatch", "encode_record", "encode_record_into", "murmur2", "record_size"]
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_INT32_MIN = -(1 << 31)
+_INT32_MAX = (1 << 31) - 1
+_MASK32 = 0xFFFFFFFF
+
+# The C encoder holds at most this many buffers (fields that are not bytes) while it writes one record,
+# and refuses a record with more: so does this one, so that both take the same records.
+_MAX_HELD = 64
+
+# -- arguments, converted as the C argument parser converts them ------------------------------------------
+
+
+def _int64(value: object) -> int:
+    """``value`` as a C long long: TypeError unless it is an integer, OverflowError outside int64."""
+    value = operator.index(value)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise OverflowError("int too big to convert")
+    return value
+
+
+def _int32(value: object) -> int:
+    """``value`` as a C int."""
+    value = operator.index(value)
+    if value > _INT32_MAX:
+        raise OverflowError("signed integer is greater than maximum")
+    if value < _INT32_MIN:
+        raise OverflowError("signed integer is less than minimum")
+    return value
+
+
+def _ssize(value: object) -> int:
+    """``value`` as a Py_ssize_t taken by PyLong_AsSsize_t: an int, not anything with __index__."""
+    if not isinstance(value, int):
+        raise TypeError("an integer is required")
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise OverflowError("Python int too large to convert to C ssize_t")
+    return value
+
+
+def _double(value: object) -> float:
+    """``value`` as a C double: a real number (or an integer), not a string."""
+    if hasattr(type(value), "__float__"):
+        return float(value)  # type: ignore[arg-type]
+    return float(operator.index(value))
+
+
+def _writable_bytes(obj: object) -> memoryview:
+    """A writable view of ``obj``'s bytes in one run (PyBUF_WRITABLE), to write at byte positions."""
+    view = memoryview(obj)  # type: ignore[arg-type]
+    with view:
+        if view.readonly:
+            raise BufferError("Object is not writable.")
+        if not view.c_contiguous:
+            raise BufferError("memoryview: underlying buffer is not C-contiguous")
+        return view.cast("B")
+
+
+# -- varints (zig-zag, as protobuf's sint32/sint64) ---------------------------------------------------------
+
+# Most deltas, lengths and counts of a record take one byte: those are made once.
+_ONE_BYTE = tuple(bytes((n,)) for n in range(0x80))
+
+
+def _uvarint(value: int) -> bytes:
+    """The unsigned varint of ``value`` (0 <= value < 2**64)."""
+    if value < 0x80:
+        return _ONE_BYTE[value]
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _varint(value: int) -> bytes:
+    """The zig-zag varint of a signed 64-bit ``value``."""
+    return _uvarint((value << 1) ^ (value >> 63))
+
+
+# -- one record -----------------------------------------------------------------------------------------------
+
+_NULL = _varint(-1)  # the length of a null field
+_ATTRIBUTES = b"\x00"
+_NO_HEADERS = _varint(0)
+
+
+def _buffer_bytes(obj: object, what: str) -> bytes:
+    """The bytes of a field given as a buffer (PyBUF_SIMPLE: one contiguous run), else TypeError."""
+    try:
+        view = memoryview(obj)  # type: ignore[arg-type]
+    except Exception:
+        pass  # C clears whatever taking the buffer raised, and says what the field must be
+    else:
+        with view:
+            if view.c_contiguous:
+                return view.tobytes()
+    raise TypeError(f"{what} must be bytes-like or None, got {type(obj).__name__}")
+
+
+def _fields(key: object, value: object, headers: object) -> bytes:
+    """A record's bytes after its offset delta: key, value and headers (a sequence of (key, value) pairs)."""
+    parts: list[bytes] = []
+    buffers = 0
+
+    def field(obj: object, what: str) -> None:
+        nonlocal buffers
+        if obj is None:
+            parts.append(_NULL)
+            return
+        if type(obj) is not bytes:
+            if isinstance(obj, bytes):
+                obj = bytes.__bytes__(obj)  # a subclass's own bytes, as C reads them: not its __bytes__()
+            else:
+                if buffers == _MAX_HELD:
+                    raise ValueError(f"too many non-bytes buffers in one record ({_MAX_HELD} at most)")
+                obj = _buffer_bytes(obj, what)
+                buffers += 1
+        parts.append(_uvarint(len(obj) << 1))  # type: ignore[arg-type]
+        parts.append(obj)  # type: ignore[arg-type]
+
+    field(key, "key")
+    field(value, "value")
+    pairs: tuple = ()
+    if headers is not None:
+        # A tuple of its own, not the caller's list: reading a buffer may run Python code (a __buffer__,
+        # PEP 688) that changes that list.
+        try:
+            pairs = tuple(headers)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError("headers must be a sequence of (key, value) pairs") from None
+    parts.append(_uvarint(len(pairs) << 1))
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError("a header is a (key, value) tuple")
+        header_key, header_value = pair
+        if header_key is None:
+            raise TypeError("a header key cannot be None")
+        field(header_key, "a header key")
+        field(header_value, "a header value")
+    return b"".join(parts)
+
+
+def _plain_fields(key: bytes | None, value: bytes | None) -> bytes:
+    """_fields() of a bytes (or null) key and value and no headers: the common case of send()."""
+    return b"".join((
+        _NULL if key is None else _uvarint(len(key) << 1), key or b"",
+        _NULL if value is None else _uvarint(len(value) << 1), value or b"",
+        _NO_HEADERS,
+    ))
+
+
+def _record(offset_delta: int, timestamp_delta: int, fields: bytes) -> bytes:
+    """The whole record, its length prefix first: attributes, the two deltas, then ``fields``."""
+    timestamp = _varint(timestamp_delta)
+    offset = _varint(offset_delta)
+    body = 1 + len(timestamp) + len(offset) + len(fields)
+    return b"".join((_uvarint(body << 1), _ATTRIBUTES, timestamp, offset, fields))
+
+
+# -- module functions: encoding and murmur2 ------------------------------------------------------------------
+
+
+def encode_record(offset_delta: int, timestamp_delta: int, key: Any, value: Any, headers: Any = ()) -> bytes:
+    """One record in Kafka's v2 format, its length prefix included."""
+    return _record(_int64(offset_delta), _int64(timestamp_delta), _fields(key, value, headers))
+
+
+def encode_record_into(buf: Any, pos: int, offset_delta: int, timestamp_delta: int, key: Any, value: Any,
+                       headers: Any = ()) -> int:
+    """Write one record into the writable buffer ``buf`` at ``pos``; returns the position after it.
+
+    ValueError if it does not fit.
+    """
+    try:
+        view = _writable_bytes(buf)
+    except (TypeError, BufferError):
+        raise TypeError("encode_record_into() argument 1 must be read-write bytes-like object, "
+                        f"not {type(buf).__name__}") from None
+    with view:
+        pos = _ssize(operator.index(pos))
+        record = _record(_int64(offset_delta), _int64(timestamp_delta), _fields(key, value, headers))
+        size = len(record)
+        if pos < 0 or pos > view.nbytes or size > view.nbytes - pos:
+            raise ValueError(f"a record of {size} bytes does not fit at {pos} in a buffer of {view.nbytes}")
+        view[pos:pos + size] = record
+    return pos + size
+
+
+def record_size(offset_delta: int, timestamp_delta: int, key: Any, value: Any, headers: Any = ()) -> int:
+    """Bytes the encoded record takes, its length prefix included."""
+    return len(encode_record(offset_delta, timestamp_delta, key, value, headers))
+
+
+_MURMUR2_SEED = 0x9747B28C
+_MURMUR2_M = 0x5BD1E995
+_WORDS = struct.Struct("<I")
+
+
+def murmur2(data: Any) -> int:
+    """Kafka's murmur2 (Utils.murmur2) of ``data`` as an unsigned 32-bit value."""
+    if type(data) is not bytes:
+        with memoryview(data) as view:
+            if not view.c_contiguous:
+                raise BufferError("memoryview: underlying buffer is not C-contiguous")
+            data = view.tobytes()
+    m = _MURMUR2_M
+    length = len(data)
+    h = (_MURMUR2_SEED ^ length) & _MASK32
+    whole = length & ~3
+    for (k,) in _WORDS.iter_unpack(memoryview(data)[:whole]):
+        k = (k * m) & _MASK32
+        k ^= k >> 24
+        k = (k * m) & _MASK32
+        h = ((h * m) & _MASK32) ^ k
+    tail = length & 3
+    # Java's switch falls through from case 3 to case 1.
+    if tail == 3:
+        h ^= data[whole + 2] << 16
+    if tail >= 2:
+        h ^= data[whole + 1] << 8
+    if tail >= 1:
+        h ^= data[whole]
+        h = (h * m) & _MASK32
+    h ^= h >> 13
+    h = (h * m) & _MASK32
+    h ^= h >> 15
+    return h
+
+
+# -- RecordFuture's slots -------------------------------------------------------------------------------------
+
+_FUTURE_SLOTS = ("on_delivery", "timestamp_ms", "key_size", "value_size", "_state", "_result", "_exception", "_cond")
+_ABSENT = object()
+
+
+class _FutureSlots:
+    """The slots of a RecordFuture type (client_stub.producer), read and written through their member
+    descriptors: where the C code reads and writes them at their offsets, past any property or
+    __getattr__ of the instance's class."""
+
+    __slots__ = ("type", "on_delivery", "timestamp_ms", "key_size", "value_size", "state", "result", "exception",
+                 "cond")
+
+    def __init__(self, future_type: object) -> None:
+        if not isinstance(future_type, type):
+            raise TypeError("future_type must be a type")
+        for name in _FUTURE_SLOTS:
+            descriptor = vars(future_type).get(name)
+            if type(descriptor) is not MemberDescriptorType:
+                raise TypeError(f"{future_type.__name__} must declare {name} in __slots__")
+            setattr(self, name.lstrip("_"), descriptor)
+        self.type = future_type
+
+    def new(self, on_delivery: object, timestamp_ms: int, key_size: int, value_size: int) -> Any:
+        """A pending future, made as object.__new__ would, its slots filled without running __init__."""
+        future = self.type.__new__(self.type)
+        for descriptor, value in ((self.on_delivery, on_delivery), (self.state, RUNNING), (self.result, None),
+                                  (self.exception, None), (self.cond, None), (self.timestamp_ms, timestamp_ms),
+                                  (self.key_size, key_size), (self.value_size, value_size)):
+            descriptor.__set__(future, value)
+        return future
+
+
+def _slot(descriptor: Any, future: object, default: object = None) -> Any:
+    """The slot's value, or ``default`` where it was never set (NULL in C)."""
+    try:
+        return descriptor.__get__(future)
+    except AttributeError:
+        return default
+
+
+# -- OpenBatch -------------------------------------------------------------------------------------------------
+
+
+def _read_only(name: str, doc: str | None = None) -> property:
+    return property(operator.attrgetter(name), doc=doc)
+
+
+class OpenBatch:
+    """OpenBatch(batch_id, topic, partition, first_block, block_count, view, timestamp_ms, created)
+
+    A batch this process writes records into, in its blocks of shared memory.
+    """
+
+    __slots__ = ("_batch_id", "_topic", "_partition", "_first_block", "_block_count", "_view", "_pos",
+                 "_base_timestamp", "_max_timestamp", "_futures", "_created", "sealed", "reported")
+
+    def __init__(self, batch_id: int, topic: str, partition: int, first_block: int, block_count: int, view: Any,
+                 timestamp_ms: int, created: float) -> None:
+        self._batch_id = _int64(batch_id)
+        if not isinstance(topic, str):
+            raise TypeError(f"OpenBatch() argument 2 must be str, not {type(topic).__name__}")
+        self._topic = topic
+        self._partition = _int32(partition)
+        self._first_block = _int64(first_block)
+        self._block_count = _int64(block_count)
+        self._base_timestamp = _int64(timestamp_ms)
+        self._created = _double(created)
+        # Timestamps are never negative (send() refuses them): a record's delta from the base cannot overflow.
+        if self._base_timestamp < 0:
+            raise ValueError("timestamp_ms must not be negative")
+        self._view: memoryview | None = _writable_bytes(view)
+        self._pos = 0
+        self._max_timestamp = self._base_timestamp
+        self._futures: list = []
+        self.sealed = 0.0  # time.monotonic() when sealed, 0 before
+        self.reported = 0  # records whose delivery report arrived
+
+    batch_id = _read_only("_batch_id", "this client's number for the batch")
+    topic = _read_only("_topic")
+    partition = _read_only("_partition")
+    first_block = _read_only("_first_block")
+    block_count = _read_only("_block_count")
+    pos = _read_only("_pos", "bytes written")
+    base_timestamp = _read_only("_base_timestamp")
+    max_timestamp = _read_only("_max_timestamp")
+    futures = _read_only("_futures", "a future per record, in offset order")
+    created = _read_only("_created", "time.monotonic() when opened")
+
+    @property
+    def record_count(self) -> int:
+        """Records written."""
+        return len(self._futures)
+
+    @property
+    def capacity(self) -> int:
+        """Bytes of shared memory (0 once released)."""
+        view = self._view
+        return 0 if view is None else view.nbytes
+
+    def append(self, key: Any, value: Any, headers: Any, timestamp_ms: int, future: object, /) -> bool:
+        """Write a record after the others (offset and timestamp deltas from this batch) and keep its future;
+        False if it does not fit."""
+        timestamp = _int64(timestamp_ms)
+        if timestamp < 0:
+            raise ValueError("timestamp_ms must not be negative")
+        return self._write(_fields(key, value, headers), timestamp, future)
+
+    def _write(self, fields: bytes, timestamp: int, future: object) -> bool:
+        """Append a record of ``fields`` (see _fields); False if it does not fit."""
+        view = self._view
+        if view is None:
+            raise ValueError("the batch is sealed")
+        # The deltas are taken here, after whatever reading the fields ran: the record's offset is its place.
+        record = _record(len(self._futures), timestamp - self._base_timestamp, fields)
+        end = self._pos + len(record)
+        if end > view.nbytes:
+            return False
+        view[self._pos:end] = record
+        self._futures.append(future)
+        self._pos = end
+        if timestamp > self._max_timestamp:
+            self._max_timestamp = timestamp
+        return True
+
+    def release(self) -> None:
+        """Let go of the shared memory (at seal time): nothing more can be written."""
+        view, self._view = self._view, None
+        if view is not None:
+            view.release()
+
+
+# -- Appender: the common case of Producer.send() --------------------------------------------------------------
+
+_MISSING: Any = object()
+
+
+class Appender:
+    """Appender(lock, open, partition_counts, future_type, seal, slow_send, sticky, murmur2_keys)
+
+    The open batches of a producer, and its send().
+    """
+
+    __slots__ = ("_acquire", "_release", "_open", "_partition_counts", "_sticky", "_seal", "_slow_send", "_slots",
+                 "_enabled", "_murmur2_keys", "_outstanding")
+
+    def __init__(self, lock: Any, open: dict, partition_counts: dict, future_type: type, seal: Callable,
+                 slow_send: Callable, sticky: dict | None, murmur2_keys: bool) -> None:
+        for position, given in ((2, open), (3, partition_counts)):
+            if not isinstance(given, dict):
+                raise TypeError(f"Appender() argument {position} must be dict, not {type(given).__name__}")
+        if sticky is not None and type(sticky) is not dict:
+            raise TypeError("sticky must be a dict or None")
+        self._slots = _FutureSlots(future_type)
+        # The producer's lock, which guards its open batches and the counts.
+        self._acquire = lock.acquire
+        self._release = lock.release
+        # The producer's dicts, read here: (topic, partition) -> OpenBatch, and topic -> partition count for
+        # the topics known without error.
+        self._open = open
+        self._partition_counts = partition_counts
+        # topic -> partition for records without a key, or None.
+        self._sticky = sticky
+        # seal(batch), called with the lock held when a batch is full.
+        self._seal = seal
+        # The producer's Python path, for what the fast path does not take.
+        self._slow_send = slow_send
+        self._murmur2_keys = bool(murmur2_keys)  # keyed records go by murmur2 (murmur2_random)
+        self._enabled = False  # off until the session is up, and when the producer cannot take this path
+        self._outstanding = 0  # records handed off and not yet reported: counted here alone
+
+    @property
+    def enabled(self) -> bool:
+        """Whether send() may take records."""
+        return self._enabled
+
+    @property
+    def outstanding(self) -> int:
+        """Records handed off and not yet reported."""
+        return self._outstanding
+
+    def send(self, topic: str = _MISSING, value: Any = None, key: Any = None, *more: Any, partition: Any = None,
+             timestamp_ms: Any = None, headers: Any = None, on_delivery: Any = None) -> Any:
+        """send(topic, value=None, key=None, *, partition=None, timestamp_ms=None, headers=None, on_delivery=None)
+
+        Producer.send(): the record is appended here when that is the whole job; else slow_send(topic, value,
+        key, partition, timestamp_ms, headers, on_delivery) takes it.
+        """
+        if more:
+            raise TypeError(f"send() takes at most 3 positional arguments (topic, value, key), {3 + len(more)} given")
+        if topic is _MISSING:
+            raise TypeError("send() missing required argument 'topic'")
+        if not headers:
+            future = self._try_append(topic, value, key, partition, timestamp_ms, on_delivery)
+            if future is not None:
+                return future
+        return self._slow_send(topic, value, key, partition, timestamp_ms, headers, on_delivery)
+
+    def enable(self) -> None:
+        """Let send() take records (the session is up)."""
+        self._enabled = True
+
+    def disable(self) -> None:
+        """send() takes no record here: the Python path does."""
+        self._enabled = False
+
+    def count_appended(self) -> None:
+        """Count a record the Python path appended as outstanding (the producer's lock held)."""
+        self._outstanding += 1
+
+    def count_done(self, count: int) -> None:
+        """count_done(n): n outstanding records are reported, failed or given up on (the producer's lock held)."""
+        count = _ssize(count)
+        if count < 0 or count > self._outstanding:
+            raise ValueError(f"count_done({count}) with {self._outstanding} record(s) outstanding")
+        self._outstanding -= count
+
+    def _try_append(self, topic: Any, value: Any, key: Any, partition: Any, timestamp_ms: Any,
+                    on_delivery: Any) -> Any:
+        """Append the record to its partition's open batch if that is the whole job: a topic with known
+        partitions, bytes or None for key and value, a batch with room, the producer's lock free. Returns its
+        future, or None (the Python path must take it)."""
+        if (type(topic) is not str or (key is not None and type(key) is not bytes)
+                or (value is not None and type(value) is not bytes)):
+            return None
+        if timestamp_ms is None:
+            timestamp = time.time_ns() // 1_000_000
+        elif type(timestamp_ms) is int and 0 <= timestamp_ms <= _INT64_MAX:
+            timestamp = timestamp_ms
+        else:
+            return None
+        count = self._partition_counts.get(topic)
+        if type(count) is not int or count <= 0:
+            return None
+        chosen = self._choose_partition(topic, key, partition, count)
+        if chosen < 0:
+            return None
+        fields = _plain_fields(key, value)
+        future = self._slots.new(on_delivery, timestamp, -1 if key is None else len(key),
+                                 -1 if value is None else len(value))
+        # The lock, not the GIL, keeps other threads out of the batches. If one holds it, in the middle of a
+        # change to them, the Python path waits for it.
+        if not self._acquire(False):
+            return None
+        try:
+            if not self._enabled:
+                return None
+            batch = self._open.get((topic, chosen))
+            if batch is None:
+                return None
+            if not isinstance(batch, OpenBatch):
+                raise TypeError(f"open batches must be {OpenBatch.__module__}.OpenBatch, got {type(batch).__name__}")
+            before = batch._pos
+            if batch._view is None or not batch._write(fields, timestamp, future):
+                return None  # sealed, or no room: the Python path seals it and opens another
+            self._outstanding += 1
+            # Full, or nearly: the next record like this one would not fit.
+            if batch.capacity - batch._pos < batch._pos - before:
+                self._seal(batch)
+        finally:
+            self._release()
+        return future
+
+    def _choose_partition(self, topic: str, key: bytes | None, partition: Any, count: int) -> int:
+        """The partition for the record, or -1 if the Python path must decide (or complain)."""
+        if partition is not None:
+            return partition if type(partition) is int and 0 <= partition < count else -1
+        if key is not None:
+            return (murmur2(key) & 0x7FFFFFFF) % count if self._murmur2_keys else -1
+        if self._sticky is None:
+            return -1
+        chosen = self._sticky.get(topic)
+        return chosen if type(chosen) is int and 0 <= chosen < count else -1
+
+
+# -- Completer: delivery reports to futures and callbacks -----------------------------------------------------
+
+# What becomes of each future of a report: settled in place here; WATCHED, its Condition exists (someone
+# waits on it, or added a done-callback), completed through its _notify(); or DONE_ALREADY (a record
+# completes once: one failed as lost stays failed if its report comes after all).
+_SETTLED, _WATCHED, _DONE_ALREADY = range(3)
+
+
+class Completer:
+    """Completer(future_type, metadata_type, condition_lock, callback_failed)
+
+    Turns delivery reports into completed record futures and on_delivery calls.
+    """
+
+    __slots__ = ("_slots", "_metadata_type", "_acquire", "_release", "_callback_failed")
+
+    def __init__(self, future_type: type, metadata_type: type, condition_lock: Any,
+                 callback_failed: Callable[[BaseException], object]) -> None:
+        if not isinstance(metadata_type, type):
+            raise TypeError(f"Completer() argument 2 must be type, not {type(metadata_type).__name__}")
+        if not issubclass(metadata_type, tuple):
+            raise TypeError("metadata_type must be a tuple type")
+        self._slots = _FutureSlots(future_type)
+        # The lock that guards a RecordFuture's lazily made Condition against its completion.
+        self._acquire = condition_lock.acquire
+        self._release = condition_lock.release
+        self._metadata_type = metadata_type  # RecordMetadata (a NamedTuple)
+        self._callback_failed = callback_failed  # an on_delivery callback raised
+
+    def complete(self, futures: list, first: int, count: int, topic: str, partition: int, base_offset: int,
+                 log_append_time: int, error: BaseException | None, /) -> None:
+        """complete(futures, first, count, topic, partition, base_offset, log_append_time, error)
+
+        Complete futures[first:first + count], the records of one delivery report: with their
+        RecordMetadata (offsets from base_offset on; -1 for all if it is -1), or with ``error``; then run
+        their on_delivery callbacks. A callback that raises is handed to callback_failed.
+        """
+        if type(futures) is not list:
+            raise TypeError("futures must be a list")
+        first = _ssize(first)
+        count = _ssize(count)
+        base_offset = _int64(base_offset)
+        log_append_time = _int64(log_append_time)
+        if first < 0 or count < 0 or first > len(futures):
+            raise ValueError("first and count must select records of futures")
+        # Taken from the list first: a callback may change the list.
+        done = futures[first:first + count]
+        if not done:
+            return
+        future_type = self._slots.type
+        results = []
+        for i, future in enumerate(done):
+            if not issubclass(type(future), future_type):
+                raise TypeError(f"futures must be {future_type.__name__}, got {type(future).__name__}")
+            if error is None:
+                # base_offset is that of futures[first]: each part of a batch the daemon split has its own.
+                offset = base_offset + i if base_offset >= 0 else -1
+                results.append(self._metadata(future, topic, partition, offset, log_append_time))
+            else:
+                results.append(None)
+        fates = self._settle_quiet(done, results, error)
+        # Every future completes and every callback runs, whatever one of them raises: the first exception
+        # that escapes (a BaseException from a callback) is raised once all are done.
+        raised: BaseException | None = None
+        for future, result, fate in zip(done, results, fates, strict=True):
+            try:
+                if fate == _WATCHED:
+                    future._notify(result, error)
+                elif fate == _SETTLED:
+                    self._run_callback(future, result, error)
+            except BaseException as exc:
+                if raised is None:
+                    raised = exc
+        if raised is not None:
+            raise raised
+
+    def _metadata(self, future: object, topic: str, partition: int, offset: int, log_append_time: int) -> tuple:
+        """RecordMetadata(topic, partition, offset, timestamp_ms, serialized_key_size, serialized_value_size)."""
+        slots = self._slots
+        timestamp = _slot(slots.timestamp_ms, future, _ABSENT)
+        key_size = _slot(slots.key_size, future, _ABSENT)
+        value_size = _slot(slots.value_size, future, _ABSENT)
+        if timestamp is _ABSENT or key_size is _ABSENT or value_size is _ABSENT:
+            raise ValueError("a RecordFuture without its record's sizes and timestamp")
+        if log_append_time >= 0:
+            timestamp = log_append_time
+        # As the C code makes it: no __new__ of the NamedTuple runs.
+        return tuple.__new__(self._metadata_type, (topic, partition, offset, timestamp, key_size, value_size))
+
+    def _settle_quiet(self, futures: list, results: list, error: BaseException | None) -> list[int]:
+        """Settle the futures nobody watches, in place; the fate of each."""
+        slots = self._slots
+        fates = []
+        self._acquire(True)
+        try:
+            for future, result in zip(futures, results, strict=True):
+                state = _slot(slots.state, future)
+                if state is not RUNNING and state != RUNNING:
+                    fates.append(_DONE_ALREADY)
+                elif _slot(slots.cond, future, _ABSENT) is not None:
+                    fates.append(_WATCHED)
+                else:
+                    slots.result.__set__(future, result)
+                    slots.exception.__set__(future, error)
+                    slots.state.__set__(future, FINISHED)
+                    fates.append(_SETTLED)
+        finally:
+            self._release()
+        return fates
+
+    def _run_callback(self, future: object, result: object, error: BaseException | None) -> None:
+        """Run the record's on_delivery(error, metadata); an Exception it raises goes to callback_failed, a
+        BaseException that is not one (SystemExit, KeyboardInterrupt) propagates."""
+        callback = _slot(self._slots.on_delivery, future)
+        if callback is None:
+            return
+        try:
+            callback(error, result)
+        except Exception as exc:
+            self._callback_failed(exc)

@@ -1,0 +1,122 @@
+"""The daemon's per-record work in pure Python: the twin of the C extension ``service._fastpath``.
+
+rebase_records(), with which the daemon coalesces small batches of one partition into one, as
+``service/_fastpath.c`` does it (its comments are the specification), with the same errors. The
+reference for the C code, and the daemon of machines where the extension could not be built;
+``service.fastpath`` chooses between the two when first imported.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from client_stub.contract.records import varint
+
+__all__ = ["rebase_records"]
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_MASK64 = (1 << 64) - 1
+
+
+class _Malformed(Exception):
+    """What is at a position is not what a well-formed record has there."""
+
+
+def _get_varint(data: bytes, end: int, pos: int) -> tuple[int, int]:
+    """The zig-zag varint at ``pos`` (below ``end``) and the position after it.
+
+    At most 10 bytes; the bits of a tenth byte past the 64th are dropped, as Java's ByteUtils drops them.
+    """
+    result = 0
+    for shift in range(0, 64, 7):
+        if pos >= end:
+            break
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            result &= _MASK64
+            return (result >> 1) ^ -(result & 1), pos
+    raise _Malformed
+
+
+def _skip_field(data: bytes, end: int, pos: int, minimum: int) -> int:
+    """The position after the length-prefixed field at ``pos``, whose length must be ``minimum`` at least."""
+    length, pos = _get_varint(data, end, pos)
+    if length < minimum or length > end - pos:
+        raise _Malformed
+    return pos + max(length, 0)
+
+
+def _parse_record(data: bytes, end: int, pos: int) -> tuple[int, int, int, int]:
+    """The record at ``pos``, every length in it checked as a broker would: (attributes, timestamp delta,
+    where its key length starts, where it ends). Everything from its key on is kept as it is."""
+    length, pos = _get_varint(data, end, pos)
+    if length < 1 or length > end - pos:
+        raise _Malformed
+    body_end = pos + length
+    attributes = data[pos]
+    timestamp_delta, p = _get_varint(data, body_end, pos + 1)
+    _, p = _get_varint(data, body_end, p)  # the offset delta, replaced
+    rest = p
+    p = _skip_field(data, body_end, p, -1)  # key
+    p = _skip_field(data, body_end, p, -1)  # value
+    headers, p = _get_varint(data, body_end, p)
+    if headers < 0:
+        raise _Malformed
+    for _ in range(headers):  # each takes two bytes at least: bounded by the record's length
+        p = _skip_field(data, body_end, p, 0)
+        p = _skip_field(data, body_end, p, -1)
+    if p != body_end:
+        raise _Malformed
+    return attributes, timestamp_delta, rest, body_end
+
+
+def _int64(value: object) -> int:
+    """``value`` as the C argument parser takes a 64-bit integer: TypeError, or OverflowError outside int64."""
+    value = operator.index(value)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise OverflowError("int too big to convert")
+    return value
+
+
+def rebase_records(records: Any, record_count: int, first_offset_delta: int, timestamp_shift: int) -> bytes:
+    """The records of one batch, re-encoded for another that holds them from ``first_offset_delta`` on,
+    with a base timestamp ``timestamp_shift`` ms lower. ValueError unless ``records`` is exactly
+    ``record_count`` well-formed records."""
+    try:
+        view = memoryview(records)
+    except TypeError:
+        raise TypeError(f"rebase_records() argument 1 must be bytes-like object, not {type(records).__name__}") \
+            from None
+    # The records lie in shared memory that their client can still write: one private copy is read, so
+    # that what is checked is what is written.
+    with view:
+        if not view.c_contiguous:
+            raise TypeError("rebase_records() argument 1 must be contiguous buffer, not memoryview")
+        data = view.tobytes()
+    count = _int64(record_count)
+    first = _int64(first_offset_delta)
+    shift = _int64(timestamp_shift)
+    end = len(data)
+    pieces: list[bytes] = []
+    pos = n = 0
+    while pos < end and n < count:
+        try:
+            attributes, timestamp_delta, rest, body_end = _parse_record(data, end, pos)
+        except _Malformed:
+            break
+        timestamp_delta += shift
+        offset_delta = first + n
+        if not _INT64_MIN <= timestamp_delta <= _INT64_MAX or offset_delta > _INT64_MAX:
+            raise ValueError(f"record {n}: its timestamp or offset delta is out of range")
+        body = b"".join((bytes((attributes,)), varint(timestamp_delta), varint(offset_delta), data[rest:body_end]))
+        pieces.append(varint(len(body)))
+        pieces.append(body)
+        pos = body_end
+        n += 1
+    if n != count or pos != end:
+        raise ValueError(f"not {count} well-formed records (record {n}, byte {pos} of {end})")
+    return b"".join(pieces)

@@ -1,0 +1,17 @@
+"""The daemon's per-record work, in C or in pure Python: chosen once, when this module is first imported.
+
+Two twins with the same names, behaviour and errors: the C extension ``service._fastpath``
+(``service/_fastpath.c``) and ``service/_fastpath_py.py``. Chosen as the client's are
+(``client_stub.fastpath``): the extension unless it cannot be imported or the environment variable
+``KAFKA_SIDECAR_PURE_PYTHON`` is true. ``IMPLEMENTATION`` says which is in use: "c" or "python".
+"""
+
+from __future__ import annotations
+
+from client_stub.fastpath import load
+
+__all__ = ["IMPLEMENTATION", "rebase_records"]
+
+_module, IMPLEMENTATION = load("service._fastpath", "service._fastpath_py")
+
+rebase_records = _module.rebase_records
