@@ -141,7 +141,7 @@ class _Task:
         row = first_row
         try:
             if rows is None:
-                # The common case, nothing per row but the key and the value: the C fast path of send().
+                # The common case, nothing per row but the key and the value: the fast path of send().
                 topic = self.options.topic
                 key_list = keys.to_pylist() if keys is not None else itertools.repeat(None)
                 # strict=False: a column the batch lacks is itertools.repeat(None), which never ends.
@@ -204,7 +204,7 @@ class _Task:
 
 def _as_binary(column: pa.Array) -> pa.Array:
     """The column as binary or large_binary: strings as their UTF-8 bytes (a cast that copies no data),
-    so that send() gets bytes and takes the C path, and the offsets give the byte count."""
+    so that send() gets bytes and takes its fast path, and the offsets give the byte count."""
     column_type = column.type
     if pa.types.is_string(column_type):
         return column.cast(pa.binary())
