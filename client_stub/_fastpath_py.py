@@ -23,6 +23,8 @@ from concurrent.futures._base import FINISHED, RUNNING
 from types import MemberDescriptorType
 from typing import Any
 
+from .contract.records import encode_uvarint
+
 __all__ = ["Appender", "Completer", "OpenBatch", "encode_record", "encode_record_into", "murmur2", "record_size"]
 
 _INT64_MIN = -(1 << 63)
@@ -83,30 +85,15 @@ def _writable_bytes(obj: object) -> memoryview:
         return view.cast("B")
 
 
-# -- varints (zig-zag, as protobuf's sint32/sint64) ---------------------------------------------------------
-
-# Most deltas, lengths and counts of a record take one byte: those are made once.
-_ONE_BYTE = tuple(bytes((n,)) for n in range(0x80))
-
-
-def _uvarint(value: int) -> bytes:
-    """The unsigned varint of ``value`` (0 <= value < 2**64)."""
-    if value < 0x80:
-        return _ONE_BYTE[value]
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+# Varints as the record format defines them (client_stub.contract.records), unchecked: every caller here
+# passes what fits.
+_uvarint = encode_uvarint
 
 
 def _varint(value: int) -> bytes:
     """The zig-zag varint of a signed 64-bit ``value``."""
-    return _uvarint((value << 1) ^ (value >> 63))
+    return encode_uvarint((value << 1) ^ (value >> 63))
 
-
-# -- one record -----------------------------------------------------------------------------------------------
 
 _NULL = _varint(-1)  # the length of a null field
 _ATTRIBUTES = b"\x00"

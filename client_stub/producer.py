@@ -31,7 +31,7 @@ from . import futures
 from .accumulator import RecordAccumulator
 from .block_grants import BlockGrants
 from .contract import PROTOCOL_VERSION, ipc
-from .contract.records import BATCH_HEADER_SIZE, Header, record_size
+from .contract.records import BATCH_HEADER_SIZE, Header
 from .errors import (
     BufferExhaustedError,
     KafkaError,
@@ -40,7 +40,7 @@ from .errors import (
     RecordTooLargeError,
     SidecarUnavailableError,
 )
-from .fastpath import Appender, OpenBatch
+from .fastpath import Appender, OpenBatch, record_size
 from .futures import DeliveryCallback, RecordFuture
 from .io_thread import IoThread, Outbox
 from .metadata import Metadata, TopicInfo

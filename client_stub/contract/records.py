@@ -26,8 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from ..fastpath import encode_record, encode_record_into, record_size
-
 Buffer: TypeAlias = bytes | bytearray | memoryview
 Header = tuple[bytes, "bytes | None"]
 
@@ -35,12 +33,19 @@ Header = tuple[bytes, "bytes | None"]
 # records costs against max.request.size, known to the client before it sends one.
 BATCH_HEADER_SIZE = 61
 
-__all__ = ["BATCH_HEADER_SIZE", "Buffer", "Header", "Record", "decode_record", "decode_records", "encode_record",
-           "encode_record_into", "read_uvarint", "read_varint", "record_boundaries", "record_size", "unzigzag",
-           "uvarint", "varint", "varint_size", "zigzag"]
+__all__ = ["BATCH_HEADER_SIZE", "Buffer", "Header", "Record", "decode_record", "decode_records", "encode_uvarint",
+           "read_uvarint", "read_varint", "record_boundaries", "unzigzag", "uvarint", "varint", "varint_size",
+           "zigzag"]
 
 
-def _encode_uvarint(value: int) -> bytes:
+# Most deltas, lengths and counts of a record take one byte: those are made once.
+_ONE_BYTE = tuple(bytes((n,)) for n in range(0x80))
+
+
+def encode_uvarint(value: int) -> bytes:
+    """Unsigned varint bytes of ``value``, unchecked: 0 <= value < 2**64 is the caller's to ensure."""
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -63,14 +68,14 @@ def uvarint(value: int) -> bytes:
     """Unsigned varint bytes of ``value`` (0 <= value < 2**64)."""
     if value < 0 or value >= 1 << 64:
         raise ValueError(f"unsigned varint out of range: {value}")
-    return _encode_uvarint(value)
+    return encode_uvarint(value)
 
 
 def varint(value: int) -> bytes:
     """Zig-zag varint bytes of a signed 64-bit ``value``."""
     if value < -(1 << 63) or value >= 1 << 63:
         raise ValueError(f"varint out of range: {value}")
-    return _encode_uvarint(zigzag(value))
+    return encode_uvarint(zigzag(value))
 
 
 def varint_size(value: int) -> int:

@@ -17,8 +17,9 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from client_stub.contract.records import BATCH_HEADER_SIZE, Buffer, decode_records, encode_record
+from client_stub.contract.records import BATCH_HEADER_SIZE, Buffer, decode_records
 from client_stub.errors import KafkaError
+from client_stub.fastpath import encode_record
 
 from ..fastpath import rebase_records
 from ..protocol.compression import CompressionType, compress

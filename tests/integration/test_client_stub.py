@@ -27,9 +27,9 @@ import zmq
 import client_stub.producer
 from client_stub import Producer, RecordMetadata
 from client_stub.contract import PROTOCOL_VERSION, ipc
-from client_stub.contract.records import encode_record
 from client_stub.contract.shared_memory import FREE, OWNED, Segment
 from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
+from client_stub.fastpath import encode_record
 from service.tools.readback import ConsumedRecord, read_topic
 from tests.support import workers
 from tests.support.sidecar import SidecarProcess

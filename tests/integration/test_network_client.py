@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from client_stub.contract.records import encode_record_into, record_size
 from client_stub.errors import NetworkError
+from client_stub.fastpath import encode_record_into, record_size
 from service.network.client import ClientRequest, ClientResponse, NetworkClient, monotonic_ms
 from service.network.connection_states import ConnectionState
 from service.network.metadata import Metadata, Node

@@ -13,7 +13,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from client_stub.contract.records import Header, encode_record, encode_record_into, record_size
+from client_stub.contract.records import Header
+from client_stub.fastpath import encode_record, encode_record_into, record_size
 from service.network.client import monotonic_ms
 from service.producer.batch import FinalState, ProducerBatch, TopicPartition
 

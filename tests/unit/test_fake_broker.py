@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from client_stub.contract.records import encode_record
+from client_stub.fastpath import encode_record
 from service.protocol import messages as m
 from service.protocol.api import APIS, decode_response, encode_request
 from service.protocol.record_batch import build_batch, decode_batches

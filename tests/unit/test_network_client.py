@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from client_stub.contract.records import encode_record
 from client_stub.errors import NetworkError, UnsupportedError
+from client_stub.fastpath import encode_record
 from service.network.client import (
     SOFTWARE_VERSION,
     ClientRequest,

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client_stub.contract.records import Record, decode_records, encode_record
+from client_stub.contract.records import Record, decode_records
+from client_stub.fastpath import encode_record
 from service import _fastpath_py
 from tests.support.fastpath import DAEMON, c_extension
 from tests.unit.test_records import (

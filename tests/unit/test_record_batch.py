@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client_stub.contract.records import Record, encode_record
+from client_stub.contract.records import Record
+from client_stub.fastpath import encode_record
 from service.protocol.compression import CompressionType, compress, decompress
 from service.protocol.record_batch import build_batch, decode_batch, decode_batches, encode_batch_header
 

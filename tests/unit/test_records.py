@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client_stub import _fastpath_py
-from client_stub.contract.records import Record, decode_record, decode_records, encode_record, record_boundaries
+from client_stub.contract.records import Record, decode_record, decode_records, record_boundaries
+from client_stub.fastpath import encode_record
 from tests.support.fastpath import CLIENT, c_extension
 
 # Each vector below is written out field by field from the record layout:
