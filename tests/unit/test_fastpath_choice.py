@@ -6,8 +6,10 @@ Each choice is made in a fresh interpreter: once made, it holds for the life of 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 from types import ModuleType
 
 import pytest
@@ -70,3 +72,13 @@ def test_the_twins_have_the_same_names(twins: list, names: set[str]) -> None:
     assert set(python_module.__all__) == names
     if c_module is not None:
         assert _public(c_module) == names  # rebase_records is the daemon's alone
+
+
+def test_where_there_is_a_compiler_the_extensions_are_built() -> None:
+    # The extensions are optional at build time, so that a machine without a C compiler installs the
+    # pure-Python twins: a build that failed where it could have worked would otherwise go unnoticed,
+    # and every C variant of the tests would be skipped.
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}): the twins are what this machine can have")
+    assert BUILT, f"{compiler} is here, yet the C extensions were not built: see the output of pip install"
