@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # What kafka-sidecar needs from the system, installed with apt-get when missing (the quickstart
 # and the test command call this before pip):
-# - a C compiler and Python's headers: the client's fast path (client_stub/_fastpath.c) is a C
-#   extension built at install time;
+# - a C compiler and Python's headers: the per-record work (client_stub/_fastpath.c,
+#   service/_fastpath.c) is in C extensions built at install time; gcc, with its AddressSanitizer
+#   and UndefinedBehaviorSanitizer runtimes, for the test that runs them under the sanitizers
+#   (tests/integration/test_sanitizers.py);
 # - Java 17: Spark runs on a JVM (the quickstart's pipeline and the Spark tests).
 set -euo pipefail
 
@@ -11,9 +13,16 @@ has_headers() {
 sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
 }
 
+has_sanitizers() {
+    # gcc prints the bare name back for a file it does not have.
+    [[ $(gcc -print-file-name=libasan.so) == /* && $(gcc -print-file-name=libubsan.so) == /* ]]
+}
+
 missing=()
-if ! command -v cc >/dev/null 2>&1 || ! has_headers; then
-    missing+=(gcc python3-dev)
+if ! command -v gcc >/dev/null 2>&1 || ! has_headers; then
+    missing+=(gcc python3-dev)  # gcc's libgcc-N-dev brings the sanitizers' runtimes
+elif ! has_sanitizers; then
+    missing+=("libgcc-$(gcc -dumpversion | cut -d. -f1)-dev")  # libasan.so and libubsan.so, on Debian and Ubuntu
 fi
 java_major() {
     # `java -version` says e.g. 'openjdk version "17.0.15" 2025-04-15' (or "1.8.0_..." for Java 8).
