@@ -2,7 +2,8 @@
 # What kafka-sidecar needs from the system, installed with apt-get when missing (the quickstart
 # and the test command call this before pip):
 # - a C compiler and Python's headers: the per-record work (client_stub/_fastpath.c,
-#   service/_fastpath.c) is in C extensions built at install time; gcc, with its AddressSanitizer
+#   service/_fastpath.c) is in C extensions built at install time (without them the install goes on
+#   with the pure-Python twins, about ten times slower per record); gcc, with its AddressSanitizer
 #   and UndefinedBehaviorSanitizer runtimes, for the test that runs them under the sanitizers
 #   (tests/integration/test_sanitizers.py);
 # - Java 17: Spark runs on a JVM (the quickstart's pipeline and the Spark tests).
