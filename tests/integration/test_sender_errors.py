@@ -37,9 +37,9 @@ from service.protocol.api import encode_request
 from service.protocol.record_batch import RecordBatch, decode_batches
 from service.tools.embedded import free_port
 from tests.support.batches import Deliveries, SentRecord
+from tests.support.broker_codec import RequestHeader
 from tests.support.core import JumpingClock, run_until
 from tests.support.fake_broker import CLOSE, FakeBroker, codec_api_versions, produce_response
-from tests.support.broker_codec import RequestHeader
 
 TOPIC = "orders"
 PRODUCE, METADATA, INIT_PRODUCER_ID = m.PRODUCE, m.METADATA, m.INIT_PRODUCER_ID
