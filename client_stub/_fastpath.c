@@ -16,8 +16,8 @@
  *     or error, its future and its on_delivery callback.
  *
  * Its pure-Python twin, client_stub/_fastpath_py.py, does the same with the same names and errors;
- * client_stub.fastpath chooses between the two at import. The Python side (client_stub.producer)
- * keeps the logic: sessions, blocks, sealing, waiting, errors. Every function here holds the GIL
+ * client_stub.fastpath chooses between the two at import. The Python side (client_stub.producer and the
+ * modules it is made of) keeps the logic: sessions, blocks, sealing, waiting, errors. Every function here holds the GIL
  * throughout.
  */
 
@@ -371,7 +371,7 @@ static PyObject *murmur2(PyObject *module, PyObject *arg) {
 
 /* -- RecordFuture's slots ---------------------------------------------------------------------------- */
 
-/* A RecordFuture (client_stub.producer) keeps everything in __slots__; this module reads and writes
+/* A RecordFuture (client_stub.futures) keeps everything in __slots__; this module reads and writes
    them where the interpreter would, at the offsets its member descriptors give, with no attribute
    lookup per record. */
 typedef struct {
@@ -664,9 +664,9 @@ typedef struct {
     PyObject *lock_locked;      /* the producer's lock (guards open batches and the counts): its locked, */
     PyObject *lock_acquire;     /* acquire */
     PyObject *lock_release;     /* and release */
-    PyObject *open;             /* the producer's dict (topic, partition) -> OpenBatch, read here */
-    PyObject *partition_counts; /* the producer's dict topic -> partition count, for topics known without
-                                   error, read here */
+    PyObject *open;             /* the accumulator's dict (topic, partition) -> OpenBatch, read here */
+    PyObject *partition_counts; /* the producer metadata's dict topic -> partition count, for the topics
+                                   known without error, read here */
     PyObject *sticky;           /* dict: topic -> partition for records without a key, or None */
     PyObject *seal;             /* seal(batch), called with the lock held when a batch is full, and
                                    sealing it unless another thread has meanwhile */

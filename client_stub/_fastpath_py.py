@@ -250,7 +250,7 @@ _ABSENT = object()
 
 
 class _FutureSlots:
-    """The slots of a RecordFuture type (client_stub.producer), read and written through their member
+    """The slots of a RecordFuture type (client_stub.futures), read and written through their member
     descriptors: where the C code reads and writes them at their offsets, past any property or
     __getattr__ of the instance's class."""
 
@@ -401,8 +401,8 @@ class Appender:
         # The producer's lock, which guards its open batches and the counts.
         self._acquire = lock.acquire
         self._release = lock.release
-        # The producer's dicts, read here: (topic, partition) -> OpenBatch, and topic -> partition count for
-        # the topics known without error.
+        # The producer's dicts, read here: the accumulator's (topic, partition) -> OpenBatch, and the producer
+        # metadata's topic -> partition count for the topics known without error.
         self._open = open
         self._partition_counts = partition_counts
         # topic -> partition for records without a key, or None.

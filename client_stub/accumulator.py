@@ -30,20 +30,21 @@ from .partitioner import Partitioner
 # add the previous one's round trip to the latency of its records.
 _SLOW_REPORT_LINGERS = 2
 
-TopicPartition = tuple[str, int]
+# (topic, partition): what a partition's open batch is found by.
+PartitionKey = tuple[str, int]
 
 
 class RecordAccumulator:
-    """Open and sealed batches of one producer in one process (one session with the daemon)."""
+    """Open and sealed batches of one producer in one process (abandon() when its session is lost)."""
 
     def __init__(self, partitioner: Partitioner, post: Callable[[ipc.Message], None],
                  wake: Callable[[], None]) -> None:
         # (topic, partition) -> the open batch. The fast path appends to these batches and reads this dict.
-        self.open: dict[TopicPartition, OpenBatch] = {}
+        self.open: dict[PartitionKey, OpenBatch] = {}
         # batch id -> a sealed batch awaiting its report, in the order sealed.
         self.sealed: dict[int, OpenBatch] = {}
         # How many sealed batches of each partition await their reports.
-        self._unreported: dict[TopicPartition, int] = {}
+        self._unreported: dict[PartitionKey, int] = {}
         self._notices: list[ipc.SealNotice] = []
         self._partitioner = partitioner
         self._post = post
@@ -52,7 +53,7 @@ class RecordAccumulator:
         # Seal to report, smoothed; and whether reports were slow when the I/O thread last looked.
         self._report_time_s = 0.0
         self._holding = False
-        self.linger_s = 0.005
+        self.linger_s = 0.0  # set when the daemon welcomes the producer, before any batch opens
         # When the I/O thread plans to look at the open batches again.
         self.wakes_at = 0.0
 
@@ -98,6 +99,7 @@ class RecordAccumulator:
             self._wake()
 
     def seal_all(self) -> None:
+        """Seal every open batch (flush, close, the daemon's SealNow)."""
         for batch in list(self.open.values()):
             self.seal(batch)
 
@@ -151,8 +153,9 @@ class RecordAccumulator:
             batch = self.sealed.get(report.batch_id)
             if batch is None:
                 continue  # of a batch given up on, or of another session
-            # WHOLE_BATCH, and anything past the batch's end, count up to its last record.
-            count = max(min(report.record_count, batch.record_count - report.first_record), 0)
+            # WHOLE_BATCH, and anything past the batch's end or reported already, count up to what is left.
+            count = max(min(report.record_count, batch.record_count - report.first_record,
+                            batch.record_count - batch.reported), 0)
             batch.reported += count
             if batch.reported >= batch.record_count:
                 self._forget_sealed(batch)
@@ -177,13 +180,17 @@ class RecordAccumulator:
         else:
             del self._unreported[key]
 
+    def release_open(self) -> None:
+        """Drop the open batches' views of shared memory (the segment is about to be unmapped)."""
+        for batch in self.open.values():
+            batch.release()
+        self.open.clear()
+
     def abandon(self) -> list[RecordFuture]:
         """Forget every batch, open and sealed (their blocks are not this process's any more); returns the
         futures of their records, for the caller to fail."""
         futures = [f for batch in [*self.open.values(), *self.sealed.values()] for f in batch.futures]
-        for batch in self.open.values():
-            batch.release()
-        self.open.clear()
+        self.release_open()
         self.sealed.clear()
         self._unreported.clear()
         self._notices.clear()

@@ -26,18 +26,17 @@ _MAX_GRANT_SHARE = 16
 class BlockRequest:
     """A request for blocks the client waits on: a contiguous run for one large record."""
 
-    __slots__ = ("request_id", "count", "contiguous", "blocks", "error")
+    __slots__ = ("request_id", "contiguous", "blocks", "error")
 
-    def __init__(self, request_id: int, count: int, contiguous: bool) -> None:
+    def __init__(self, request_id: int, contiguous: bool) -> None:
         self.request_id = request_id
-        self.count = count
         self.contiguous = contiguous
         self.blocks: list[int] | None = None
         self.error: str | None = None
 
 
 class BlockGrants:
-    """Spare blocks and block requests of one session."""
+    """Spare blocks and block requests of the current session (forget() when it is lost)."""
 
     def __init__(self, post: Callable[[ipc.Message], None]) -> None:
         self._post = post
@@ -75,20 +74,25 @@ class BlockGrants:
         self.request(self._grant, False, max_block_ms)
 
     def request(self, count: int, contiguous: bool, max_block_ms: int) -> BlockRequest:
-        request = BlockRequest(self._next_request_id, count, contiguous)
+        """Ask the daemon for ``count`` blocks, waiting up to ``max_block_ms`` there."""
+        request = BlockRequest(self._next_request_id, contiguous)
         self._next_request_id += 1
         self._requests[request.request_id] = request
         self._post(ipc.Blocks(request.request_id, count, contiguous, max_block_ms))
         return request
 
-    def finished(self, request: BlockRequest) -> None:
-        """The waiter has what it asked for, or gave up (a late grant then goes back)."""
+    def finished(self, request: BlockRequest) -> bool:
+        """The waiter has what it asked for, or gave up (a late grant then goes back); whether the request
+        is still this session's (a lost session's blocks are not the client's any more)."""
+        current = self._requests.get(request.request_id) is request
         if request.blocks is None and request.error is None:
             request.error = "abandoned"
-        else:
-            self._requests.pop(request.request_id, None)
+        elif current:
+            del self._requests[request.request_id]
+        return current
 
     def granted(self, grant: ipc.Grant) -> None:
+        """Blocks for a request: spare ones, or the run a waiter asked for."""
         request = self._requests.get(grant.request_id)
         if request is None or (request.contiguous and request.error is not None):
             # Not asked for (by this session), or no longer wanted: they go back.
@@ -102,6 +106,7 @@ class BlockGrants:
             self.spare.extend(grant.blocks)
 
     def refused(self, failed: ipc.GrantFailed) -> None:
+        """The daemon could not grant a request in time, or refused it."""
         request = self._requests.get(failed.request_id)
         if request is not None and request.contiguous and request.error is None:
             request.error = failed.reason  # the waiting send() raises it

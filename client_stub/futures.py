@@ -18,6 +18,7 @@ from typing import NamedTuple
 from .errors import KafkaError
 from .fastpath import Completer
 
+# The producer's logger: a failed callback is the producer's to the application.
 log = logging.getLogger("client_stub.producer")
 
 DeliveryCallback = Callable[["KafkaError | None", "RecordMetadata | None"], None]

@@ -28,8 +28,9 @@ from .contract.shared_memory import Segment
 from .errors import KafkaError, KafkaTimeoutError, SidecarUnavailableError
 from .fastpath import Appender
 from .futures import RecordFuture, completer, fail
-from .metadata import Metadata
+from .metadata import ProducerMetadata
 
+# The producer's logger: what the I/O thread logs is the producer's to the application.
 log = logging.getLogger("client_stub.producer")
 
 # A batch not reported this long after the daemon's delivery.timeout.ms is given up on.
@@ -63,6 +64,7 @@ class Outbox:
         self.wake()
 
     def wake(self) -> None:
+        """Wake the I/O thread, unless a wake-up is pending already or this is the I/O thread."""
         # The I/O thread sends what was queued before it polls again; a wake-up pending is enough.
         if self._wake_pending or threading.get_ident() == self._io_ident:
             return
@@ -85,13 +87,14 @@ class Outbox:
             sock.send(messages.popleft())
 
     def empty(self) -> bool:
+        """Whether nothing waits to be sent."""
         return not self._messages
 
     def woken(self) -> None:
         """Take the wake-up (I/O thread)."""
-        # Drained before the flag is cleared, and both before the queues are read: a wake-up written after
-        # the drain stays in the pipe; one skipped because the flag was still set asked for what the queues
-        # are about to show. (Cleared first, a wake-up written between the two was drained with the flag
+        # Drained before the flag is cleared, and both before the outbox and the batches are read: a wake-up
+        # written after the drain stays in the pipe; one skipped because the flag was still set asked for
+        # what they are about to show. (Cleared first, a wake-up written between the two was drained with the flag
         # left set, and every later wake() skipped.) One read: a wake-up is one byte, and whatever is left
         # wakes the next poll at once. A small read comes from Python's object allocator; a page-sized one
         # would be a malloc() in this thread's own arena, whose pages stay resident in every client process.
@@ -110,8 +113,9 @@ class IoThread:
     """
 
     def __init__(self, endpoint: str, cond: threading.Condition, outbox: Outbox, accumulator: RecordAccumulator,
-                 grants: BlockGrants, metadata: Metadata, appender: Appender, *, hello: Callable[[], ipc.Hello],
-                 linger_ms: int | None, fast_path_allowed: Callable[[], bool]) -> None:
+                 grants: BlockGrants, metadata: ProducerMetadata, appender: Appender, *,
+                 hello: Callable[[], ipc.Hello], linger_ms: Callable[[], int],
+                 fast_path_allowed: Callable[[], bool]) -> None:
         self.endpoint = endpoint
         self._cond = cond  # the producer's, on its lock
         self._outbox = outbox
@@ -174,6 +178,7 @@ class IoThread:
         self._outbox.post(ipc.Goodbye())
 
     def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end (after stop(), or once it failed)."""
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -216,7 +221,7 @@ class IoThread:
         except BaseException as exc:
             # A callback raised SystemExit, say, or a bug: nothing will report this process's records any
             # more. Each send() and flush() says so from now on, and the records waiting fail with it.
-            self._stopped(exc)
+            self._thread_failed(exc)
             raise
         finally:
             sock.close()
@@ -231,13 +236,15 @@ class IoThread:
                 self._outbox.post(notices)
         return wake_at
 
-    def _stopped(self, exc: BaseException) -> None:
+    def _thread_failed(self, exc: BaseException) -> None:
         error = KafkaError(f"the producer's I/O thread stopped ({type(exc).__name__}: {exc}): "
                            "this producer can send no more; make a new one")
         with self._cond:
             self.session_error = error
             self._appender.disable()
-            futures = self._accumulator.abandon()
+            # A lost session's records too: nothing will fail them now.
+            futures = [*self._lost, *self._accumulator.abandon()]
+            self._lost = []
             self._appender.count_done(self._appender.outstanding)
             self._cond.notify_all()
         fail(futures, error)
@@ -324,8 +331,7 @@ class IoThread:
         self.welcome = welcome
         self._hello_sent = False
         self._grants.pool_blocks = welcome.block_count
-        linger_ms = self._linger_ms if self._linger_ms is not None else welcome.settings.linger_ms
-        self._accumulator.linger_s = linger_ms / 1000
+        self._accumulator.linger_s = self._linger_ms() / 1000  # the producer's, else the daemon's
         if self._fast_path_allowed():
             self._appender.enable()
         for topic in self._metadata.topics:
@@ -379,9 +385,7 @@ class IoThread:
 
     def _release_segment(self) -> None:
         with self._cond:
-            for batch in self._accumulator.open.values():
-                batch.release()
-            self._accumulator.open.clear()
+            self._accumulator.release_open()
             if self.segment is not None:
                 self.segment.close()
                 self.segment = None

@@ -10,13 +10,16 @@ from .errors import KafkaError
 
 @dataclass(slots=True)
 class TopicInfo:
+    """A topic's partition count (None: not known yet), its partitions with a leader, its last error."""
+
     partition_count: int | None = None
     available: tuple[int, ...] = ()
     error: KafkaError | None = None
 
 
-class Metadata:
-    """The topics followed in this session (Metadata messages sent), and their state from Topic messages.
+class ProducerMetadata:
+    """The topics followed (a Metadata message sent for each, again in each new session), and their state from
+    the daemon's Topic messages, as the Java producer's ProducerMetadata.
 
     Called with the producer's lock held.
     """
@@ -27,6 +30,7 @@ class Metadata:
         self.partition_counts: dict[str, int] = {}
 
     def update(self, message: ipc.Topic) -> None:
+        """The daemon's word on a topic; the fast path takes it while it has partitions and no final error."""
         info = self.topics.setdefault(message.topic, TopicInfo())
         count = info.partition_count = message.partition_count
         info.available = tuple(message.available_partitions)

@@ -25,7 +25,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import futures
 from .accumulator import RecordAccumulator
@@ -43,7 +43,7 @@ from .errors import (
 from .fastpath import Appender, OpenBatch, record_size
 from .futures import DeliveryCallback, RecordFuture
 from .io_thread import IoThread, Outbox
-from .metadata import Metadata, TopicInfo
+from .metadata import ProducerMetadata, TopicInfo
 from .partitioner import Partitioner
 
 __all__ = ["Producer", "Serializer"]
@@ -72,20 +72,7 @@ class Producer:
     ``partitioner`` ("murmur2_random", "consistent_random" or "random"). Kafka
     settings (acks, retries, compression...) are the daemon's.
 
-    ``send(topic, value=None, key=None, *, partition=None, timestamp_ms=None,
-    headers=None, on_delivery=None)`` hands a record over; the Future's result is
-    its RecordMetadata. It blocks up to max_block_ms for the daemon's welcome, the
-    topic's metadata and free memory, then raises SidecarUnavailableError,
-    KafkaTimeoutError or BufferExhaustedError; RecordTooLargeError if the record
-    exceeds max.request.size. (Each producer's ``send`` is its fast path's
-    Appender.send: no Python frame per record in the common case.)
     """
-
-    if TYPE_CHECKING:
-        def send(self, topic: str, value: Any = None, key: Any = None, *, partition: int | None = None,
-                 timestamp_ms: int | None = None,
-                 headers: Sequence[tuple[str, Any]] | Mapping[str, Any] | None = None,
-                 on_delivery: DeliveryCallback | None = None) -> Future: ...
 
     def __init__(self, endpoint: str | None = None, *, linger_ms: int | None = None,
                  max_block_ms: int | None = None,
@@ -117,15 +104,15 @@ class Producer:
         self._outbox = Outbox()
         self._accumulator = RecordAccumulator(self._partitioner, self._outbox.post, self._outbox.wake)
         self._grants = BlockGrants(self._outbox.post)
-        self._metadata = Metadata()
+        self._metadata = ProducerMetadata()
         self._appender = Appender(self._lock, self._accumulator.open, self._metadata.partition_counts, RecordFuture,
                                   self._accumulator.seal_filled, self._send,
                                   None if self._partitioner_name == "random" else self._partitioner.sticky,
                                   self._partitioner_name == "murmur2_random")
-        # send() is the Appender's: no Python frame per record (the class docstring documents it).
+        # Each instance's send() is its Appender's: no Python frame per record (see Producer.send).
         self.send = self._appender.send
         self._io = IoThread(self.endpoint, self._cond, self._outbox, self._accumulator, self._grants,
-                            self._metadata, self._appender, hello=self._hello, linger_ms=self._linger_ms,
+                            self._metadata, self._appender, hello=self._hello, linger_ms=lambda: self.linger_ms,
                             fast_path_allowed=self._fast_path_allowed)
         self._closing = False
 
@@ -185,6 +172,20 @@ class Producer:
         return self._io.welcome.settings.max_block_ms if self._io.welcome else 60000
 
     # -- send ------------------------------------------------------------------------------------
+
+    def send(self, topic: str, value: Any = None, key: Any = None, *, partition: int | None = None,
+             timestamp_ms: int | None = None, headers: Sequence[tuple[str, Any]] | Mapping[str, Any] | None = None,
+             on_delivery: DeliveryCallback | None = None) -> Future:
+        """Hand a record over; the Future's result is its RecordMetadata.
+
+        Blocks up to max_block_ms for the daemon's welcome, the topic's metadata
+        and free memory, then raises SidecarUnavailableError, KafkaTimeoutError or
+        BufferExhaustedError. RecordTooLargeError if the record exceeds max.request.size.
+        """
+        # The class's send() is what help(), autospec mocks and subclasses see; an instance calls its
+        # Appender's send() directly (bound in _init_state), which appends the common case itself.
+        return self._appender.send(topic, value, key, partition=partition, timestamp_ms=timestamp_ms,
+                                   headers=headers, on_delivery=on_delivery)
 
     def _send(self, topic: str, value: Any, key: Any, partition: int | None, timestamp_ms: int | None,
               headers: Sequence[tuple[str, Any]] | Mapping[str, Any] | None,
@@ -313,7 +314,9 @@ class Producer:
             self._wait(deadline, lambda: request.blocks is None and request.error is None,
                        lambda: BufferExhaustedError(failed + "."))
         finally:
-            grants.finished(request)  # given up on, a late grant goes back to the daemon
+            current = grants.finished(request)  # given up on, a late grant goes back to the daemon
+        if not current:
+            return None  # the session was lost meanwhile, and its blocks with it: look again
         if request.error is not None:
             # The daemon waits max.block.ms too, and its refusal may come first: the same error either way.
             raise BufferExhaustedError(f"{failed}: {request.error}")

@@ -1,6 +1,6 @@
 """What the client and the daemon agree on, and all of it.
 
-- :mod:`.ipc`: the messages over ZeroMQ, each a typed record with its pack and unpack,
+- :mod:`.ipc`: the messages over ZeroMQ, each a typed record, with encode and decode,
   the handshake's hello options and welcome settings by name;
 - :mod:`.shared_memory`: the BufferPool segment's layout, and mapping it;
 - :mod:`.records`: Kafka's v2 record format, which clients write into their blocks and
