@@ -61,7 +61,7 @@ class ClientSession:
     pid: int
     name: str
     last_seen_ms: int
-    # [pid namespace, start time] of the client process, if it shares our pid namespace.
+    # [pid namespace, start time] of the client process, if it shares our pid namespace and says so.
     process: list[str] | None = None
     # Whether the client waits on through a topic's retriable metadata error (older clients fail at once).
     retriable_topic_errors: bool = False
@@ -203,7 +203,8 @@ class SidecarFront:
         _check_int(message.pid, "pid", 1, 2**32)
         process = message.options.process
         mine = ipc.process_identity(os.getpid())
-        same_namespace = isinstance(process, list) and mine is not None and process[:1] == mine[:1]
+        same_namespace = (isinstance(process, list) and len(process) == 2 and all(isinstance(p, str) for p in process)
+                          and mine is not None and process[0] == mine[0])
         session = ClientSession(identity, self._next_client_id, message.pid, str(message.client_name)[:200],
                                 self.clock(), process if same_namespace else None,
                                 message.options.retriable_topic_errors is True)
@@ -417,7 +418,7 @@ class SidecarFront:
 
     def _end_sessions_of_dead_processes(self) -> None:
         for session in list(self.sessions.values()):
-            if session.process is not None and ipc.process_identity(session.pid) != session.process:
+            if session.process is not None and not ipc.process_alive(session.pid, session.process[1]):
                 log.warning("client %s: process %s is gone: ending its session", session.client_id, session.pid)
                 self._end_session(session)
 

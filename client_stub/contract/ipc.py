@@ -349,21 +349,40 @@ def _valid_topic(topic: str) -> bool:
 def process_identity(pid: int) -> list[str] | None:
     """[pid namespace, start time] of a live process, None if it is gone or /proc cannot tell.
 
-    The daemon compares what a client sent in its HELLO with what it reads now: a
-    client process that died (or whose pid was reused) is noticed at once, without
-    waiting for its heartbeats to stop. Only meaningful within one pid namespace.
+    A client sends its own in its Hello. The daemon, if it shares the pid namespace, then
+    watches the start time (:func:`process_alive`): a client process that died (or whose
+    pid was reused) is noticed at once, without waiting for its heartbeats to stop. Reading
+    another process's namespace needs ptrace rights over it: this is for a process's own.
     """
     try:
         namespace = os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+    started = _start_time(pid)
+    return None if started is None else [namespace, started]
+
+
+def process_alive(pid: int, start_time: str) -> bool:
+    """Whether process ``pid`` is alive and the one that started at ``start_time`` (a process_identity()).
+
+    From /proc/PID/stat, which any user may read: the daemon needs no privilege over its
+    clients, which run as other users.
+    """
+    return _start_time(pid) == start_time
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of a live process (in clock ticks since boot), None if it is gone or a zombie."""
+    try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             # The command name (field 2) may hold spaces; the state is field 3, the start time field 22.
             fields = stat.read().rsplit(b")", 1)[1].split()
-        # A zombie has died: only its parent has not reaped it yet (and may not for a while).
-        if fields[0] in (b"Z", b"X"):
-            return None
-        return [namespace, fields[19].decode()]
     except (OSError, IndexError):
         return None
+    # A zombie has died: only its parent has not reaped it yet (and may not for a while).
+    if not fields or fields[0] in (b"Z", b"X") or len(fields) < 20:
+        return None
+    return fields[19].decode()
 
 
 def error_to_wire(error: errors.KafkaError | None) -> list[Any] | None:

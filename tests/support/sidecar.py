@@ -19,17 +19,24 @@ import zmq
 from client_stub.contract import PROTOCOL_VERSION, ipc
 from client_stub.contract.shared_memory import TABLE_ENTRY, Segment
 from service.tools.embedded import free_port
+from tests.support import users
 
 
 class SidecarProcess:
     """``python -m service.cli run`` with the given settings; stopped with SIGTERM."""
 
     def __init__(self, bootstrap: str, *, transport: str = "ipc", settings: dict[str, object] | None = None,
-                 start_timeout: float = 20.0) -> None:
+                 start_timeout: float = 20.0, user: users.User | None = None, umask: int = 0o007) -> None:
         self.bootstrap = bootstrap
         self.settings = {k: str(v) for k, v in (settings or {}).items()}
         self.start_timeout = start_timeout
+        # The daemon runs as ``user`` (in its primary group only), with ``umask`` as systemd's unit sets it.
+        self.user = user
+        self.umask = umask
         self._dir = tempfile.mkdtemp(prefix="kafka-sidecar-")
+        if user is not None:
+            os.chown(self._dir, user.uid, user.gid)
+            os.chmod(self._dir, 0o750)
         if transport == "ipc":
             self.endpoint = f"ipc://{self._dir}/sidecar.sock"
         else:
@@ -49,13 +56,17 @@ class SidecarProcess:
         if self.is_running():
             # A second daemon would orphan the first (`with SidecarProcess(...).start()` starts twice).
             raise RuntimeError(f"the daemon at {self.endpoint} is already running")
-        command = [sys.executable, "-m", "service.cli", "run", "--bootstrap-servers", self.bootstrap,
+        interpreter = sys.executable if self.user is None else users.shared_interpreter()
+        assert interpreter is not None, users.why_not()
+        command = [interpreter, "-m", "service.cli", "run", "--bootstrap-servers", self.bootstrap,
                    "--endpoint", self.endpoint]
         for key, value in self.settings.items():
             command += ["-X", f"{key}={value}"]
         self._log = self.log_path.open("ab")
+        as_user = {} if self.user is None else {"user": self.user.uid, "group": self.user.gid, "extra_groups": [],
+                                                "env": users.python_env()}
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, cwd=Path(__file__).parents[2])
+                                        stdin=subprocess.DEVNULL, cwd=users.ROOT, umask=self.umask, **as_user)
         try:
             self.welcome = self.handshake(self.start_timeout)
         except BaseException:
