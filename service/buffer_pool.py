@@ -30,9 +30,6 @@ from client_stub.contract.shared_memory import FREE, HEADER, MAGIC, OWNED, SEALE
 log = logging.getLogger(__name__)
 
 # The most the segment's permissions allow (the umask may take more away): the daemon's user and group.
-SEGMENT_MODE = 0o660
-
-
 @dataclass(slots=True)
 class Waiter:
     """A block request that could not be served yet."""
@@ -63,7 +60,7 @@ class BufferPool:
     """The shared-memory segment, its block states, and the FIFO of waiting requests."""
 
     def __init__(self, total_bytes: int, block_size: int, *, name: str | None = None,
-                 max_blocks_per_client: int | None = None) -> None:
+                 max_blocks_per_client: int | None = None, mode: int = 0o660, group: int | None = None) -> None:
         block_count = total_bytes // block_size
         if block_count < 1:
             raise ValueError(f"buffer.memory ({total_bytes}) must hold at least one batch.size ({block_size}) block")
@@ -73,10 +70,11 @@ class BufferPool:
         self.max_blocks_per_client = min(max_blocks_per_client or block_count, block_count)
         self.name = name or f"kafka-sidecar-{os.getpid()}-{secrets.token_hex(4)}"
         self._shm = shared_memory.SharedMemory(self.name, create=True, size=self.layout.size)
-        # SharedMemory makes the segment 0600: only the daemon's user could map it. The clients of
-        # the daemon's group may (systemd/kafka-sidecar.service: UMask=0007 gives 0660, as for the
-        # socket of the ipc endpoint); others never, whatever the umask: every client's records are here.
-        os.fchmod(self._shm._fd, SEGMENT_MODE & ~_umask())
+        # SharedMemory makes the segment 0600: only the daemon's user could map it. The clients may, as
+        # they may connect to the ipc socket (sidecar.socket.group and .mode, whatever the umask).
+        if group is not None:
+            os.fchown(self._shm._fd, -1, group)
+        os.fchmod(self._shm._fd, mode)
         self.buf = self._shm.buf
         HEADER.pack_into(self.buf, 0, MAGIC, PROTOCOL_VERSION, block_size, block_count, TABLE_OFFSET,
                          self.layout.data_offset, os.getpid())
@@ -284,17 +282,3 @@ class BufferPool:
         except BufferError:
             log.warning("shared memory still in use at close: leaving the mapping to the process exit")
         self._shm.unlink()
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it (os.umask can only set it)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask

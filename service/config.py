@@ -9,6 +9,7 @@ start, not be ignored for the lifetime of the daemon.
 from __future__ import annotations
 
 import difflib
+import grp
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -45,6 +46,29 @@ def _to_acks(text: str) -> int:
     if value not in (-1, 0, 1):
         raise ValueError("acks must be all, -1, 0 or 1")
     return value
+
+
+def _to_mode(text: str) -> int:
+    """An octal file mode of read and write bits, e.g. 0660."""
+    value = int(text.strip(), 8)
+    if value & ~0o666:
+        raise ValueError(f"a mode of read and write bits (at most 0666), got {text!r}")
+    if value & 0o600 != 0o600:
+        raise ValueError(f"the daemon's own user must read and write, got {text!r}")
+    return value
+
+
+def _to_group(text: str) -> int | None:
+    """A group name or number (empty: the daemon's own group), as a gid."""
+    text = text.strip()
+    if not text:
+        return None
+    if text.isdigit():
+        return int(text)
+    try:
+        return grp.getgrnam(text).gr_gid
+    except KeyError:
+        raise ValueError(f"no group named {text!r} on this host") from None
 
 
 def parse_settings(pairs: list[str]) -> dict[str, str]:
@@ -110,6 +134,12 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
               doc="a client silent this long is gone: its unsealed blocks return to the pool"),
     ConfigKey("sidecar.close.timeout.ms", int, 30000, 0, INT_MAX,
               doc="on shutdown, how long to go on sending what is queued"),
+    ConfigKey("sidecar.socket.group", _to_group, None,
+              doc="the group that may produce through the daemon: its ipc socket and its shared memory belong to "
+                  "it (default: the daemon's own group)"),
+    ConfigKey("sidecar.socket.mode", _to_mode, 0o660,
+              doc="the mode of the ipc socket and of the shared memory, whatever the umask (octal; the socket's "
+                  "directory, when the daemon makes it, lets the same classes of user search it)"),
     ConfigKey("sidecar.coalesce.batches", _to_bool, True,
               doc="coalesce the small batches of a partition, from any clients, into one of at most batch.size "
                   "bytes when they are sent (a broker takes one batch per partition per request)"),

@@ -35,11 +35,13 @@ class SidecarDaemon:
         self.endpoint = endpoint
         self.core = ProducerCore(config)
         memory, block_size = config["buffer.memory"], config["batch.size"]
+        mode, group = config["sidecar.socket.mode"], config["sidecar.socket.group"]
         self.pool = BufferPool(memory, block_size, max_blocks_per_client=client_block_limit(
-            memory, block_size, config["max.request.size"]))
+            memory, block_size, config["max.request.size"]), mode=mode, group=group)
         try:
             self.front = SidecarFront(self.core, self.pool, endpoint,
-                                      client_timeout_ms=config["sidecar.client.timeout.ms"])
+                                      client_timeout_ms=config["sidecar.client.timeout.ms"], socket_mode=mode,
+                                      socket_group=group)
         except BaseException:
             self.pool.close()
             raise

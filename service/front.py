@@ -12,11 +12,10 @@ waiting requests per client, and :data:`MAX_TOPICS_PER_CLIENT`.
 
 from __future__ import annotations
 
-import errno
+import fcntl
 import logging
 import os
 import secrets
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,7 +77,7 @@ class SidecarFront:
     """Sessions, block grants, seal notices and delivery reports over one ROUTER socket."""
 
     def __init__(self, core: ProducerCore, pool: BufferPool, endpoint: str, *, client_timeout_ms: int = 30000,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, socket_mode: int = 0o660, socket_group: int | None = None) -> None:
         self.core = core
         self.pool = pool
         self.endpoint = endpoint
@@ -87,7 +86,8 @@ class SidecarFront:
         self.daemon_id = secrets.token_hex(8)
         self._context = context or zmq.Context()
         self._own_context = context is None
-        self.socket = self._bind(endpoint)
+        self._lock_file: int | None = None
+        self.socket = self._bind(endpoint, socket_mode, os.getegid() if socket_group is None else socket_group)
         core.selector.register_external(self.socket)
         self.sessions: dict[bytes, ClientSession] = {}
         self._by_id: dict[int, ClientSession] = {}
@@ -102,21 +102,38 @@ class SidecarFront:
 
     # -- socket ----------------------------------------------------------------------------------
 
-    def _bind(self, endpoint: str) -> zmq.Socket:
-        if endpoint.startswith("ipc://"):
-            path = endpoint[len("ipc://"):]
-            _refuse_live_ipc_endpoint(path)
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    def _bind(self, endpoint: str, mode: int, group: int) -> zmq.Socket:
+        path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+        if path is not None:
+            _make_directory(os.path.dirname(path) or ".", mode, group)
+            self._lock_file = _lock_endpoint(path)
         sock = self._context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         try:
-            sock.bind(endpoint)
-        except zmq.ZMQError:
+            if path is None:
+                sock.bind(endpoint)
+            else:
+                # ZeroMQ's bind replaces a stale socket file (the lock says no daemon serves it). It is made
+                # with the umask: the tightest one while binding, the configured mode and group just after.
+                umask = os.umask(0o177)
+                try:
+                    sock.bind(endpoint)
+                finally:
+                    os.umask(umask)
+                os.chown(path, -1, group)
+                os.chmod(path, mode)
+        except BaseException:
             sock.close()
+            self._unlock()
             raise
         return sock
+
+    def _unlock(self) -> None:
+        if self._lock_file is not None:
+            os.close(self._lock_file)
+            self._lock_file = None
 
     def close(self) -> None:
         self.core.selector.unregister_external(self.socket)
@@ -128,6 +145,7 @@ class SidecarFront:
                 os.unlink(self.endpoint[len("ipc://"):])
             except FileNotFoundError:
                 pass
+        self._unlock()
 
     def _send(self, session: ClientSession | bytes, message: ipc.Message) -> None:
         identity = session if isinstance(session, bytes) else session.identity
@@ -459,18 +477,35 @@ def _check_int(value: Any, name: str, low: int = 0, high: int = 2**63 - 1) -> No
         raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
 
 
-def _refuse_live_ipc_endpoint(path: str) -> None:
-    """ZeroMQ's ipc bind replaces an existing socket file: make sure no daemon still answers there."""
-    if not os.path.exists(path):
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _make_directory(directory: str, mode: int, group: int) -> None:
+    """The socket's directory: made if missing, searchable by the classes of user that ``mode`` lets use the
+    socket (whatever the umask); one that exists is the administrator's (RuntimeDirectory=, /tmp) and kept."""
     try:
-        probe.connect(path)
-    except OSError as exc:
-        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-            return  # a stale file from a daemon that is gone
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        os.mkdir(directory, 0o700)
+    os.chown(directory, -1, group)
+    os.chmod(directory, 0o700 | (0o050 if mode & 0o060 else 0) | (0o005 if mode & 0o006 else 0))
+
+
+def _lock_endpoint(path: str) -> int:
+    """Hold ``path``.lock for the daemon's life; EndpointInUseError if another daemon holds it.
+
+    A lock, not a probe of the socket: two daemons started at once cannot both find the endpoint free
+    (and the lock goes with its process, however that ends).
+    """
+    lock_path = path + ".lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise EndpointInUseError(f"another kafka-sidecar daemon is serving {path}") from None
+    except BaseException:
+        os.close(fd)
         raise
-    else:
-        raise EndpointInUseError(f"another kafka-sidecar daemon is serving {path}")
-    finally:
-        probe.close()
+    os.fchmod(fd, 0o600)
+    return fd

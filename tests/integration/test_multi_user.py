@@ -52,13 +52,18 @@ def run_client(user: users.User, topic: str, count: int, endpoint: str) -> dict[
 
 @pytest.fixture(scope="module")
 def host_users() -> dict[str, users.User]:
-    return {name: users.ensure_user(f"{users.GROUP}-{name}", users.GROUP) for name in ("daemon", "b", "c")}
+    made = {name: users.ensure_user(f"{users.GROUP}-{name}", users.GROUP) for name in ("daemon", "b", "c")}
+    made["outsider"] = users.ensure_user(f"{users.GROUP}-outsider", users.OUTSIDER_GROUP)
+    return made
 
 
-def test_clients_of_other_users_in_the_group_keep_their_sessions(broker, topic_factory, host_users) -> None:
+# The unit's umask, a common default, and the tightest: the deployment works the same under each.
+@pytest.mark.parametrize("umask", [0o007, 0o022, 0o077], ids=["umask-007", "umask-022", "umask-077"])
+def test_clients_of_other_users_in_the_group_keep_their_sessions(broker, topic_factory, host_users,
+                                                                 umask: int) -> None:
     topic = topic_factory(3)
     count = 5000
-    with SidecarProcess(broker.bootstrap, user=host_users["daemon"]) as daemon:
+    with SidecarProcess(broker.bootstrap, user=host_users["daemon"], umask=umask) as daemon:
         assert os.stat(daemon.endpoint[len("ipc://"):]).st_uid == host_users["daemon"].uid
         reports = {name: run_client(host_users[name], topic, count, daemon.endpoint) for name in ("b", "c")}
         log = daemon.log_tail(400)
@@ -72,6 +77,29 @@ def test_clients_of_other_users_in_the_group_keep_their_sessions(broker, topic_f
     values = sorted(record.value for record in records)
     assert values == sorted(b"%s-%d" % (f"{users.GROUP}-{name}".encode(), n)
                             for name in ("b", "c") for n in range(count))
+
+
+def test_a_user_outside_the_group_can_neither_connect_nor_map(broker, host_users) -> None:
+    with SidecarProcess(broker.bootstrap, user=host_users["daemon"], umask=0o000) as daemon:
+        segment = f"/dev/shm/{daemon.segment_name}"
+        code = ("from client_stub import Producer\n"
+                "from client_stub.errors import SidecarUnavailableError\n"
+                f"producer = Producer({daemon.endpoint!r}, max_block_ms=2000)\n"
+                "try:\n"
+                "    producer.send('t', b'v')\n"
+                "except SidecarUnavailableError as exc:\n"
+                "    print('refused:', exc)\n"
+                "producer.close(0)\n"
+                "try:\n"
+                f"    open({segment!r}, 'rb')\n"
+                "except PermissionError:\n"
+                "    print('cannot map')\n")
+        outside = users.run_python(host_users["outsider"], code, umask=0o000)
+        inside = users.run_python(host_users["b"], code.replace("2000", "20000"), umask=0o000)
+    assert outside.returncode == 0, outside.stderr[-2000:]
+    assert "refused: no kafka-sidecar daemon answered" in outside.stdout and "cannot map" in outside.stdout
+    # The same code as a member of the group: it connects, and could map the segment.
+    assert inside.returncode == 0 and "refused" not in inside.stdout and "cannot map" not in inside.stdout, inside
 
 
 def test_the_daemon_watches_clients_it_has_no_privilege_over(host_users) -> None:

@@ -571,20 +571,29 @@ def test_table_mirrors_every_state_change(pool: BufferPool, segment: Segment) ->
 # -- permissions ----------------------------------------------------------------------------------
 
 
-def _pool_under_umask(umask: int) -> BufferPool:
+def _pool_under_umask(umask: int, **options: int) -> BufferPool:
     previous = os.umask(umask)
     try:
-        return BufferPool(BLOCK, BLOCK)
+        return BufferPool(BLOCK, BLOCK, **options)
     finally:
         os.umask(previous)
 
 
-@pytest.mark.parametrize(("umask", "mode"), [(0o007, 0o660), (0o002, 0o660), (0o022, 0o640), (0o077, 0o600),
-                                             (0o000, 0o660)])
-def test_segment_is_for_the_daemons_group_as_the_umask_allows(umask: int, mode: int) -> None:
-    pool = _pool_under_umask(umask)
+@pytest.mark.parametrize("umask", [0o007, 0o002, 0o022, 0o077, 0o000])
+@pytest.mark.parametrize("mode", [0o660, 0o600, 0o666])
+def test_segment_has_the_configured_mode_whatever_the_umask(umask: int, mode: int) -> None:
+    pool = _pool_under_umask(umask, mode=mode)
     try:
         assert stat.S_IMODE(os.stat(f"/dev/shm/{pool.name}").st_mode) == mode
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the segment to another group")
+def test_segment_belongs_to_the_configured_group() -> None:
+    pool = _pool_under_umask(0o022, group=65534)
+    try:
+        assert os.stat(f"/dev/shm/{pool.name}").st_gid == 65534
     finally:
         pool.close()
 

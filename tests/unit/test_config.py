@@ -146,6 +146,10 @@ def test_every_key_parses_its_own_default_as_text() -> None:
             if isinstance(default, bool) else str(default)
         if name == "bootstrap.servers":
             continue
+        if name == "sidecar.socket.mode":
+            text = f"{default:04o}"  # modes are octal
+        elif name == "sidecar.socket.group":
+            text = ""  # the daemon's own group
         assert given({name: text})[name] == default, name
 
 
@@ -234,3 +238,17 @@ def test_idempotence_off_allows_anything() -> None:
     cfg = given({"enable.idempotence": "false", "acks": "1", "retries": "0",
                  "max.in.flight.requests.per.connection": "10"})
     assert not cfg.idempotent and cfg["acks"] == 1
+
+
+@pytest.mark.parametrize(("text", "error"), [("0777", "at most 0666"), ("0060", "own user must read and write"),
+                                             ("9", "invalid value"), ("rw-rw----", "invalid value")])
+def test_a_socket_mode_is_octal_read_and_write_bits_for_the_daemon_and_others(text: str, error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        given({"sidecar.socket.mode": text})
+
+
+def test_a_socket_group_by_name_or_number() -> None:
+    assert given({"sidecar.socket.group": "0"})["sidecar.socket.group"] == 0
+    assert given({"sidecar.socket.group": "root"})["sidecar.socket.group"] == 0
+    with pytest.raises(ConfigError, match="no group named 'no-such-group-here'"):
+        given({"sidecar.socket.group": "no-such-group-here"})

@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import stat
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -1108,6 +1110,44 @@ def test_second_daemon_on_an_ipc_endpoint_is_refused(env: Env, tmp_path: Path) -
     finally:
         first.close()
     assert not path.exists()
+
+
+def test_an_endpoint_locked_by_a_live_daemon_is_refused_before_its_socket_exists(env: Env, tmp_path: Path) -> None:
+    # The lock, not a probe of the socket: a daemon that has taken the endpoint but not bound yet (or two
+    # starting at once) cannot both be told the endpoint is free.
+    from service.front import EndpointInUseError
+
+    path = tmp_path / "sidecar.sock"
+    holder = subprocess.Popen([sys.executable, "-c", f"import fcntl, sys; f = open({str(path) + '.lock'!r}, 'w'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(EndpointInUseError):
+            SidecarFront(env.core, env.pool, f"ipc://{path}", context=env.context)
+    finally:
+        holder.kill()
+        holder.wait()
+    SidecarFront(env.core, env.pool, f"ipc://{path}", context=env.context).close()  # the holder is gone
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o000])
+@pytest.mark.parametrize(("mode", "directory_mode"), [(0o660, 0o750), (0o600, 0o700), (0o666, 0o755)])
+def test_socket_and_its_directory_have_the_configured_mode_and_group_whatever_the_umask(
+        env: Env, tmp_path: Path, umask: int, mode: int, directory_mode: int) -> None:
+    path = tmp_path / "run" / "sidecar.sock"
+    group = 65534 if os.geteuid() == 0 else os.getegid()
+    previous = os.umask(umask)
+    try:
+        front = SidecarFront(env.core, env.pool, f"ipc://{path}", context=env.context, socket_mode=mode,
+                             socket_group=group)
+    finally:
+        os.umask(previous)
+    try:
+        assert (stat.S_IMODE(path.stat().st_mode), path.stat().st_gid) == (mode, group)
+        assert (stat.S_IMODE(path.parent.stat().st_mode), path.parent.stat().st_gid) == (directory_mode, group)
+    finally:
+        front.close()
 
 
 def test_stale_ipc_socket_file_is_replaced(env: Env, tmp_path: Path) -> None:
