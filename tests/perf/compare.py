@@ -623,14 +623,10 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support.broker import TansuBroker
     from tests.support.proxy import FaultProxy
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    json_path = Path(args.json) if args.json else ROOT / "tests" / "perf" / "results" / f"compare-{stamp}.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path = results_path(args.json, "compare")
     facts = machine_facts()
     case_list = cases(args.only, args.w3_processes, args.w3_rate)
-    notes = []
-    if not facts["kafka_python_idempotence"]:
-        notes.append(f"kafka-python {facts['kafka_python']} has no enable_idempotence: it runs without idempotence")
+    notes = machine_notes(facts)
     print(f"compare: {facts['cores']} cores ({facts['cpu']}), Python {facts['python']}, kafka-sidecar "
           f"{facts['kafka_sidecar']} (git {facts['git']['head'][:10]}"
           f"{', uncommitted changes' if facts['git']['modified'] else ''}), confluent-kafka "
@@ -682,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
                                 failures += bool(figures["errors"])
                                 print(f"  {case.label:18} {client:15} {_brief(case, figures)}", flush=True)
                             results.setdefault(case.key, {})[client] = figures
-                            _write(json_path, report)
+                            write_report(json_path, report)
             run_ratios = {case.key: ratios(results.get(case.key, {}), case.workload) for case in case_list}
             checks = targets(results, run_ratios)
             entry.update(ratios=run_ratios, targets=checks)
@@ -690,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
             print(table(case_list, results, run_ratios))
             print("targets (this run):")
             print_targets(checks)
-            _write(json_path, report)
+            write_report(json_path, report)
         if args.runs > 1:
             median_results, median_ratios = medians([r for r in report["runs"] if "ratios" in r])
             checks = targets(median_results, median_ratios)
@@ -701,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
             print_targets(checks)
     finally:
         report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        _write(json_path, report)
+        write_report(json_path, report)
         print(f"\nresults: {json_path}")
     return 1 if failures else 0
 
@@ -755,7 +751,23 @@ def _brief(case: Case, f: dict[str, Any]) -> str:
     return line
 
 
-def _write(path: Path, report: dict[str, Any]) -> None:
+def results_path(given: str | None, benchmark: str) -> Path:
+    """Where a benchmark writes its JSON: ``given``, else tests/perf/results/<benchmark>-<time>.json."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path(given) if given else ROOT / "tests" / "perf" / "results" / f"{benchmark}-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def machine_notes(facts: dict[str, Any]) -> list[str]:
+    """What the reader of a report must know of this machine's clients."""
+    if facts["kafka_python_idempotence"]:
+        return []
+    return [f"kafka-python {facts['kafka_python']} has no enable_idempotence: it runs without idempotence"]
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """The report as JSON, replaced in one step (a reader never sees half of it)."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(report, indent=2, default=str))
     tmp.replace(path)

@@ -38,7 +38,6 @@ times, rotating their order, and reports every run and the medians.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -66,8 +65,11 @@ from tests.perf.compare import (  # noqa: E402
     established,
     machine_cpu_s,
     machine_facts,
+    machine_notes,
     process_cpu_s,
+    results_path,
     wait_for_quiet,
+    write_report,
 )
 
 if TYPE_CHECKING:
@@ -600,12 +602,6 @@ def informative(median_ratios: dict[str, float | None]) -> list[dict[str, Any]]:
              "actual": median_ratios.get(CONFLUENT_CACHED)}]
 
 
-def _write_json(path: Path, report: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    tmp.replace(path)
-
-
 # -- main -----------------------------------------------------------------------------------------
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -634,12 +630,9 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support.sidecar import SidecarProcess
     from tests.support.spark import local_session
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    json_path = Path(args.json) if args.json else ROOT / "tests" / "perf" / "results" / f"spark-compare-{stamp}.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path = results_path(args.json, "spark-compare")
     facts = {**machine_facts(), "nproc": len(os.sched_getaffinity(0)), "pyspark": pyspark.__version__}
-    notes = [] if facts["kafka_python_idempotence"] else [
-        f"kafka-python {facts['kafka_python']} has no enable_idempotence: it runs without idempotence"]
+    notes = machine_notes(facts)
     print(f"spark_compare: {args.rows:,} rows, {TASKS} tasks on local[{CORES}], {args.runs} run(s); "
           f"{facts['nproc']} cores ({facts['cpu']}), pyspark {facts['pyspark']}, git {facts['git']['head'][:10]}"
           f"{' (uncommitted changes)' if facts['git']['modified'] else ''}", flush=True)
@@ -670,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
                 spark.stop()
     finally:
         report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        _write_json(json_path, report)
+        write_report(json_path, report)
         print(f"\nresults: {json_path}")
     return 1 if failures else 0
 
@@ -705,7 +698,7 @@ def run_all(bench: Bench, runs: int, report: dict[str, Any], json_path: Path) ->
                     failures += 1
                     print(f"  {writer:24} MISMATCH: {figures['mismatch']}", file=sys.stderr, flush=True)
             results[writer] = figures
-            _write_json(json_path, report)
+            write_report(json_path, report)
         entry["ratios"] = ratios(results)
         print(f"\nrun {run_index + 1}:\n{table(results, entry['ratios'])}", flush=True)
     median_results, median_ratios = medians(report["runs"])
@@ -721,7 +714,7 @@ def run_all(bench: Bench, runs: int, report: dict[str, Any], json_path: Path) ->
         print(f"  {({True: 'ok  ', False: 'MISS', None: 'n/a '})[check['ok']]} {check['target']}: {check['actual']}")
     for info in infos:
         print(f"  info {info['figure']}: {info['actual']}")
-    _write_json(json_path, report)
+    write_report(json_path, report)
     return failures
 
 
