@@ -17,20 +17,20 @@ from service.tools.readback import read_topic
 from tests.support import users
 from tests.support.sidecar import SidecarProcess
 
-pytestmark = [pytest.mark.broker,
-              pytest.mark.skipif(users.why_not() is not None, reason=str(users.why_not()))]
+NOT_HERE = users.why_not()
+pytestmark = [pytest.mark.broker, pytest.mark.skipif(NOT_HERE is not None, reason=str(NOT_HERE))]
 
 # A client that sends for a few seconds (several of the daemon's liveness checks, 500 ms apart), then
 # reports what its futures say.
 CLIENT = """
 import json, os, sys, time
 from client_stub import Producer
-topic, count, endpoint = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+topic, count, endpoint, name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4].encode()
 producer = Producer(endpoint, max_block_ms=20000)
 futures = []
 started = time.monotonic()
 for n in range(count):
-    futures.append(producer.send(topic, b"%s-%d" % (os.environ["USER_NAME"].encode(), n), key=b"%d" % (n % 7)))
+    futures.append(producer.send(topic, b"%s-%d" % (name, n), key=b"%d" % (n % 7)))
     if n % 500 == 499:
         time.sleep(max(0.0, started + 3.0 * (n + 1) / count - time.monotonic()))
 left = producer.flush(60)
@@ -43,9 +43,8 @@ print(json.dumps({"uid": os.getuid(), "left": left, "errors": errors[:5], "error
 
 
 def run_client(user: users.User, topic: str, count: int, endpoint: str) -> dict[str, object]:
-    code = f"import sys; sys.argv = ['client', {topic!r}, '{count}', {endpoint!r}]\n" + CLIENT
-    env_code = f"import os; os.environ['USER_NAME'] = {user.name!r}\n" + code
-    done = users.run_python(user, env_code, timeout=180)
+    code = f"import sys; sys.argv = ['client', {topic!r}, '{count}', {endpoint!r}, {user.name!r}]\n" + CLIENT
+    done = users.run_python(user, code, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
