@@ -90,11 +90,8 @@ class RecordAccumulator:
         self.sealed[batch.batch_id] = batch
         self._unreported[key] = self._unreported.get(key, 0) + 1
         batch.sealed = time.monotonic()
-        ago = int((batch.sealed - batch.created) * 1000)
         # Notices wait for the I/O thread, which sends all it finds in one SEAL message.
-        self._notices.append(ipc.SealNotice(batch.batch_id, batch.first_block, batch.block_count, batch.topic,
-                                            batch.partition, batch.record_count, batch.pos, batch.base_timestamp,
-                                            batch.max_timestamp, ago))
+        self._notices.append(_notice(batch, batch.sealed))
         if len(self._notices) == 1:
             self._wake()
 
@@ -136,6 +133,11 @@ class RecordAccumulator:
         oldest = next(iter(self.sealed.values()), None)
         waited = now - oldest.sealed if oldest is not None else 0.0
         return max(self._report_time_s, waited) >= _SLOW_REPORT_LINGERS * self.linger_s
+
+    def resume_notices(self, now: float) -> list[ipc.SealNotice]:
+        """Notices of every sealed batch not reported yet, in the order sealed: for the daemon that takes
+        back the session of one that is gone."""
+        return [_notice(batch, now) for batch in self.sealed.values()]
 
     def take_notices(self) -> ipc.Seal | None:
         """The waiting seal notices as one SEAL message, if any."""
@@ -195,3 +197,9 @@ class RecordAccumulator:
         self._unreported.clear()
         self._notices.clear()
         return futures
+
+
+def _notice(batch: OpenBatch, now: float) -> ipc.SealNotice:
+    return ipc.SealNotice(batch.batch_id, batch.first_block, batch.block_count, batch.topic, batch.partition,
+                          batch.record_count, batch.pos, batch.base_timestamp, batch.max_timestamp,
+                          int((now - batch.created) * 1000))

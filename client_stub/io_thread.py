@@ -3,15 +3,19 @@
 One per producer and process. It sends what the producer queued (seal notices,
 block requests, releases), seals batches that have lingered, receives the
 daemon's messages (grants, topics, delivery reports) and completes the records'
-futures, sends heartbeats, and keeps the session: the handshake, and a new one
-when the daemon restarted or took the process for dead, failing what the lost
-session held.
+futures, sends heartbeats, and keeps the session: the handshake (its segment
+comes over the daemon's memory socket, whose connection then says whether the
+daemon is alive), and a new one when the daemon is gone: the next daemon is handed
+the segment and the batches sealed but not reported, which it sends again. What a
+session held is failed only when the daemon itself ended it (it took the process
+for dead) or cannot take it back.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -23,8 +27,8 @@ import zmq
 
 from .accumulator import RecordAccumulator
 from .block_grants import BlockGrants
-from .contract import PROTOCOL_VERSION, ipc
-from .contract.shared_memory import Segment
+from .contract import PROTOCOL_VERSION, ipc, shared_memory
+from .contract.shared_memory import Layout, Segment
 from .errors import KafkaError, KafkaTimeoutError, SidecarUnavailableError
 from .fastpath import Appender
 from .futures import RecordFuture, completer, fail
@@ -40,6 +44,10 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
 _HEARTBEAT = ipc.encode(ipc.Heartbeat())
+# How long the memory handshake may take, and how long a HELLO may go unanswered before it is said again
+# (one said while the daemon was going down may have gone with its connection).
+_HANDSHAKE_TIMEOUT_S = 10.0
+_HELLO_RETRY_S = 5.0
 
 
 class Outbox:
@@ -90,6 +98,10 @@ class Outbox:
         """Whether nothing waits to be sent."""
         return not self._messages
 
+    def clear(self) -> None:
+        """Drop what waits: it was for a session that is gone."""
+        self._messages.clear()
+
     def woken(self) -> None:
         """Take the wake-up (I/O thread)."""
         # Drained before the flag is cleared, and both before the outbox and the batches are read: a wake-up
@@ -109,7 +121,8 @@ class IoThread:
     """The I/O thread of one producer in one process, and the session it holds with the daemon.
 
     ``welcome``, ``segment`` and ``session_error`` are the session's state, which
-    send() reads under the producer's lock.
+    send() reads under the producer's lock. The segment, its file descriptor and the
+    connection to the memory socket outlive a daemon that dies: they go to the next.
     """
 
     def __init__(self, endpoint: str, cond: threading.Condition, outbox: Outbox, accumulator: RecordAccumulator,
@@ -129,7 +142,12 @@ class IoThread:
         self.welcome: ipc.Welcome | None = None
         self.segment: Segment | None = None
         self.session_error: KafkaError | None = None
-        self._hello_sent = False
+        self._segment_fd: int | None = None
+        self._memory: socket.socket | None = None
+        # The welcome of the session a daemon that is gone held, offered to the next one.
+        self._lost_welcome: ipc.Welcome | None = None
+        self._poller: zmq.Poller | None = None
+        self._hello_sent = 0.0  # time.monotonic() when the HELLO awaiting its WELCOME was sent
         self._lost: list[RecordFuture] = []
         self._lost_error: KafkaError | None = None
         self._stopping = False
@@ -191,29 +209,35 @@ class IoThread:
     def _run(self) -> None:
         assert self._context is not None and self._sock is not None
         sock = self._sock
-        poller = zmq.Poller()
+        poller = self._poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         # zmq.Poller reports a plain socket by its file descriptor, not as the object registered.
         wake_fd = self._outbox.bind()
         poller.register(wake_fd, zmq.POLLIN)
-        self._hello_sent = True
-        sock.send(ipc.encode(self._hello()))
+        self._say_hello(sock)
         next_heartbeat = time.monotonic() + 1.0
         try:
             while True:
                 wake_at = min(self._seal_lingered(), next_heartbeat)
-                self._outbox.send_all(sock)
+                if self.welcome is not None or self._stopping:
+                    # Between sessions, what is queued waits for the next (to which it is then addressed).
+                    self._outbox.send_all(sock)
                 if self._stopping and self._outbox.empty():
                     break
                 # In whole milliseconds, rounded up: rounding down would spin until the deadline.
                 events = dict(poller.poll(max(math.ceil((wake_at - time.monotonic()) * 1000), 0)))
                 if wake_fd in events:
                     self._outbox.woken()
+                if self._memory is not None and self._memory.fileno() in events and self._daemon_gone():
+                    self._lose_session(sock)
                 if sock in events:
                     self._receive_all(sock)
                 if self._lost:
                     self._fail_lost()
                 if time.monotonic() >= next_heartbeat:
+                    if (self.welcome is None and self.session_error is None
+                            and time.monotonic() - self._hello_sent > _HELLO_RETRY_S):
+                        self._say_hello(sock)
                     sock.send(_HEARTBEAT)
                     self._expire_unreported()
                     interval = self.welcome.settings.heartbeat_interval_ms if self.welcome else 1000
@@ -226,7 +250,7 @@ class IoThread:
         finally:
             sock.close()
             self._context.term()
-            self._release_segment()
+            self._release_session()
 
     def _seal_lingered(self) -> float:
         with self._cond:
@@ -270,7 +294,7 @@ class IoThread:
         while sock.getsockopt(_EVENTS) & _POLLIN:
             data = sock.recv(_NOBLOCK)
             try:
-                self._handle(ipc.decode(data))
+                self._handle(sock, ipc.decode(data))
             except ipc.VersionMismatchError as exc:
                 with self._cond:
                     self.session_error = SidecarUnavailableError(
@@ -280,9 +304,18 @@ class IoThread:
             except Exception:
                 log.exception("cannot handle a message from the daemon")
 
-    def _handle(self, message: ipc.Message) -> None:
+    def _handle(self, sock: zmq.Socket, message: ipc.Message) -> None:
         if isinstance(message, ipc.Delivery):
             self._deliver(message.reports)
+            return
+        if isinstance(message, ipc.Welcome):
+            self._welcomed(sock, message)
+            return
+        if isinstance(message, ipc.Error) and message.code == ipc.ERROR_UNKNOWN_CLIENT:
+            # The daemon restarted, or ended the session (it took this process for dead): start again.
+            if not self._hello_sent:
+                log.warning("the kafka-sidecar daemon does not know this client any more: connecting again")
+                self._lose_session(sock)
             return
         with self._cond:
             if isinstance(message, ipc.Grant):
@@ -291,8 +324,6 @@ class IoThread:
                 self._grants.refused(message)
             elif isinstance(message, ipc.Topic):
                 self._metadata.update(message)
-            elif isinstance(message, ipc.Welcome):
-                self._welcomed(message)
             elif isinstance(message, ipc.SealNow):
                 self._accumulator.seal_all()
                 self._grants.give_back_spare()
@@ -317,37 +348,102 @@ class IoThread:
 
     # -- the session -----------------------------------------------------------------------------
 
-    def _welcomed(self, welcome: ipc.Welcome) -> None:
-        if self.welcome is not None:
-            self._forget_session()
+    def _say_hello(self, sock: zmq.Socket) -> None:
+        """HELLO, offering the session of a daemon that is gone if there is one."""
+        hello = self._hello()
+        with self._cond:
+            resume = self._resume()
+        if resume is not None:
+            hello = hello._replace(options=hello.options._replace(resume=list(resume)))
+        self._hello_sent = time.monotonic()
+        sock.send(ipc.encode(hello))
+
+    def _resume(self) -> ipc.Resume | None:
+        """What the lost session held, for the next daemon (lock held)."""
+        lost = self._lost_welcome
+        if lost is None or self._segment_fd is None:
+            return None
+        now = time.monotonic()
+        return ipc.Resume(lost.daemon_id, lost.block_size, lost.block_count, [],
+                          [list(notice) for notice in self._accumulator.resume_notices(now)])
+
+    def _daemon_gone(self) -> bool:
+        """Whether the daemon closed the memory socket's connection: its process is gone, or it ended the
+        session."""
+        assert self._memory is not None
         try:
-            self.segment = Segment(welcome.segment)
-        except (OSError, ValueError) as exc:
-            # Say why, rather than letting send() time out waiting for a session that cannot work.
-            self.session_error = SidecarUnavailableError(
-                f"cannot map the shared memory {welcome.segment!r} of the kafka-sidecar daemon at {self.endpoint}: "
-                f"{exc}")
+            return not self._memory.recv(64)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
+    def _lose_session(self, sock: zmq.Socket) -> None:
+        """The daemon is gone, or does not know this client any more: keep what the session held (its
+        segment, its sealed batches) for the next, which HELLO offers."""
+        with self._cond:
+            if self.welcome is not None:
+                log.warning("lost the session with the kafka-sidecar daemon at %s: connecting again", self.endpoint)
+                self._appender.disable()
+                # Open batches are sealed now, so that the next daemon gets them with the others.
+                self._accumulator.seal_all()
+                self._accumulator.take_notices()
+                self._grants.forget()
+                self._outbox.clear()
+                self._lost_welcome, self.welcome = self.welcome, None
+            self._close_memory()
+        self._say_hello(sock)
+
+    def _welcomed(self, sock: zmq.Socket, welcome: ipc.Welcome) -> None:
+        """The memory handshake: a new segment, or the lost session's taken back."""
+        if self.welcome is not None or not self._hello_sent:
+            return  # the answer to a HELLO said twice, whose session is going (or gone) already
+        resume_fd = self._segment_fd if welcome.resumed else None
+        try:
+            conn, fd = shared_memory.connect(welcome.memory_socket, welcome.memory_token, _HANDSHAKE_TIMEOUT_S,
+                                             resume_fd)
+        except shared_memory.HandshakeError as exc:
+            if resume_fd is not None:
+                log.error("the kafka-sidecar daemon did not take the lost session back: %s", exc)
+                with self._cond:
+                    self._forget_session()
+                self._say_hello(sock)
+            else:
+                # An older welcome, whose token the daemon forgot when a HELLO said again replaced it.
+                log.debug("memory handshake refused: %s", exc)
             return
-        self.welcome = welcome
-        self._hello_sent = False
-        self._grants.pool_blocks = welcome.block_count
-        self._accumulator.linger_s = self._linger_ms() / 1000  # the producer's, else the daemon's
-        if self._fast_path_allowed():
-            self._appender.enable()
-        for topic in self._metadata.topics:
-            self._outbox.post(ipc.Metadata(topic))  # a new session: follow the topics again
+        except ConnectionError as exc:
+            with self._cond:
+                # Say why, rather than letting send() time out waiting for a session that cannot work.
+                self.session_error = SidecarUnavailableError(
+                    f"cannot get the shared memory of the kafka-sidecar daemon at {self.endpoint}: {exc}")
+                self._cond.notify_all()
+            return
+        with self._cond:
+            if fd is not None:
+                self._forget_session()
+                self._segment_fd = fd
+                self.segment = Segment(fd, Layout(welcome.block_size, welcome.block_count))
+            elif self._lost_welcome is not None:
+                log.warning("the kafka-sidecar daemon took back %d unreported batch(es) of the lost session",
+                            len(self._accumulator.sealed))
+            self._lost_welcome = None
+            self._memory = conn
+            assert self._poller is not None
+            self._poller.register(conn.fileno(), zmq.POLLIN)
+            self.welcome = welcome
+            self._hello_sent = 0.0
+            self._grants.pool_blocks = welcome.block_count
+            self._accumulator.linger_s = self._linger_ms() / 1000  # the producer's, else the daemon's
+            if self._fast_path_allowed():
+                self._appender.enable()
+            for topic in self._metadata.topics:
+                self._outbox.post(ipc.Metadata(topic))  # a new session: follow the topics again
+            self._cond.notify_all()
         log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, welcome.client_id)
 
     def _refused(self, error: ipc.Error) -> None:
-        if error.code == ipc.ERROR_UNKNOWN_CLIENT:
-            # The daemon restarted, or ended the session (it took this process for dead): start again.
-            # The blocks of the old session are not ours any more: stop writing to them at once.
-            if not self._hello_sent:
-                log.warning("the kafka-sidecar daemon does not know this client any more: connecting again")
-                self._forget_session()
-                self._hello_sent = True
-                self._outbox.post(self._hello())
-        elif self.welcome is None:
+        if self.welcome is None:
             # Refused before the welcome: the handshake itself (e.g. a version mismatch).
             log.error("the kafka-sidecar daemon refused the handshake: %s", error.message)
             self.session_error = SidecarUnavailableError(f"kafka-sidecar at {self.endpoint}: {error.message}")
@@ -355,23 +451,23 @@ class IoThread:
             log.error("the kafka-sidecar daemon refused a message: %s", error.message)
 
     def _forget_session(self) -> None:
-        """The session is gone (lock held): what it held is gone, and its records' fate unknown."""
+        """The session is gone and nobody took it back (lock held): what it held is gone, and its records'
+        fate unknown."""
         self._appender.disable()
         # Their records stay outstanding until this thread has failed them: a flush() that returned
         # before would say that everything was delivered.
         lost = self._accumulator.abandon()
         self._grants.forget()
         self.welcome = None
-        if self.segment is not None:
-            self.segment.close()
-            self.segment = None
+        self._lost_welcome = None
+        self._close_segment()
         if lost:
             log.error("%d record(s) handed to the lost session are failed as unknown", len(lost))
             # Completed after the lock is released, as deliveries are.
             self._lost += lost
             self._lost_error = SidecarUnavailableError(
-                "the kafka-sidecar daemon lost this client's session (it restarted, or took the client for "
-                "dead): the delivery of this record is unknown")
+                "the kafka-sidecar daemon lost this client's session (it took the client for dead, or could not "
+                "take the session back after a restart): the delivery of this record is unknown")
 
     def _fail_lost(self) -> None:
         """Fail the records of a lost session, then count them out as _deliver does."""
@@ -383,9 +479,31 @@ class IoThread:
             self._appender.count_done(pending)
             self._cond.notify_all()
 
-    def _release_segment(self) -> None:
+    def _close_memory(self) -> None:
+        if self._memory is not None:
+            if self._poller is not None:
+                self._poller.unregister(self._memory.fileno())
+            self._memory.close()
+            self._memory = None
+
+    def _close_segment(self) -> None:
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
+        if self._segment_fd is not None:
+            os.close(self._segment_fd)
+            self._segment_fd = None
+
+    def _release_session(self) -> None:
         with self._cond:
             self._accumulator.release_open()
-            if self.segment is not None:
-                self.segment.close()
-                self.segment = None
+            self._close_memory()
+            self._close_segment()
+
+    def close_inherited(self) -> None:
+        """In a forked child: close this process's copies of the parent's connection and segment, so that
+        the daemon sees the parent's end when it comes (the mapping stays: the parent's views are in it)."""
+        if self._memory is not None:
+            self._memory.close()
+        if self._segment_fd is not None:
+            os.close(self._segment_fd)

@@ -118,7 +118,9 @@ class Producer:
 
     def _forget_parent(self) -> None:
         # In a forked child: the parent's sockets, threads, blocks and records are the
-        # parent's. Drop them without closing anything the parent still uses.
+        # parent's. Drop them without closing anything the parent still uses, but this process's copies of
+        # its connection and segment: the daemon must see the parent's end when it comes.
+        self._io.close_inherited()
         self._abandoned = (self._io, self._outbox, self._appender, self._accumulator)
         self._init_state()
         self._pid = -1
@@ -141,7 +143,7 @@ class Producer:
     def _hello(self) -> ipc.Hello:
         return ipc.Hello(PROTOCOL_VERSION, os.getpid(), self._client_name,
                          ipc.HelloOptions(linger_ms=self.linger_ms, partitioner=self._partitioner_name,
-                                          process=ipc.process_identity(os.getpid()), retriable_topic_errors=True))
+                                          retriable_topic_errors=True))
 
     def _fast_path_allowed(self) -> bool:
         # The fast path takes records once there is a session, unless serializers must run.

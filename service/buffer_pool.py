@@ -1,11 +1,13 @@
 """BufferPool: buffer.memory bytes of shared memory in blocks of batch.size, granted to clients.
 
-As the Java producer's BufferPool, but across processes: the daemon owns the
-segment and every block's state; clients get blocks a few at a time and write
-records into them. A request that cannot be served waits in a FIFO until blocks
-come back or its timeout (the client's max_block_ms) passes; while anyone waits
-the pool is exhausted, and the daemon asks clients to seal what they hold.
-Records larger than a block get a run of consecutive blocks.
+As the Java producer's BufferPool, but across processes: the daemon counts every
+block granted against buffer.memory; clients get blocks a few at a time and write
+records into them. Each client's blocks are in a segment of its own (see
+:mod:`client_stub.contract.shared_memory`), which no other client can map: the pool
+is one count of blocks, the memory is per client. A request that cannot be served
+waits in a FIFO until blocks come back or its timeout (the client's max_block_ms)
+passes; while anyone waits the pool is exhausted, and the daemon asks clients to
+seal what they hold. Records larger than a block get a run of consecutive blocks.
 
 No client may take the pool from the others: a client holds at most
 ``max_blocks_per_client`` blocks, granted or sealed (the daemon's default, from
@@ -19,17 +21,20 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 from collections import deque
-from dataclasses import dataclass
-from multiprocessing import shared_memory
+from dataclasses import dataclass, field
 
-from client_stub.contract import PROTOCOL_VERSION
-from client_stub.contract.shared_memory import FREE, HEADER, MAGIC, OWNED, SEALED, TABLE_ENTRY, TABLE_OFFSET, Layout
+from client_stub.contract.shared_memory import Layout, Segment, check_segment, create_segment
 
 log = logging.getLogger(__name__)
 
-# The most the segment's permissions allow (the umask may take more away): the daemon's user and group.
+# A block's state in its client's segment.
+FREE = 0
+OWNED = 1
+SEALED = 2
+FREE_BYTE = bytes([FREE])
+
+
 @dataclass(slots=True)
 class Waiter:
     """A block request that could not be served yet."""
@@ -39,6 +44,20 @@ class Waiter:
     count: int
     contiguous: bool
     deadline_ms: int
+
+
+@dataclass(eq=False, slots=True)
+class ClientMemory:
+    """One client's segment, mapped, and the state of each of its blocks."""
+
+    segment: Segment
+    state: bytearray
+    # Blocks freed, most recently freed last: reusing those keeps the pages the client touched few and
+    # warm. Entries of blocks since taken by a contiguous run may linger; ``state`` is the truth.
+    stack: list[int] = field(default_factory=list)
+    held: int = 0
+    # False once the client's session ended: its memory goes when its last sealed batch is sent.
+    attached: bool = True
 
 
 class BlockError(ValueError):
@@ -57,37 +76,21 @@ def client_block_limit(total_bytes: int, block_size: int, max_request_size: int)
 
 
 class BufferPool:
-    """The shared-memory segment, its block states, and the FIFO of waiting requests."""
+    """The count of blocks granted, each client's segment and blocks, and the FIFO of waiting requests."""
 
-    def __init__(self, total_bytes: int, block_size: int, *, name: str | None = None,
-                 max_blocks_per_client: int | None = None, mode: int = 0o660, group: int | None = None) -> None:
+    def __init__(self, total_bytes: int, block_size: int, *, max_blocks_per_client: int | None = None) -> None:
         block_count = total_bytes // block_size
         if block_count < 1:
             raise ValueError(f"buffer.memory ({total_bytes}) must hold at least one batch.size ({block_size}) block")
         if max_blocks_per_client is not None and max_blocks_per_client < 1:
             raise ValueError(f"a client must be allowed at least one block, not {max_blocks_per_client}")
+        # Each client's segment is as large as the pool: any client may be granted any share of it.
+        # Only the pages written are memory; the rest is address space.
         self.layout = Layout(block_size, block_count)
         self.max_blocks_per_client = min(max_blocks_per_client or block_count, block_count)
-        self.name = name or f"kafka-sidecar-{os.getpid()}-{secrets.token_hex(4)}"
-        self._shm = shared_memory.SharedMemory(self.name, create=True, size=self.layout.size)
-        # SharedMemory makes the segment 0600: only the daemon's user could map it. The clients may, as
-        # they may connect to the ipc socket (sidecar.socket.group and .mode, whatever the umask).
-        if group is not None:
-            os.fchown(self._shm._fd, -1, group)
-        os.fchmod(self._shm._fd, mode)
-        self.buf = self._shm.buf
-        HEADER.pack_into(self.buf, 0, MAGIC, PROTOCOL_VERSION, block_size, block_count, TABLE_OFFSET,
-                         self.layout.data_offset, os.getpid())
-        # The table in shared memory is for recovery and tools; these mirror it for speed.
-        self._state = bytearray(block_count)
-        self._owner = [0] * block_count
-        # Per client id, the blocks it holds (granted or sealed): what max_blocks_per_client limits.
-        self._held: dict[int, int] = {}
+        self._memory: dict[int, ClientMemory] = {}
+        # Blocks not granted; below zero when segments taken back after a restart hold more than the pool.
         self._free_count = block_count
-        # Free blocks, most recently freed last: reusing those keeps the pages in use few and
-        # warm (a client's PSS counts every page it has touched). Entries of blocks since
-        # taken by a contiguous run may linger; the state table is the truth.
-        self._stack = list(range(block_count - 1, -1, -1))
         self.waiters: deque[Waiter] = deque()
 
     @property
@@ -109,11 +112,71 @@ class BufferPool:
 
     def held_by(self, client_id: int) -> int:
         """Blocks granted to or sealed by a client and not back in the pool."""
-        return self._held.get(client_id, 0)
+        memory = self._memory.get(client_id)
+        return 0 if memory is None else memory.held
+
+    def held(self) -> dict[int, int]:
+        """The blocks each client with a segment holds."""
+        return {client_id: memory.held for client_id, memory in self._memory.items()}
 
     def clients_at_limit(self) -> set[int]:
         """Clients with a request waiting because they hold as many blocks as they may."""
         return {w.client_id for w in self.waiters if self._over_limit(w)}
+
+    # -- segments --------------------------------------------------------------------------------
+
+    def attach(self, client_id: int) -> int:
+        """A new segment for a client; returns its file descriptor, for the caller to hand over and close."""
+        if client_id in self._memory:
+            raise ValueError(f"client {client_id} has a segment already")
+        fd = create_segment(self.layout, f"kafka-sidecar-client-{client_id}")
+        try:
+            self._memory[client_id] = ClientMemory(Segment(fd, self.layout), bytearray(self.block_count))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def adopt(self, client_id: int, fd: int, owned: list[int]) -> None:
+        """Take a client's segment of a session whose daemon is gone, with the blocks it was granted.
+
+        Counted against the pool even past its size (a restart with a smaller pool, or clients that
+        held more than it has): nothing they hold is lost, and new grants wait until it is back.
+        ValueError if the segment is not one of this pool's layout or the blocks are not in it; the
+        caller keeps ``fd``.
+        """
+        if client_id in self._memory:
+            raise ValueError(f"client {client_id} has a segment already")
+        check_segment(fd, self.layout)
+        if len(set(owned)) != len(owned) or not all(0 <= b < self.block_count for b in owned):
+            raise BlockError(f"the blocks of a resumed session must be distinct and in 0..{self.block_count - 1}")
+        memory = ClientMemory(Segment(fd, self.layout), bytearray(self.block_count))
+        self._memory[client_id] = memory
+        for block in owned:
+            memory.state[block] = OWNED
+        memory.held = len(owned)
+        self._free_count -= len(owned)
+
+    def detach(self, client_id: int) -> int:
+        """The client's session ended: its unsealed blocks return to the pool (no other client can map them),
+        its requests are forgotten, and its segment goes once its sealed batches are sent. Returns the
+        blocks freed."""
+        self.forget_waiters(client_id)
+        memory = self._memory.get(client_id)
+        if memory is None:
+            return 0
+        memory.attached = False
+        blocks = [b for b in range(self.block_count) if memory.state[b] == OWNED]
+        self.free(client_id, blocks)  # which drops the segment if nothing is left to send
+        return len(blocks)
+
+    def _drop(self, client_id: int) -> None:
+        memory = self._memory.pop(client_id)
+        try:
+            memory.segment.close()
+        except BufferError:
+            # A view of a batch the daemon gave up on is still referenced: the mapping goes with it.
+            log.debug("segment of client %s still in use: unmapped when its last view goes", client_id)
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -125,6 +188,8 @@ class BufferPool:
         client's limit. BlockError if the request can never be served, or if the client
         already has a request of the same kind waiting.
         """
+        if client_id not in self._memory:
+            raise BlockError(f"client {client_id} has no segment")
         if count < 1 or count > self.block_count:
             raise BlockError(f"cannot grant {count} blocks: the pool has {self.block_count}")
         if contiguous and count > self.max_blocks_per_client:
@@ -168,36 +233,37 @@ class BufferPool:
 
     def _over_limit(self, waiter: Waiter) -> bool:
         needed = waiter.count if waiter.contiguous else 1
-        return self._held.get(waiter.client_id, 0) + needed > self.max_blocks_per_client
+        return self.held_by(waiter.client_id) + needed > self.max_blocks_per_client
 
     def _grant(self, waiter: Waiter) -> list[int] | None:
         """Blocks for a request within its client's limit, or None if the pool has too few free."""
-        count = waiter.count
-        if not waiter.contiguous:
-            count = min(count, self.max_blocks_per_client - self._held.get(waiter.client_id, 0))
-        return self._allocate(waiter.client_id, count, waiter.contiguous)
-
-    def _allocate(self, client_id: int, count: int, contiguous: bool) -> list[int] | None:
-        if self._free_count < (count if contiguous else 1):
-            return None
-        if contiguous and count > 1:
-            first = self._state.find(bytes(count))
-            if first < 0:
+        memory = self._memory[waiter.client_id]
+        state = memory.state
+        if waiter.contiguous:
+            if self._free_count < waiter.count:
                 return None
-            blocks = list(range(first, first + count))
-            for block in blocks:
-                self._set(block, OWNED, client_id)
+            first = state.find(bytes(waiter.count))
+            if first < 0:
+                return None  # its own blocks are in the way: they come back as its batches are sent
+            blocks = list(range(first, first + waiter.count))
+            state[first:first + waiter.count] = bytes([OWNED]) * waiter.count
         else:
+            count = min(waiter.count, self.max_blocks_per_client - memory.held, self._free_count)
+            if count < 1:
+                return None
             blocks = []
-            stack = self._stack
+            stack = memory.stack
             while len(blocks) < count and stack:
                 block = stack.pop()
                 # Each block is taken as it is found, so a block listed twice is granted once.
-                if self._state[block] == FREE:
-                    self._set(block, OWNED, client_id)
+                if state[block] == FREE:
+                    state[block] = OWNED
                     blocks.append(block)
-            if not blocks:
-                return None
+            while len(blocks) < count:
+                block = state.find(FREE_BYTE)  # never used yet, or lost from the stack
+                state[block] = OWNED
+                blocks.append(block)
+        memory.held += len(blocks)
         self._free_count -= len(blocks)
         return blocks
 
@@ -207,20 +273,23 @@ class BufferPool:
         """BlockError unless blocks first..first+count-1 are granted to ``client_id`` and unsealed."""
         if not (first >= 0 and count >= 1 and first + count <= self.block_count):
             raise BlockError(f"blocks {first}..{first + count - 1} are outside the pool")
+        memory = self._memory.get(client_id)
+        if memory is None or not memory.attached:
+            raise BlockError(f"client {client_id} has no segment")
+        state = memory.state
         for block in range(first, first + count):
-            if self._state[block] != OWNED or self._owner[block] != client_id:
+            if state[block] != OWNED:
                 raise BlockError(f"block {block} is not granted to this client")
 
-    def seal(self, client_id: int, first: int, count: int, length: int, record_count: int) -> memoryview:
+    def seal(self, client_id: int, first: int, count: int, length: int) -> memoryview:
         """Mark a client's blocks sealed and return the view of the batch's ``length`` bytes."""
         self.check_owned(client_id, first, count)
         if not 1 <= length <= count * self.block_size:
             raise BlockError(f"length {length} does not fit {count} block(s) of {self.block_size} bytes")
-        for block in range(first, first + count):
-            self._set(block, SEALED, client_id)
-        TABLE_ENTRY.pack_into(self.buf, self.layout.entry_offset(first), SEALED, client_id, length, record_count)
+        memory = self._memory[client_id]
+        memory.state[first:first + count] = bytes([SEALED]) * count
         start = self.layout.block_offset(first)
-        return self.buf[start:start + length]
+        return memory.segment.buf[start:start + length]
 
     def give_back(self, client_id: int, blocks: list[int]) -> None:
         """A client returns blocks it was granted and did not use (all of them are checked first)."""
@@ -228,57 +297,42 @@ class BufferPool:
             raise BlockError("a block is named more than once")
         for block in blocks:
             self.check_owned(client_id, block, 1)
-        self.free(blocks)
+        self.free(client_id, blocks)
 
-    def free(self, blocks: list[int] | range) -> int:
-        """Return blocks to the pool; returns how many were not free already (only those count)."""
+    def free(self, client_id: int, blocks: list[int] | range) -> int:
+        """Return a client's blocks to the pool; returns how many were not free already (only those count)."""
+        memory = self._memory.get(client_id)
+        if memory is None:
+            log.error("blocks of client %s are freed but it has no segment: ignored", client_id)
+            return 0
+        state = memory.state
         freed = 0
         for block in blocks:
-            if self._state[block] == FREE:
+            if state[block] == FREE:
                 # Whatever a client sends is checked before it gets here: this is a bug of the daemon.
-                log.error("block %d is freed but was free already: ignored", block)
+                log.error("block %d of client %s is freed but was free already: ignored", block, client_id)
                 continue
-            self._set(block, FREE, 0)
-            self._stack.append(block)
+            state[block] = FREE
+            memory.stack.append(block)
             freed += 1
+        memory.held -= freed
         self._free_count += freed
-        if len(self._stack) > 2 * self.block_count:
-            self._stack = [b for b in self._stack if self._state[b] == FREE]
+        if len(memory.stack) > 2 * self.block_count:
+            memory.stack = [b for b in memory.stack if state[b] == FREE]
+        if not memory.attached and not memory.held:
+            self._drop(client_id)
         return freed
 
     def free_unsealed(self, client_id: int, first: int, count: int) -> int:
         """Free those of blocks first..first+count-1 that ``client_id`` holds unsealed; leave the others."""
-        blocks = [b for b in range(max(first, 0), min(first + count, self.block_count))
-                  if self._state[b] == OWNED and self._owner[b] == client_id]
-        self.free(blocks)
+        memory = self._memory.get(client_id)
+        if memory is None:
+            return 0
+        blocks = [b for b in range(max(first, 0), min(first + count, self.block_count)) if memory.state[b] == OWNED]
+        self.free(client_id, blocks)
         return len(blocks)
-
-    def reclaim(self, client_id: int) -> int:
-        """Free every unsealed block of a client that is gone; sealed ones stay until sent."""
-        blocks = [b for b in range(self.block_count) if self._state[b] == OWNED and self._owner[b] == client_id]
-        self.free(blocks)
-        self.forget_waiters(client_id)
-        return len(blocks)
-
-    def _set(self, block: int, state: int, owner: int) -> None:
-        held = self._held
-        if self._state[block] != FREE:
-            previous = self._owner[block]
-            if held[previous] == 1:
-                del held[previous]
-            else:
-                held[previous] -= 1
-        if state != FREE:
-            held[owner] = held.get(owner, 0) + 1
-        self._state[block] = state
-        self._owner[block] = owner
-        TABLE_ENTRY.pack_into(self.buf, self.layout.entry_offset(block), state, owner, 0, 0)
 
     def close(self) -> None:
-        """Unmap and remove the segment (every view of it must be released first)."""
-        self.buf = None  # type: ignore[assignment]
-        try:
-            self._shm.close()
-        except BufferError:
-            log.warning("shared memory still in use at close: leaving the mapping to the process exit")
-        self._shm.unlink()
+        """Unmap every segment (views of them still in use are unmapped when they go)."""
+        for client_id in list(self._memory):
+            self._drop(client_id)

@@ -37,7 +37,7 @@ class SidecarDaemon:
         memory, block_size = config["buffer.memory"], config["batch.size"]
         mode, group = config["sidecar.socket.mode"], config["sidecar.socket.group"]
         self.pool = BufferPool(memory, block_size, max_blocks_per_client=client_block_limit(
-            memory, block_size, config["max.request.size"]), mode=mode, group=group)
+            memory, block_size, config["max.request.size"]))
         try:
             self.front = SidecarFront(self.core, self.pool, endpoint,
                                       client_timeout_ms=config["sidecar.client.timeout.ms"], socket_mode=mode,
@@ -63,8 +63,8 @@ class SidecarDaemon:
 
     def run(self) -> None:
         """Serve until :meth:`stop`, then deliver what is queued within close.timeout.ms and exit."""
-        log.info("kafka-sidecar serving %s for %s (BufferPool %s: %d blocks of %d bytes, at most %d per client)",
-                 self.endpoint, ",".join(self.config["bootstrap.servers"]), self.pool.name, self.pool.block_count,
+        log.info("kafka-sidecar serving %s for %s (BufferPool: %d blocks of %d bytes, at most %d per client)",
+                 self.endpoint, ",".join(self.config["bootstrap.servers"]), self.pool.block_count,
                  self.pool.block_size, self.pool.max_blocks_per_client)
         # The loop makes short-lived objects by the thousand (batches, requests, reports) and
         # keeps few: a full collection over everything alive would stall every client's
@@ -81,8 +81,8 @@ class SidecarDaemon:
     def run_once(self) -> None:
         """One iteration: network I/O and sending, client messages, then timers and reports."""
         self.core.run_once(min(self.front.next_timer_ms(), _MAX_SLEEP_MS))
-        if self.front.socket in self.core.selector.external_ready:
-            self.front.handle_readable()
+        if self.core.selector.external_ready:
+            self.front.handle_ready(self.core.selector.external_ready)
         try:
             self.front.after_iteration()
         except Exception:

@@ -1,8 +1,12 @@
-"""SidecarFront: the daemon's ZeroMQ side, where application processes hand batches over.
+"""SidecarFront: the daemon's side of the clients, where application processes hand batches over.
 
-A ROUTER socket, polled in the daemon's one loop with the broker sockets. Each
-client is a session: the blocks granted to it, the batches it sealed that are
-not finished, the delivery reports waiting to go back, the topics it follows.
+A ROUTER socket, polled in the daemon's one loop with the broker sockets, and the
+memory socket beside it, where each client gets its segment of shared memory and
+whose connection tells when the client's process is gone. Each client is a
+session: its segment, the blocks granted to it, the batches it sealed that are
+not finished, the delivery reports waiting to go back, the topics it follows. A
+client whose daemon died hands its session to the next daemon: its segment, and
+the batches it sealed that were not reported, which are sent again.
 Everything a client sends is checked before it touches the pool or the
 accumulator; a malformed or hostile message is logged (rate-limited) and
 answered with an error, and never affects another client. A well-formed but
@@ -16,6 +20,7 @@ import fcntl
 import logging
 import os
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,9 +30,12 @@ import zmq
 
 from client_stub.contract import PROTOCOL_VERSION, ipc
 from client_stub.contract.records import BATCH_HEADER_SIZE
+from client_stub.contract.shared_memory import TOKEN_SIZE, memory_socket_path
 from client_stub.errors import InvalidRequestError, KafkaError, error_code
 
+from . import memory_socket
 from .buffer_pool import BlockError, BufferPool
+from .memory_socket import MemorySocket
 from .producer.batch import ProducerBatch, TopicPartition
 from .producer.core import ProducerCore
 
@@ -40,10 +48,8 @@ MAX_BLOCK_WAIT_MS = 3_600_000
 MAX_TOPICS_PER_CLIENT = 1000
 # Errors caused by clients are logged at most this often (a flood must not flood the log).
 _LOG_INTERVAL_S = 5.0
-# How often to look for client processes that died (they cannot say goodbye).
-_PROCESS_CHECK_INTERVAL_MS = 500
-# A silent client's blocks are reused after this many sidecar.client.timeout.ms at the latest.
-_QUARANTINE_FACTOR = 10
+# A connection to the memory socket that has not sent its token within this long is closed.
+_HANDSHAKE_TIMEOUT_MS = 10_000
 # How often to repeat SEAL_NOW while the pool stays exhausted.
 _SEAL_NOW_INTERVAL_MS = 50
 # pyzmq's flags are enum.Flag members, whose | runs Python code: once per message here, so plain ints.
@@ -60,8 +66,12 @@ class ClientSession:
     pid: int
     name: str
     last_seen_ms: int
-    # [pid namespace, start time] of the client process, if it shares our pid namespace and says so.
-    process: list[str] | None = None
+    # Its segment comes over the memory socket with this token (once).
+    token: bytes = b""
+    # A session of a daemon that is gone, to be taken back when the client hands over its segment.
+    resume: ipc.Resume | None = None
+    # Its connection to the memory socket, once it has its segment: the end of it is the end of the process.
+    connection: socket.socket | None = None
     # Whether the client waits on through a topic's retriable metadata error (older clients fail at once).
     retriable_topic_errors: bool = False
     reports: list[ipc.DeliveryReport] = field(default_factory=list)
@@ -87,16 +97,25 @@ class SidecarFront:
         self._context = context or zmq.Context()
         self._own_context = context is None
         self._lock_file: int | None = None
-        self.socket = self._bind(endpoint, socket_mode, os.getegid() if socket_group is None else socket_group)
+        group = os.getegid() if socket_group is None else socket_group
+        self.socket = self._bind(endpoint, socket_mode, group)
+        try:
+            self.memory = MemorySocket(memory_socket_path(endpoint, self.daemon_id), socket_mode, group)
+        except BaseException:
+            self.socket.close(linger=0)
+            self._unlock()
+            raise
         core.selector.register_external(self.socket)
+        core.selector.register_external(self.memory.listener)
         self.sessions: dict[bytes, ClientSession] = {}
         self._by_id: dict[int, ClientSession] = {}
+        self._by_token: dict[bytes, ClientSession] = {}
+        # Connections to the memory socket: those awaiting their token (until when), those of sessions.
+        self._handshakes: dict[socket.socket, int] = {}
+        self._by_connection: dict[socket.socket, ClientSession] = {}
         self._next_client_id = 1
         self._metadata_version = -1
         self._seal_now_sent_ms = 0
-        self._processes_checked_ms = 0
-        # ROUTER identity -> (client id, when its blocks may be reused) of silent clients.
-        self._quarantine: dict[bytes, tuple[int, int]] = {}
         self._last_complaint = 0.0
         self.messages_refused = 0
 
@@ -136,6 +155,10 @@ class SidecarFront:
             self._lock_file = None
 
     def close(self) -> None:
+        for conn in [*self._handshakes, *self._by_connection]:
+            self._close_connection(conn)
+        self.core.selector.unregister_external(self.memory.listener)
+        self.memory.close()
         self.core.selector.unregister_external(self.socket)
         self.socket.close(linger=0)
         if self._own_context:
@@ -158,14 +181,33 @@ class SidecarFront:
             log.debug("client queue full, dropped a %s message", type(message).__name__)
 
     def _complain(self, identity: bytes, message: str, code: str = ipc.ERROR_REFUSED) -> None:
+        self._count_refusal(message)
+        self._send(identity, ipc.Error(code, message))
+
+    def _count_refusal(self, message: str) -> None:
         self.messages_refused += 1
         now = time.monotonic()
         if now - self._last_complaint >= _LOG_INTERVAL_S:
             self._last_complaint = now
             log.warning("refused a client message (%d so far): %s", self.messages_refused, message)
-        self._send(identity, ipc.Error(code, message))
 
     # -- incoming --------------------------------------------------------------------------------
+
+    def handle_ready(self, ready: list[Any]) -> None:
+        """Handle what the loop's poll found ready of the front's sockets (others are ignored)."""
+        for sock in ready:
+            if sock is self.socket:
+                self.handle_readable()
+            elif sock is self.memory.listener:
+                for conn in self.memory.accept_all():
+                    self._handshakes[conn] = self.clock() + _HANDSHAKE_TIMEOUT_MS
+                    self.core.selector.register_external(conn)
+            elif sock in self._handshakes:
+                self._memory_handshake(sock)
+            elif sock in self._by_connection and memory_socket.hung_up(sock):
+                session = self._by_connection[sock]
+                log.warning("client %s: process %s is gone: ending its session", session.client_id, session.pid)
+                self._end_session(session)
 
     def handle_readable(self) -> None:
         """Handle every message waiting on the socket."""
@@ -194,12 +236,15 @@ class SidecarFront:
             return
         try:
             fields = ipc.unpack(frames[1])
-            if session is None and fields[0] != ipc.Hello.TYPE:
+            if session is None and fields[0] not in (ipc.Hello.TYPE, ipc.Stats.TYPE):
                 self._complain(identity, "unknown client: send HELLO first", ipc.ERROR_UNKNOWN_CLIENT)
                 return
             message = ipc.from_fields(fields)
             if isinstance(message, ipc.Hello):
                 self._hello(identity, session, message)
+                return
+            if isinstance(message, ipc.Stats):
+                self._send(identity, ipc.StatsReport(self.stats()))
                 return
             assert session is not None
             session.last_seen_ms = self.clock()
@@ -217,27 +262,104 @@ class SidecarFront:
     def _hello(self, identity: bytes, session: ClientSession | None, message: ipc.Hello) -> None:
         if session is not None:
             self._end_session(session)
-        self._release_quarantine(identity)
         _check_int(message.pid, "pid", 1, 2**32)
-        process = message.options.process
-        mine = ipc.process_identity(os.getpid())
-        same_namespace = (isinstance(process, list) and len(process) == 2 and all(isinstance(p, str) for p in process)
-                          and mine is not None and process[0] == mine[0])
         session = ClientSession(identity, self._next_client_id, message.pid, str(message.client_name)[:200],
-                                self.clock(), process if same_namespace else None,
-                                message.options.retriable_topic_errors is True)
+                                self.clock(), secrets.token_bytes(TOKEN_SIZE),
+                                retriable_topic_errors=message.options.retriable_topic_errors is True)
+        if message.options.resume is not None:
+            session.resume = self._resumable(message.options.resume)
         self._next_client_id += 1
         self.sessions[identity] = session
         self._by_id[session.client_id] = session
-        log.info("client %s connected: pid %s %s", session.client_id, session.pid, session.name)
+        self._by_token[session.token] = session
         settings = ipc.WelcomeSettings(max_request_size=self.core.config["max.request.size"],
                                        linger_ms=self.core.config["linger.ms"],
                                        max_block_ms=self.core.config["max.block.ms"],
                                        delivery_timeout_ms=self.core.config["delivery.timeout.ms"],
                                        buffer_memory=self.pool.block_count * self.pool.block_size,
                                        heartbeat_interval_ms=max(self.client_timeout_ms // 10, 100))
-        self._send(session, ipc.Welcome(PROTOCOL_VERSION, session.client_id, self.pool.name, self.pool.block_size,
-                                        self.pool.block_count, settings, self.daemon_id))
+        self._send(session, ipc.Welcome(PROTOCOL_VERSION, session.client_id, self.memory.path, session.token,
+                                        self.pool.block_size, self.pool.block_count, settings, self.daemon_id,
+                                        session.resume is not None))
+
+    def _resumable(self, raw: Any) -> ipc.Resume | None:
+        """The session a HELLO hands over, if this daemon can take it back; None (logged) if not."""
+        if not isinstance(raw, list) or len(raw) != len(ipc.Resume._fields):
+            reason = f"a resumed session has the fields {', '.join(ipc.Resume._fields)}"
+        else:
+            resume = ipc.Resume._make(raw)
+            if resume.daemon_id == self.daemon_id:
+                # This daemon ended the session itself, and sends (or sent) what it had of it.
+                reason = "its session was this daemon's, which ended it"
+            elif (resume.block_size, resume.block_count) != (self.pool.block_size, self.pool.block_count):
+                reason = (f"its segment has {resume.block_count} blocks of {resume.block_size} bytes, this "
+                          f"daemon's pool {self.pool.block_count} of {self.pool.block_size}")
+            elif not isinstance(resume.owned, list) or not isinstance(resume.sealed, list):
+                reason = "owned and sealed are lists"
+            else:
+                return resume
+        log.warning("a client's session cannot be resumed: %s; what it held is failed as unknown", reason)
+        return None
+
+    def _memory_handshake(self, conn: socket.socket) -> None:
+        """A client's token, and its segment if it resumes: its segment goes back, or is taken back."""
+        try:
+            received = memory_socket.read_token(conn)
+        except ValueError as exc:
+            self._count_refusal(f"memory socket: {exc}")
+            self._close_connection(conn)
+            return
+        if received is None:
+            return
+        token, fds = received
+        try:
+            session = self._by_token.pop(token, None)
+            if session is None:
+                memory_socket.refuse(conn, "unknown token: say HELLO first")
+                self._close_connection(conn)
+                return
+            try:
+                segment = self._attach(session, fds)
+            except (ValueError, OSError) as exc:
+                memory_socket.refuse(conn, str(exc))
+                self._close_connection(conn)
+                self._end_session(session)
+                return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        del self._handshakes[conn]
+        self._by_connection[conn] = session
+        session.connection = conn
+        # The kernel's word for the process, whatever the client said in its HELLO.
+        session.pid, uid, _ = memory_socket.peer_credentials(conn)
+        memory_socket.answer(conn, segment)
+        if segment is not None:
+            os.close(segment)
+        log.info("client %s connected: pid %s (uid %s) %s%s", session.client_id, session.pid, uid, session.name,
+                 ", resuming its session" if session.resume is not None else "")
+        if session.resume is not None:
+            self._seal_notices(session, session.resume.sealed)
+            session.resume = None
+
+    def _attach(self, session: ClientSession, fds: list[int]) -> int | None:
+        """The new segment's file descriptor, or None once the segment of a resumed session is taken back."""
+        if session.resume is None:
+            if fds:
+                raise ValueError("a segment was handed over, but the session does not resume one")
+            return self.pool.attach(session.client_id)
+        if len(fds) != 1:
+            raise ValueError("a resumed session hands over its segment")
+        resume = session.resume
+        owned = [b for b in resume.owned if _is_int(b)]
+        for notice in resume.sealed:
+            # Each notice is checked when sealed; only those naming their blocks plainly count here.
+            fields = dict(zip(ipc.SealNotice._fields, notice, strict=False)) if isinstance(notice, list) else {}
+            first, count = fields.get("first_block"), fields.get("block_count")
+            if _is_int(first) and _is_int(count) and 0 < count <= self.pool.block_count:
+                owned += range(first, first + count)
+        self.pool.adopt(session.client_id, fds[0], owned)
+        return None
 
     def _blocks(self, session: ClientSession, message: ipc.Blocks) -> None:
         request_id = message.request_id
@@ -259,8 +381,11 @@ class SidecarFront:
     def _seal(self, session: ClientSession, message: ipc.Seal) -> None:
         if not isinstance(message.notices, list):
             raise ValueError("SEAL carries a list of notices")
+        self._seal_notices(session, message.notices)
+
+    def _seal_notices(self, session: ClientSession, notices: list[Any]) -> None:
         now = self.clock()
-        for notice in message.notices:
+        for notice in notices:
             try:
                 batch = self._batch_from_notice(session, notice, now)
             except (ValueError, TypeError, BlockError) as exc:
@@ -307,11 +432,11 @@ class SidecarFront:
             raise ValueError(f"partition {partition} of topic {topic} does not exist: it has {partitions}")
         if length + BATCH_HEADER_SIZE > self.core.config["max.request.size"]:
             raise ValueError(f"a batch of {length} bytes (and its header) is larger than max.request.size")
-        view = self.pool.seal(session.client_id, first, count, length, records)
-        blocks = range(first, first + count)
+        view = self.pool.seal(session.client_id, first, count, length)
+        client_id, blocks = session.client_id, range(first, first + count)
         return ProducerBatch(TopicPartition(topic, partition), view, records, base_timestamp=base_ts,
                              max_timestamp=max_ts, created_ms=now - ago, on_complete=self._batch_done,
-                             release=lambda: self.pool.free(blocks), origin=(session.client_id, batch_id))
+                             release=lambda: self.pool.free(client_id, blocks), origin=(client_id, batch_id))
 
     def _release(self, session: ClientSession, message: ipc.Release) -> None:
         blocks = message.blocks
@@ -354,31 +479,37 @@ class SidecarFront:
         ipc.Heartbeat: _heartbeat, ipc.Goodbye: _goodbye,
     }
 
-    def _end_session(self, session: ClientSession, *, alive: bool = False) -> None:
+    def _end_session(self, session: ClientSession) -> None:
         """Forget a client: its unsealed blocks return to the pool; its sealed batches still go.
 
-        A client that went silent may still be ``alive`` (stopped, starved): it could
-        write into the blocks it holds when it wakes up, before it learns that its
-        session ended. Those blocks are quarantined rather than given to anyone else,
-        until the client says HELLO again or a long grace period has passed.
+        Only the pool's count gets the blocks back: they are in the client's own segment, which no other
+        client can be given, so a client that is still alive (stopped, starved) and writes into them when
+        it wakes up harms nobody else.
         """
         session.gone = True
         self.sessions.pop(session.identity, None)
         self._by_id.pop(session.client_id, None)
-        if alive:
-            self._quarantine[session.identity] = (session.client_id,
-                                                  self.clock() + _QUARANTINE_FACTOR * self.client_timeout_ms)
-            self.pool.forget_waiters(session.client_id)  # nobody would take what they are granted
-            return
-        reclaimed = self.pool.reclaim(session.client_id)
+        self._by_token.pop(session.token, None)
+        if session.connection is not None:
+            self._close_connection(session.connection)
+            session.connection = None
+        reclaimed = self.pool.detach(session.client_id)
         if reclaimed:
             log.info("reclaimed %d unsealed block(s) of client %s", reclaimed, session.client_id)
 
-    def _release_quarantine(self, identity: bytes) -> None:
-        entry = self._quarantine.pop(identity, None)
-        if entry is not None:
-            reclaimed = self.pool.reclaim(entry[0])
-            log.info("reclaimed %d quarantined block(s) of client %s", reclaimed, entry[0])
+    def _close_connection(self, conn: socket.socket) -> None:
+        self._handshakes.pop(conn, None)
+        self._by_connection.pop(conn, None)
+        self.core.selector.unregister_external(conn)
+        conn.close()
+
+    def stats(self) -> dict[str, Any]:
+        """The figures a :class:`~client_stub.contract.ipc.Stats` request gets."""
+        held = self.pool.held()
+        return {"block_count": self.pool.block_count, "free_blocks": self.pool.free_blocks,
+                "sessions": len(self.sessions),
+                "clients": [[s.client_id, s.pid, held.get(s.client_id, 0)] for s in self.sessions.values()],
+                "held": [[client_id, count] for client_id, count in held.items()]}
 
     # -- outgoing --------------------------------------------------------------------------------
 
@@ -421,24 +552,15 @@ class SidecarFront:
             if now - session.last_seen_ms > self.client_timeout_ms:
                 log.warning("client %s (pid %s) silent for %d ms: ending its session", session.client_id,
                             session.pid, now - session.last_seen_ms)
-                self._end_session(session, alive=True)
-        for identity, (_, until) in list(self._quarantine.items()):
+                self._end_session(session)
+        for conn, until in list(self._handshakes.items()):
             if until <= now:
-                self._release_quarantine(identity)
-        if now - self._processes_checked_ms >= _PROCESS_CHECK_INTERVAL_MS:
-            self._processes_checked_ms = now
-            self._end_sessions_of_dead_processes()
+                self._close_connection(conn)
         if self.core.metadata.update_version != self._metadata_version:
             self._metadata_version = self.core.metadata.update_version
             for session in self.sessions.values():
                 for topic in session.topics:
                     self._push_topic(session, topic)
-
-    def _end_sessions_of_dead_processes(self) -> None:
-        for session in list(self.sessions.values()):
-            if session.process is not None and not ipc.process_alive(session.pid, session.process[1]):
-                log.warning("client %s: process %s is gone: ending its session", session.client_id, session.pid)
-                self._end_session(session)
 
     def next_timer_ms(self) -> int:
         """How long the loop may sleep before :meth:`after_iteration` has work (waiters, timeouts)."""
@@ -446,7 +568,7 @@ class SidecarFront:
         due = [w.deadline_ms - now for w in self.pool.waiters]
         if self.pool.waiters:
             due.append(_SEAL_NOW_INTERVAL_MS)
-        due.append(self._processes_checked_ms + _PROCESS_CHECK_INTERVAL_MS - now)
+        due += [until - now for until in self._handshakes.values()]
         due.append(min((s.last_seen_ms + self.client_timeout_ms - now for s in self.sessions.values()),
                        default=self.client_timeout_ms))
         return max(min(due), 0)

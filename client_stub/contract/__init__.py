@@ -2,12 +2,13 @@
 
 - :mod:`.ipc`: the messages over ZeroMQ, each a typed record, with encode and decode,
   the handshake's hello options and welcome settings by name;
-- :mod:`.shared_memory`: the BufferPool segment's layout, and mapping it;
+- :mod:`.shared_memory`: a client's segment of shared memory, its layout, and the memory
+  socket that hands it over;
 - :mod:`.records`: Kafka's v2 record format, which clients write into their blocks and
   the daemon wraps in a batch header.
 
 :data:`PROTOCOL_VERSION` versions the whole contract: a client and a daemon of different
-versions refuse each other at the handshake, and a client refuses a segment of another.
+versions refuse each other at the handshake.
 """
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2

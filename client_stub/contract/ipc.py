@@ -8,11 +8,12 @@ and the receiver checks the values. The handshake carries the contract's
 :data:`~client_stub.contract.PROTOCOL_VERSION`; either side refuses another version,
 with a message that says which versions are involved.
 
-The type numbers are each class's ``TYPE``. Client -> daemon: :class:`Hello`, :class:`Blocks`, :class:`Seal` (of
-:class:`SealNotice` rows), :class:`Release`, :class:`Metadata`, :class:`Heartbeat`,
-:class:`Goodbye`. Daemon -> client: :class:`Welcome` (with :class:`WelcomeSettings`),
-:class:`Grant`, :class:`GrantFailed`, :class:`Delivery` (of :class:`DeliveryReport`
-rows), :class:`Topic`, :class:`SealNow`, :class:`Error`.
+The type numbers are each class's ``TYPE``. Client -> daemon: :class:`Hello` (with :class:`HelloOptions`, which may
+carry a :class:`Resume`), :class:`Blocks`, :class:`Seal` (of :class:`SealNotice` rows),
+:class:`Release`, :class:`Metadata`, :class:`Heartbeat`, :class:`Goodbye`, :class:`Stats`.
+Daemon -> client: :class:`Welcome` (with :class:`WelcomeSettings`), :class:`Grant`,
+:class:`GrantFailed`, :class:`Delivery` (of :class:`DeliveryReport` rows), :class:`Topic`,
+:class:`SealNow`, :class:`Error`, :class:`StatsReport`.
 
 A refused request the client waits on is also answered after its :class:`Error`, so
 that the client fails it at once rather than at its timeout: a :class:`Blocks` with a
@@ -68,15 +69,27 @@ class HelloOptions(NamedTuple):
 
     linger_ms: int | None = None
     partitioner: str | None = None
-    # [pid namespace, start time] of the client process (process_identity()): the daemon notices at
-    # once when it dies, if both share a pid namespace.
-    process: list[str] | None = None
+    # What the client held in the session of a daemon that is gone (a Resume as a list): the new one
+    # takes it back with the client's segment rather than losing it.
+    resume: list[Any] | None = None
     # The client waits on through a topic's retriable metadata error (see Topic); older clients fail at once.
     retriable_topic_errors: bool = False
 
 
+class Resume(NamedTuple):
+    """A session of a daemon that is gone, handed to its successor: the blocks the client was granted
+    (``owned``, unsealed) and the batches it sealed that were not reported (``sealed``, SealNotice
+    rows in the order sealed), in its segment of ``block_size`` x ``block_count``."""
+
+    daemon_id: str
+    block_size: int
+    block_count: int
+    owned: list[int]
+    sealed: list[Any]
+
+
 class Hello(NamedTuple):
-    """The handshake, first of a session (again after an ERROR_UNKNOWN_CLIENT)."""
+    """The handshake, first of a session (again after an ERROR_UNKNOWN_CLIENT, or when the daemon is gone)."""
 
     TYPE = 1
 
@@ -148,6 +161,12 @@ class Goodbye(NamedTuple):
     TYPE = 7
 
 
+class Stats(NamedTuple):
+    """Ask for the daemon's figures (no session needed): answered by a :class:`StatsReport`."""
+
+    TYPE = 8
+
+
 # -- daemon -> client ---------------------------------------------------------------------------
 
 
@@ -163,17 +182,21 @@ class WelcomeSettings(NamedTuple):
 
 
 class Welcome(NamedTuple):
-    """The session is open: the client maps ``segment`` and may ask for blocks."""
+    """The session is open: the client gets its segment over ``memory_socket`` with ``memory_token`` (see
+    :mod:`.shared_memory`), then may ask for blocks. ``resumed``: the daemon takes back the session the
+    client's Hello offered, when the client hands over its segment."""
 
     TYPE = 101
 
     version: int
     client_id: int
-    segment: str
+    memory_socket: str
+    memory_token: bytes
     block_size: int
     block_count: int
     settings: WelcomeSettings
     daemon_id: str
+    resumed: bool
 
 
 class Grant(NamedTuple):
@@ -252,13 +275,22 @@ class Error(NamedTuple):
     message: str
 
 
-Message: TypeAlias = (Hello | Blocks | Seal | Release | Metadata | Heartbeat | Goodbye | Welcome | Grant
-                      | GrantFailed | Delivery | Topic | SealNow | Error)
+class StatsReport(NamedTuple):
+    """The daemon's figures: for now its BufferPool's (block_count, free_blocks, sessions, and
+    held, the blocks each client id holds)."""
+
+    TYPE = 108
+
+    pool: dict[str, Any]
+
+
+Message: TypeAlias = (Hello | Blocks | Seal | Release | Metadata | Heartbeat | Goodbye | Stats | Welcome | Grant
+                      | GrantFailed | Delivery | Topic | SealNow | Error | StatsReport)
 
 # By type number on the wire (each class's TYPE: clients' messages from 1, the daemon's from 101).
 _CLASSES: dict[int, type[Any]] = {cls.TYPE: cls for cls in (Hello, Blocks, Seal, Release, Metadata, Heartbeat,
-                                                             Goodbye, Welcome, Grant, GrantFailed, Delivery,
-                                                             Topic, SealNow, Error)}
+                                                             Goodbye, Stats, Welcome, Grant, GrantFailed, Delivery,
+                                                             Topic, SealNow, Error, StatsReport)}
 
 
 def encode(message: Message) -> bytes:
@@ -267,7 +299,7 @@ def encode(message: Message) -> bytes:
     if isinstance(message, Hello):
         return pack(kind, *message[:3], message.options._asdict())
     if isinstance(message, Welcome):
-        return pack(kind, *message[:5], message.settings._asdict(), message.daemon_id)
+        return pack(kind, *message[:6], message.settings._asdict(), *message[7:])
     return pack(kind, *message)
 
 
@@ -291,7 +323,7 @@ def from_fields(fields: list[Any]) -> Message:
     if cls is Hello:
         values[3] = _named(HelloOptions, values[3], "HELLO options", partial=True)
     elif cls is Welcome:
-        values[5] = _named(WelcomeSettings, values[5], "WELCOME settings", partial=False)
+        values[6] = _named(WelcomeSettings, values[6], "WELCOME settings", partial=False)
     return cls._make(values)
 
 
@@ -344,45 +376,6 @@ def check_topic(topic: Any) -> str:
 def _valid_topic(topic: str) -> bool:
     # Every seal notice names its topic: the few topics in use are checked once.
     return bool(_TOPIC_NAME.fullmatch(topic)) and topic not in (".", "..")
-
-
-def process_identity(pid: int) -> list[str] | None:
-    """[pid namespace, start time] of a live process, None if it is gone or /proc cannot tell.
-
-    A client sends its own in its Hello. The daemon, if it shares the pid namespace, then
-    watches the start time (:func:`process_alive`): a client process that died (or whose
-    pid was reused) is noticed at once, without waiting for its heartbeats to stop. Reading
-    another process's namespace needs ptrace rights over it: this is for a process's own.
-    """
-    try:
-        namespace = os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
-    started = _start_time(pid)
-    return None if started is None else [namespace, started]
-
-
-def process_alive(pid: int, start_time: str) -> bool:
-    """Whether process ``pid`` is alive and the one that started at ``start_time`` (a process_identity()).
-
-    From /proc/PID/stat, which any user may read: the daemon needs no privilege over its
-    clients, which run as other users.
-    """
-    return _start_time(pid) == start_time
-
-
-def _start_time(pid: int) -> str | None:
-    """The start time of a live process (in clock ticks since boot), None if it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            # The command name (field 2) may hold spaces; the state is field 3, the start time field 22.
-            fields = stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    # A zombie has died: only its parent has not reaped it yet (and may not for a while).
-    if not fields or fields[0] in (b"Z", b"X") or len(fields) < 20:
-        return None
-    return fields[19].decode()
 
 
 def error_to_wire(error: errors.KafkaError | None) -> list[Any] | None:

@@ -1,90 +1,92 @@
-"""The shared-memory segment of the BufferPool: its layout, and attaching to it.
+"""A client's shared memory: its segment's layout, and the memory socket that hands it over.
 
-The daemon creates the segment; clients map it and write records into the
-blocks granted to them. Layout::
+Each client session has a segment of its own: an anonymous memory file (memfd)
+the daemon creates and hands to that client alone, as a file descriptor over a
+Unix socket (SCM_RIGHTS). It has no name in /dev/shm or anywhere else, so no other
+process can map it: a client reads and writes its own records only. The segment
+is sealed against shrinking and growing, so that a client cannot make the daemon's
+mapping fault. Its blocks are numbered from 0; the daemon's BufferPool counts the
+blocks granted across all clients against buffer.memory.
 
-    0       header (64 bytes): magic, the contract's PROTOCOL_VERSION, block size, block count,
-            offset of the block table, offset of the first block, daemon pid
-    4096    block table: per block 16 bytes: state u8, 3 bytes padding,
-            owner (client id) u32, sealed length u32, sealed record count u32
-    data    block_count blocks of block_size bytes, from a page boundary
+The memory socket (SOCK_SEQPACKET) beside the ZeroMQ endpoint:
 
-Only the daemon writes the header and the table (a client is not trusted with
-other clients' blocks); the table records which block is free, owned by which
-client, or sealed, so that a restarted daemon can find batches that were sealed
-but not acknowledged (the daemon writes it; reading it back after a restart is
-not built yet: a restart fails what the daemon held).
+- the client connects and sends the token of its WELCOME, alone (a new segment) or with
+  the segment of a session whose daemon is gone attached (to resume it);
+- the daemon answers ``OK`` with the new segment attached, ``OK`` alone (resumed), or
+  ``ERR`` and the reason;
+- the connection then stays open for the session's life: each side learns that the
+  other's process is gone when it reads the end of the stream (the kernel's word,
+  whoever the other runs as).
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
-import struct
+import socket
 from dataclasses import dataclass
 
-from . import PROTOCOL_VERSION
+TOKEN_SIZE = 16
+OK = b"OK"
+ERR = b"ERR "
+# Seals every segment carries: its size is fixed for as long as it exists.
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+# The longest answer of either side.
+_MAX_PACKET = 4096
 
-MAGIC = b"KSIDECAR"
-HEADER = struct.Struct("<8sIIIIII")
-TABLE_OFFSET = 4096
-TABLE_ENTRY = struct.Struct("<BxxxIII")
-PAGE = 4096
 
-FREE = 0
-OWNED = 1
-SEALED = 2
+class HandshakeError(ConnectionError):
+    """The daemon refused the handshake, or answered something else than was asked."""
 
 
 @dataclass(frozen=True, slots=True)
 class Layout:
+    """Blocks of ``block_size`` bytes, ``block_count`` of them, from the start of the segment."""
+
     block_size: int
     block_count: int
 
     @property
-    def data_offset(self) -> int:
-        table_end = TABLE_OFFSET + self.block_count * TABLE_ENTRY.size
-        return (table_end + PAGE - 1) // PAGE * PAGE
-
-    @property
     def size(self) -> int:
-        return self.data_offset + self.block_count * self.block_size
+        return self.block_count * self.block_size
 
     def block_offset(self, block: int) -> int:
-        return self.data_offset + block * self.block_size
+        return block * self.block_size
 
-    def entry_offset(self, block: int) -> int:
-        return TABLE_OFFSET + block * TABLE_ENTRY.size
+
+def create_segment(layout: Layout, name: str) -> int:
+    """A new sealed memory file of ``layout.size`` bytes (its pages are allocated as they are written)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, layout.size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_segment(fd: int, layout: Layout) -> None:
+    """ValueError unless ``fd`` is a memory file of ``layout.size`` bytes sealed against resizing."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        raise ValueError("the segment is not a sealable memory file (memfd)") from None
+    if seals & SEALS != SEALS:
+        raise ValueError("the segment can be resized: it is not sealed against shrinking and growing")
+    size = os.fstat(fd).st_size
+    if size != layout.size:
+        raise ValueError(f"the segment has {size} bytes, the pool's layout {layout.size}")
 
 
 class Segment:
-    """A mapping of the daemon's segment (POSIX shared memory, /dev/shm on Linux).
+    """A mapping of a client's segment (the file descriptor stays the caller's)."""
 
-    Clients map it with ``shm_open`` and ``mmap`` rather than through
-    ``multiprocessing.shared_memory.SharedMemory``: before Python 3.13 the latter
-    registers every attach with a resource tracker, which starts a tracker process
-    per client and unlinks the daemon's segment when the client exits.
-    """
-
-    def __init__(self, name: str) -> None:
-        import _posixshmem
-
-        fd = _posixshmem.shm_open("/" + name.lstrip("/"), os.O_RDWR, mode=0o600)
-        try:
-            size = os.fstat(fd).st_size
-            self._mmap = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.name = name
+    def __init__(self, fd: int, layout: Layout) -> None:
+        self._mmap = mmap.mmap(fd, layout.size)
         self.buf = memoryview(self._mmap)
-        magic, version, block_size, block_count, _, _, _ = HEADER.unpack_from(self.buf, 0)
-        if magic != MAGIC:
-            self.close()
-            raise ValueError(f"shared memory {name!r} is not a kafka-sidecar BufferPool")
-        if version != PROTOCOL_VERSION:
-            self.close()
-            raise ValueError(f"BufferPool of protocol version {version}, this client reads {PROTOCOL_VERSION}")
-        self.layout = Layout(block_size, block_count)
+        self.layout = layout
 
     def blocks(self, first: int, count: int = 1) -> memoryview:
         """The bytes of ``count`` consecutive blocks from ``first``."""
@@ -92,5 +94,54 @@ class Segment:
         return self.buf[start:start + count * self.layout.block_size]
 
     def close(self) -> None:
+        """Unmap (every view of the blocks must be released first)."""
         self.buf.release()
         self._mmap.close()
+
+
+def memory_socket_path(endpoint: str, daemon_id: str) -> str:
+    """Where the daemon of ``endpoint`` listens for its clients' memory handshakes.
+
+    Beside the ipc socket, with its mode and group; for a tcp endpoint, an abstract socket
+    (no file: anyone on the host may connect, as anyone may reach the tcp endpoint).
+    """
+    if endpoint.startswith("ipc://"):
+        return endpoint[len("ipc://"):] + ".memory"
+    return f"\0kafka-sidecar-{daemon_id}.memory"
+
+
+def connect(path: str, token: bytes, timeout: float, resume_fd: int | None = None) -> tuple[socket.socket, int | None]:
+    """The client's half of the handshake: the connection (kept for the session's life) and the new
+    segment's file descriptor (None when the segment ``resume_fd`` was taken back).
+
+    ConnectionError if the daemon cannot be reached, HandshakeError if it refuses (with its reason).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        if resume_fd is None:
+            sock.sendall(token)
+        else:
+            socket.send_fds(sock, [token], [resume_fd])
+        answer, fds, _, _ = socket.recv_fds(sock, _MAX_PACKET, 1, socket.MSG_CMSG_CLOEXEC)
+        if answer != OK:
+            for fd in fds:
+                os.close(fd)
+            reason = answer[len(ERR):].decode(errors="replace") if answer.startswith(ERR) else "no answer"
+            raise HandshakeError(f"the daemon refused the shared memory handshake: {reason}")
+        if bool(fds) == (resume_fd is not None):
+            for fd in fds:
+                os.close(fd)
+            raise HandshakeError("the daemon's answer to the shared memory handshake is not the one asked for")
+        sock.setblocking(False)
+        return sock, (fds[0] if fds else None)
+    except HandshakeError:
+        sock.close()
+        raise
+    except OSError as exc:
+        sock.close()
+        raise ConnectionError(f"shared memory handshake with the daemon at {path.lstrip(chr(0))!r}: {exc}") from None
+    except BaseException:
+        sock.close()
+        raise

@@ -16,8 +16,7 @@ from typing import IO, Self
 
 import zmq
 
-from client_stub.contract import PROTOCOL_VERSION, ipc
-from client_stub.contract.shared_memory import TABLE_ENTRY, Segment
+from client_stub.contract import ipc
 from service.tools.embedded import free_port
 from tests.support import users
 
@@ -44,7 +43,7 @@ class SidecarProcess:
         self.log_path = Path(self._dir) / "daemon.log"
         self._log: IO[bytes] | None = None
         self.process: subprocess.Popen[bytes] | None = None
-        self.welcome: list[object] | None = None
+        self.ready: list[object] | None = None
 
     @property
     def pid(self) -> int:
@@ -68,46 +67,40 @@ class SidecarProcess:
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, cwd=users.ROOT, umask=self.umask, **as_user)
         try:
-            self.welcome = self.handshake(self.start_timeout)
+            self.ready = self.handshake(self.start_timeout)
         except BaseException:
             self.stop()
             raise
         return self
 
     def handshake(self, timeout: float) -> list[object]:
-        """Say HELLO as a client would and return the WELCOME (then GOODBYE)."""
+        """Ask for the daemon's figures as a client would, until it answers (a STATS_REPORT's fields)."""
+        return self._ask(ipc.Stats(), timeout)
+
+    def stats(self, timeout: float = 10.0) -> dict[str, object]:
+        """The daemon's figures (its BufferPool's: block_count, free_blocks, sessions, clients, held)."""
+        return self._ask(ipc.Stats(), timeout)[1]  # type: ignore[return-value]
+
+    def held(self) -> dict[int, int]:
+        """The blocks each client id holds (granted or sealed), as the daemon counts them."""
+        return {client_id: count for client_id, count in self.stats()["held"]}  # type: ignore[union-attr]
+
+    def _ask(self, message: ipc.Message, timeout: float) -> list[object]:
         context = zmq.Context.instance()
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         try:
             sock.connect(self.endpoint)
-            sock.send(ipc.pack(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "test-probe", {}))
+            sock.send(ipc.encode(message))
             deadline = time.monotonic() + timeout
             while not sock.poll(100):
                 if self.process is not None and self.process.poll() is not None:
                     raise RuntimeError(f"the daemon exited with {self.process.returncode}:\n{self.log_tail()}")
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"no WELCOME from the daemon in {timeout}s:\n{self.log_tail()}")
-            welcome = ipc.unpack(sock.recv())
-            sock.send(ipc.pack(ipc.Goodbye.TYPE))
-            return welcome
+                    raise TimeoutError(f"no answer from the daemon in {timeout}s:\n{self.log_tail()}")
+            return ipc.unpack(sock.recv())
         finally:
             sock.close()
-
-    @property
-    def segment_name(self) -> str:
-        assert self.welcome is not None
-        return str(self.welcome[3])
-
-    def block_table(self) -> list[tuple[int, int]]:
-        """(state, owner) of every block of the BufferPool, as the table in shared memory has them."""
-        segment = Segment(self.segment_name)
-        try:
-            layout = segment.layout
-            return [TABLE_ENTRY.unpack_from(segment.buf, layout.entry_offset(block))[:2]
-                    for block in range(layout.block_count)]
-        finally:
-            segment.close()
 
     def kill(self) -> None:
         """SIGKILL: the daemon gets no chance to finish anything."""
