@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import signal
+import time
 
 import pytest
 
-from client_stub.contract import ipc
 from service.tools.readback import read_topic
 from tests.support import users
 from tests.support.sidecar import SidecarProcess
@@ -20,8 +20,7 @@ from tests.support.sidecar import SidecarProcess
 NOT_HERE = users.why_not()
 pytestmark = [pytest.mark.broker, pytest.mark.skipif(NOT_HERE is not None, reason=str(NOT_HERE))]
 
-# A client that sends for a few seconds (several of the daemon's liveness checks, 500 ms apart), then
-# reports what its futures say.
+# A client that sends for a few seconds, then reports what its futures say.
 CLIENT = """
 import json, os, sys, time
 from client_stub import Producer
@@ -41,12 +40,70 @@ print(json.dumps({"uid": os.getuid(), "left": left, "errors": errors[:5], "error
                   "delivered": len(offsets), "distinct": len(set(offsets))}))
 """
 
+# A client that sends records with a secret in them until told to stop on its stdin.
+SECRET_SENDER = """
+import json, os, sys, threading
+from client_stub import Producer
+topic, endpoint = sys.argv[1], sys.argv[2]
+producer = Producer(endpoint)
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+futures = [producer.send(topic, b"SECRET-OF-B-%d" % n) for n in range(1000)]
+producer.flush(30)
+print("SENDING", os.getpid(), flush=True)
+n = 1000
+while not stop.is_set():
+    futures += [producer.send(topic, b"SECRET-OF-B-%d" % m) for m in range(n, n + 100)]
+    n += 100
+    stop.wait(0.002)
+left = producer.flush(60)
+producer.close(10)
+print(json.dumps({"left": left, "delivered": sum(f.exception(0) is None for f in futures), "sent": len(futures)}))
+"""
+
+# What another client of the group tries against B while B sends.
+SNOOPER = """
+import json, os, sys
+from client_stub import Producer
+from client_stub.contract import shared_memory
+b_pid, daemon_pid, endpoint = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+found = {"shm": sorted(os.listdir("/dev/shm")), "secret_in_shm": [], "proc": {}}
+for name in found["shm"]:
+    try:
+        with open(os.path.join("/dev/shm", name), "rb") as f:
+            if b"SECRET-OF-B" in f.read():
+                found["secret_in_shm"].append(name)
+    except OSError:
+        pass
+for who, pid in (("b", b_pid), ("daemon", daemon_pid)):
+    for what in ("fd", "map_files", "mem"):
+        path = f"/proc/{pid}/{what}"
+        try:
+            os.listdir(path) if what != "mem" else open(path, "rb").close()
+            found["proc"][f"{who}/{what}"] = "open"
+        except PermissionError:
+            found["proc"][f"{who}/{what}"] = "denied"
+try:
+    shared_memory.connect(endpoint[len("ipc://"):] + ".memory", os.urandom(16), 5.0)
+    found["guessed_token"] = "segment"
+except shared_memory.HandshakeError as exc:
+    found["guessed_token"] = str(exc)
+with Producer(endpoint) as mine:
+    mine.send(sys.argv[4], b"mine").result(30)
+    found["secret_in_own_segment"] = b"SECRET-OF-B" in bytes(mine._io.segment.buf)
+print(json.dumps(found))
+"""
+
 
 def run_client(user: users.User, topic: str, count: int, endpoint: str) -> dict[str, object]:
     code = f"import sys; sys.argv = ['client', {topic!r}, '{count}', {endpoint!r}, {user.name!r}]\n" + CLIENT
     done = users.run_python(user, code, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def with_argv(code: str, *args: object) -> str:
+    return f"import sys; sys.argv = ['client', *{[str(a) for a in args]!r}]\n" + code
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +118,7 @@ def host_users() -> dict[str, users.User]:
 def test_clients_of_other_users_in_the_group_keep_their_sessions(broker, topic_factory, host_users,
                                                                  umask: int) -> None:
     topic = topic_factory(3)
-    count = 5000
+    count = 50_000
     with SidecarProcess(broker.bootstrap, user=host_users["daemon"], umask=umask) as daemon:
         assert os.stat(daemon.endpoint[len("ipc://"):]).st_uid == host_users["daemon"].uid
         reports = {name: run_client(host_users[name], topic, count, daemon.endpoint) for name in ("b", "c")}
@@ -69,19 +126,74 @@ def test_clients_of_other_users_in_the_group_keep_their_sessions(broker, topic_f
     for name, report in reports.items():
         assert report["uid"] == host_users[name].uid
         assert report == {**report, "left": 0, "error_count": 0, "delivered": count, "distinct": count}, report
+        # The daemon knows each client's user from the kernel, not from what the client says.
+        assert f"(uid {host_users[name].uid})" in log
     # The daemon, another user, took neither client for dead: each kept its one session to the end.
     assert "is gone: ending its session" not in log and "silent for" not in log, log
-    assert log.count("connected: pid") == 3  # the start-up probe, and one session per client
+    assert log.count("connected: pid") == 2
     records = read_topic(broker.bootstrap, topic, expected=2 * count)
     values = sorted(record.value for record in records)
     assert values == sorted(b"%s-%d" % (f"{users.GROUP}-{name}".encode(), n)
                             for name in ("b", "c") for n in range(count))
 
 
-def test_a_user_outside_the_group_can_neither_connect_nor_map(broker, host_users) -> None:
+def test_a_client_cannot_reach_the_records_of_another(broker, topic_factory, host_users) -> None:
+    topic = topic_factory(1)
+    with SidecarProcess(broker.bootstrap, user=host_users["daemon"]) as daemon:
+        sender = users.start_python(host_users["b"], with_argv(SECRET_SENDER, topic, daemon.endpoint))
+        try:
+            line = sender.stdout.readline()
+            assert line.startswith("SENDING"), line or sender.stderr.read()[-3000:]
+            snoop = users.run_python(host_users["c"], with_argv(SNOOPER, line.split()[1], daemon.pid, daemon.endpoint,
+                                                                topic))
+            assert sender.poll() is None, "B was still sending while C looked"
+            out, err = sender.communicate("stop\n", timeout=120)
+        finally:
+            sender.kill()
+            sender.wait()
+    assert snoop.returncode == 0, snoop.stderr[-3000:]
+    found = json.loads(snoop.stdout.strip().splitlines()[-1])
+    # No segment has a name: nothing of the daemon's is in /dev/shm, let alone B's records.
+    assert not [name for name in found["shm"] if "kafka-sidecar" in name] and found["secret_in_shm"] == []
+    # Neither B's nor the daemon's file descriptors or memory are open to C.
+    assert set(found["proc"].values()) == {"denied"}, found["proc"]
+    # The memory socket gives a segment for the token of a session only.
+    assert "unknown token" in found["guessed_token"]
+    # C's own segment has C's records only.
+    assert found["secret_in_own_segment"] is False
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["left"] == 0 and result["delivered"] == result["sent"], (result, err[-2000:])
+
+
+def test_the_daemon_sees_a_client_of_another_user_die_at_once(broker, topic_factory, host_users) -> None:
+    topic = topic_factory(1)
+    with SidecarProcess(broker.bootstrap, user=host_users["daemon"]) as daemon:
+        sender = users.start_python(host_users["b"], with_argv(SECRET_SENDER, topic, daemon.endpoint))
+        try:
+            line = sender.stdout.readline()
+            assert line.startswith("SENDING"), sender.stderr.read()[-3000:]
+            pid = int(line.split()[1])
+            client = daemon.client_id_of(pid)
+            assert daemon.held().get(client, 0) > 0  # spare blocks, an open batch
+            os.kill(pid, signal.SIGKILL)
+        finally:
+            sender.kill()
+            sender.wait()
+        # Its connection to the memory socket ended with it: the daemon, with no privilege over it, ends
+        # the session long before sidecar.client.timeout.ms and takes its blocks back.
+        deadline = time.monotonic() + 10
+        while client in daemon.held() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client not in daemon.held()
+        log = daemon.log_tail(200)
+    assert f"process {pid} is gone: ending its session" in log and "silent for" not in log
+
+
+def test_a_user_outside_the_group_can_neither_connect_nor_get_memory(broker, host_users) -> None:
     with SidecarProcess(broker.bootstrap, user=host_users["daemon"], umask=0o000) as daemon:
-        segment = f"/dev/shm/{daemon.segment_name}"
-        code = ("from client_stub import Producer\n"
+        memory = daemon.endpoint[len("ipc://"):] + ".memory"
+        code = ("import os, socket\n"
+                "from client_stub import Producer\n"
                 "from client_stub.errors import SidecarUnavailableError\n"
                 f"producer = Producer({daemon.endpoint!r}, max_block_ms=2000)\n"
                 "try:\n"
@@ -90,32 +202,13 @@ def test_a_user_outside_the_group_can_neither_connect_nor_map(broker, host_users
                 "    print('refused:', exc)\n"
                 "producer.close(0)\n"
                 "try:\n"
-                f"    open({segment!r}, 'rb')\n"
+                "    socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).connect(" + repr(memory) + ")\n"
                 "except PermissionError:\n"
-                "    print('cannot map')\n")
+                "    print('no memory socket')\n")
         outside = users.run_python(host_users["outsider"], code, umask=0o000)
         inside = users.run_python(host_users["b"], code.replace("2000", "20000"), umask=0o000)
     assert outside.returncode == 0, outside.stderr[-2000:]
-    assert "refused: no kafka-sidecar daemon answered" in outside.stdout and "cannot map" in outside.stdout
-    # The same code as a member of the group: it connects, and could map the segment.
-    assert inside.returncode == 0 and "refused" not in inside.stdout and "cannot map" not in inside.stdout, inside
-
-
-def test_the_daemon_watches_clients_it_has_no_privilege_over(host_users) -> None:
-    # As the daemon's user: a client process of another user is alive, then gone, by its start time.
-    client = subprocess.Popen(["sleep", "30"], user=host_users["b"].uid, group=host_users["b"].gid, extra_groups=[])
-    try:
-        identity = ipc.process_identity(client.pid)  # what the client sends of itself
-        assert identity is not None
-        check = ("import sys; from client_stub.contract import ipc\n"
-                 f"print(ipc.process_alive({client.pid}, {identity[1]!r}), ipc.process_identity({client.pid}))")
-        seen = users.run_python(host_users["daemon"], check)
-        assert seen.returncode == 0, seen.stderr
-        # Alive, though its namespace cannot be read without ptrace rights (which the old check needed).
-        assert seen.stdout.split() == ["True", "None"]
-    finally:
-        client.kill()
-        client.wait()
-    gone = users.run_python(host_users["daemon"], "from client_stub.contract import ipc\n"
-                                                  f"print(ipc.process_alive({client.pid}, {identity[1]!r}))")
-    assert gone.stdout.split() == ["False"]
+    assert "refused: no kafka-sidecar daemon answered" in outside.stdout and "no memory socket" in outside.stdout
+    # The same code as a member of the group: it connects and gets its segment.
+    assert inside.returncode == 0 and "refused" not in inside.stdout and "no memory socket" not in inside.stdout, \
+        inside

@@ -99,7 +99,20 @@ def python_env() -> dict[str, str]:
 def run_python(user: User, code: str, *, umask: int = 0o007, timeout: float = 120.0,
                cwd: str = "/") -> subprocess.CompletedProcess[str]:
     """Run ``code`` as ``user`` (in its group only) and wait for it."""
+    process = start_python(user, code, umask=umask, cwd=cwd)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException:
+        process.kill()
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def start_python(user: User, code: str, *, umask: int = 0o007, cwd: str = "/") -> subprocess.Popen[str]:
+    """Start ``code`` as ``user`` (in its group only), its stdin, stdout and stderr pipes of text."""
     interpreter = shared_interpreter()
     assert interpreter is not None, why_not()
-    return subprocess.run([interpreter, "-c", code], user=user.uid, group=user.gid, extra_groups=[],
-                          umask=umask, env=python_env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.Popen([interpreter, "-c", code], user=user.uid, group=user.gid, extra_groups=[], umask=umask,
+                            env=python_env(), cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)

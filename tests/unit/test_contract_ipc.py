@@ -1,11 +1,6 @@
-"""The client/daemon messages: typed encode/decode, the msgpack layer, topic names, errors on the wire, process
-identity."""
+"""The client/daemon messages: typed encode/decode, the msgpack layer, topic names, errors on the wire."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import time
 
 import msgpack
 import pytest
@@ -20,16 +15,19 @@ from client_stub.contract import PROTOCOL_VERSION, ipc
 
 SETTINGS = ipc.WelcomeSettings(max_request_size=1048576, linger_ms=5, max_block_ms=60000,
                                delivery_timeout_ms=120000, buffer_memory=32 << 20, heartbeat_interval_ms=3000)
+RESUME = ipc.Resume("f00d", 16384, 2048, [4, 5],
+                    [ipc.SealNotice(9, 0, 2, "orders", 3, 10, 5000, 1_700_000_000_000, 1_700_000_000_010, 40)])
 TYPED = [
-    ipc.Hello(PROTOCOL_VERSION, 1234, "gunicorn worker",
-              ipc.HelloOptions(5, "murmur2_random", ["pid:[4026531836]", "98765"], True)),
+    ipc.Hello(PROTOCOL_VERSION, 1234, "gunicorn worker", ipc.HelloOptions(5, "murmur2_random", None, True)),
     ipc.Blocks(7, 3, True, 60000),
     ipc.Seal([ipc.SealNotice(1, 0, 2, "orders", 3, 10, 5000, 1_700_000_000_000, 1_700_000_000_010, 4)]),
     ipc.Release([0, 5, 7]),
     ipc.Metadata("orders"),
     ipc.Heartbeat(),
     ipc.Goodbye(),
-    ipc.Welcome(PROTOCOL_VERSION, 3, "kafka-sidecar-1-ab", 16384, 2048, SETTINGS, "f00d"),
+    ipc.Stats(),
+    ipc.Welcome(PROTOCOL_VERSION, 3, "/run/kafka-sidecar/sidecar.sock.memory", b"\x01" * 16, 16384, 2048, SETTINGS,
+                "f00d", False),
     ipc.Grant(7, [4, 5, 6]),
     ipc.GrantFailed(7, "no 3 free block(s) of the BufferPool in time"),
     ipc.Delivery([ipc.DeliveryReport(1, 0, 10, 2**40, -1, None),
@@ -37,6 +35,8 @@ TYPED = [
     ipc.Topic("orders", 12, [0, 1, 2], None),
     ipc.SealNow(),
     ipc.Error(ipc.ERROR_REFUSED, "refused: \u00fcn\u00efcode"),
+    ipc.StatsReport({"block_count": 2048, "free_blocks": 2040, "sessions": 1, "clients": [[3, 1234, 8]],
+                     "held": [[3, 8]]}),
 ]
 
 
@@ -56,17 +56,27 @@ def test_every_typed_message_round_trips(message: ipc.Message) -> None:
 def test_type_numbers_are_the_wire_format() -> None:
     # Changing one is a new protocol version: old clients would read one message as another.
     assert {type(m).__name__: m.TYPE for m in TYPED} == {
-        "Hello": 1, "Blocks": 2, "Seal": 3, "Release": 4, "Metadata": 5, "Heartbeat": 6, "Goodbye": 7,
-        "Welcome": 101, "Grant": 102, "GrantFailed": 103, "Delivery": 104, "Topic": 105, "SealNow": 106, "Error": 107}
+        "Hello": 1, "Blocks": 2, "Seal": 3, "Release": 4, "Metadata": 5, "Heartbeat": 6, "Goodbye": 7, "Stats": 8,
+        "Welcome": 101, "Grant": 102, "GrantFailed": 103, "Delivery": 104, "Topic": 105, "SealNow": 106, "Error": 107,
+        "StatsReport": 108}
     assert ipc.unpack(ipc.encode(ipc.Blocks(7, 3, True, 60000))) == [2, 7, 3, True, 60000]
 
 
 def test_handshake_maps_are_by_name() -> None:
     hello = ipc.unpack(ipc.encode(TYPED[0]))
-    assert hello[4] == {"linger_ms": 5, "partitioner": "murmur2_random", "process": ["pid:[4026531836]", "98765"],
+    assert hello[4] == {"linger_ms": 5, "partitioner": "murmur2_random", "resume": None,
                         "retriable_topic_errors": True}
-    welcome = ipc.unpack(ipc.encode(TYPED[7]))
-    assert welcome[6] == SETTINGS._asdict()
+    welcome = ipc.unpack(ipc.encode(TYPED[8]))
+    assert welcome[7] == SETTINGS._asdict()
+    assert welcome[3:5] == ["/run/kafka-sidecar/sidecar.sock.memory", b"\x01" * 16]
+
+
+def test_a_resumed_session_travels_in_the_hello_options_as_a_list() -> None:
+    hello = ipc.Hello(PROTOCOL_VERSION, 1234, "w", ipc.HelloOptions(resume=[*RESUME[:4], [list(RESUME.sealed[0])]]))
+    back = ipc.decode(ipc.encode(hello))
+    resume = ipc.Resume._make(back.options.resume)
+    assert resume[:4] == RESUME[:4]
+    assert [ipc.SealNotice._make(row) for row in resume.sealed] == RESUME.sealed
 
 
 def test_hello_options_a_client_leaves_out_take_their_defaults_and_unknown_ones_are_ignored() -> None:
@@ -78,7 +88,7 @@ def test_welcome_settings_must_all_be_there() -> None:
     settings = SETTINGS._asdict()
     del settings["heartbeat_interval_ms"]
     with pytest.raises(ValueError, match="WELCOME settings lack heartbeat_interval_ms"):
-        ipc.decode(ipc.pack(ipc.Welcome.TYPE, PROTOCOL_VERSION, 3, "seg", 16384, 8, settings, "d"))
+        ipc.decode(ipc.pack(ipc.Welcome.TYPE, PROTOCOL_VERSION, 3, "path", b"token", 16384, 8, settings, "d", False))
 
 
 @pytest.mark.parametrize("fields, error", [
@@ -230,60 +240,6 @@ def test_error_of_an_unknown_class_arrives_as_kafka_error(class_name: object) ->
 def test_no_error_is_none_on_the_wire() -> None:
     assert ipc.error_to_wire(None) is None
     assert ipc.error_from_wire(None) is None
-
-
-# -- process identity -----------------------------------------------------------------------------
-
-
-def test_process_identity_of_this_process_is_stable() -> None:
-    identity = ipc.process_identity(os.getpid())
-    assert identity is not None
-    namespace, start_time = identity
-    assert namespace == os.readlink("/proc/self/ns/pid")
-    assert start_time.isdigit()
-    assert ipc.process_identity(os.getpid()) == identity
-    # It survives msgpack, as it travels in HELLO.
-    assert ipc.unpack(ipc.pack(ipc.Hello.TYPE, identity))[1] == identity
-
-
-def test_process_identity_of_a_child_differs_from_ours() -> None:
-    child = subprocess.Popen(["sleep", "30"])
-    try:
-        identity = ipc.process_identity(child.pid)
-        assert identity is not None and identity != ipc.process_identity(os.getpid())
-        assert identity[0] == ipc.process_identity(os.getpid())[0]  # the same pid namespace
-    finally:
-        child.kill()
-        child.wait()
-    assert ipc.process_identity(child.pid) is None
-
-
-def test_process_identity_of_a_dead_process_is_none() -> None:
-    child = subprocess.Popen(["true"])
-    child.wait()
-    assert ipc.process_identity(child.pid) is None
-
-
-def test_process_identity_of_a_zombie_is_none() -> None:
-    # A process that exited but is not reaped yet is dead all the same.
-    child = subprocess.Popen(["true"])
-    try:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            with open(f"/proc/{child.pid}/stat", "rb") as stat:
-                if stat.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    break
-            time.sleep(0.005)
-        else:
-            pytest.fail("the child did not exit")
-        assert ipc.process_identity(child.pid) is None
-    finally:
-        child.wait()
-
-
-@pytest.mark.parametrize("pid", [0, -1, 2**22 + 1])
-def test_process_identity_of_no_process_is_none(pid: int) -> None:
-    assert ipc.process_identity(pid) is None
 
 
 def test_default_endpoint_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
