@@ -425,8 +425,9 @@ class IoThread:
                 self._segment_fd = fd
                 self.segment = Segment(fd, Layout(welcome.block_size, welcome.block_count))
             elif self._lost_welcome is not None:
-                log.warning("the kafka-sidecar daemon took back %d unreported batch(es) of the lost session",
-                            len(self._accumulator.sealed))
+                sealed = self._accumulator.sealed.values()
+                log.warning("the kafka-sidecar daemon took back %d unreported batch(es) of the lost session "
+                            "(%d record(s), sent again)", len(sealed), sum(b.record_count - b.reported for b in sealed))
             self._lost_welcome = None
             self._memory = conn
             assert self._poller is not None

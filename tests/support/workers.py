@@ -8,6 +8,7 @@ null; results (RecordMetadata per record) go to a JSON-lines file.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import sys
@@ -46,6 +47,22 @@ def produce_numbered(endpoint: str, topic: str, client: int, count: int, results
     with Producer(endpoint, max_block_ms=60_000) as producer:
         futures = [producer.send(topic, **record(client, n, big_at)) for n in range(count)]
         assert producer.flush(120) == 0
+        write_results(results, futures)
+
+
+def produce_paced(endpoint: str, topic: str, client: int, count: int, results: str, seconds: float,
+                  log_path: str) -> None:
+    """Send ``count`` records evenly over about ``seconds`` (whatever happens to the daemon meanwhile), then
+    write each one's outcome to ``results``; the producer's warnings go to ``log_path``."""
+    logging.basicConfig(filename=log_path, level=logging.WARNING, format="%(message)s")
+    started = time.monotonic()
+    with Producer(endpoint, max_block_ms=120_000) as producer:
+        futures = []
+        for n in range(count):
+            futures.append(producer.send(topic, **record(client, n)))
+            if n % 200 == 199:
+                time.sleep(max(0.0, started + seconds * (n + 1) / count - time.monotonic()))
+        assert producer.flush(180) == 0
         write_results(results, futures)
 
 

@@ -1,10 +1,14 @@
-"""SidecarFront driven in-process: real ZeroMQ DEALER clients over inproc://, a ProducerCore that
-never reaches a broker (nothing runs its loop), a small BufferPool, and a clock the tests move."""
+"""SidecarFront driven in-process: real ZeroMQ DEALER clients over inproc://, the memory socket's handshake
+done by hand over a real Unix socket (the daemon's side driven in between), real memfd segments, a
+ProducerCore that never reaches a broker (nothing runs its loop), a small BufferPool, and a clock the tests
+move."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import select
 import socket
 import stat
 import subprocess
@@ -19,11 +23,11 @@ import zmq
 
 from client_stub import errors
 from client_stub.contract import PROTOCOL_VERSION, ipc
-from client_stub.contract.shared_memory import FREE, OWNED, SEALED, TABLE_ENTRY, Segment
-from service.buffer_pool import BufferPool
+from client_stub.contract.shared_memory import ERR, OK, Layout, Segment, create_segment
+from service.buffer_pool import FREE, OWNED, SEALED, BufferPool
 from service.config import ProducerConfig
 from service.daemon import SidecarDaemon
-from service.front import MAX_TOPICS_PER_CLIENT, SidecarFront
+from service.front import MAX_TOPICS_PER_CLIENT, ClientSession, SidecarFront
 from service.producer.batch import ProducerBatch, TopicPartition
 from service.producer.core import ProducerCore
 from service.protocol import messages as m
@@ -33,6 +37,8 @@ BLOCKS = 8
 TIMEOUT_MS = 2000  # sidecar.client.timeout.ms
 MAX_REQUEST_SIZE = 6000
 T0 = 1_000_000
+HANDSHAKE_TIMEOUT_MS = 10_000  # how long a connection to the memory socket may take to send its token
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeClock:
@@ -47,7 +53,8 @@ class FakeClock:
 
 
 class Client:
-    """An application process as the daemon sees it: a DEALER socket."""
+    """An application process as the daemon sees it: a DEALER socket, and once it said HELLO, its connection
+    to the memory socket and its segment (mapped here, as the client maps it)."""
 
     def __init__(self, env: Env) -> None:
         self.env = env
@@ -56,6 +63,12 @@ class Client:
         self.sock.connect(env.endpoint)
         self.client_id = 0
         self.next_request = 1
+        self.welcome: ipc.Welcome | None = None
+        self.memory: socket.socket | None = None
+        self.fd: int | None = None
+        self.segment: Segment | None = None
+        # What earlier sessions had: kept open until close(), for tests to look at.
+        self._retired: list[Any] = []
 
     def send(self, *message: Any) -> None:
         self.sock.send(ipc.pack(*message))
@@ -68,15 +81,47 @@ class Client:
         """Nothing arrived (inproc delivers at once, so a short wait is enough)."""
         return self.sock.poll(20) == 0
 
-    def hello(self, pid: int | None = None, process: Any = "mine", **options: Any) -> int:
-        if process == "mine":
-            process = ipc.process_identity(os.getpid())
-        self.send(ipc.Hello.TYPE, PROTOCOL_VERSION, pid or os.getpid(), "test-client", {"process": process, **options})
+    def hello(self, pid: int | None = None, *, handshake: bool = True, hand_over: int | None = None,
+              **options: Any) -> int:
+        """HELLO, then (unless not ``handshake``) the memory handshake: a new segment, or if the daemon
+        takes the session back, the segment ``hand_over`` handed to it."""
+        self.send(ipc.Hello.TYPE, PROTOCOL_VERSION, pid or os.getpid(), "test-client", options)
         self.env.pump()
-        welcome = self.recv()
-        assert welcome[0] == ipc.Welcome.TYPE, welcome
-        self.client_id = welcome[2]
+        message = self.recv()
+        assert message[0] == ipc.Welcome.TYPE, message
+        self.welcome = ipc.from_fields(message)
+        self.client_id = self.welcome.client_id
+        if handshake:
+            self.handshake(hand_over if self.welcome.resumed else None)
         return self.client_id
+
+    def handshake(self, hand_over: int | None = None) -> None:
+        """The memory handshake of the last WELCOME, which must succeed."""
+        assert self.welcome is not None
+        conn, answer, fds = self.env.handshake(self.welcome.memory_token, hand_over)
+        assert answer == OK, answer
+        self._retired += [self.segment, self.fd, self.memory]
+        self.memory = conn
+        if hand_over is None:
+            assert len(fds) == 1, "a new segment comes with the answer"
+            self.fd = fds[0]
+        else:
+            assert fds == [], "a segment taken back is not handed back"
+            self.fd = os.dup(hand_over)
+        self.segment = Segment(self.fd, Layout(self.welcome.block_size, self.welcome.block_count))
+
+    def hang_up(self) -> None:
+        """The client's process is gone: its end of the memory connection closes, the daemon reads it."""
+        connection = self.env.session(self.client_id).connection
+        assert self.memory is not None and connection is not None
+        self.memory.close()
+        self.memory = None
+        self.env.front.handle_ready([connection])
+
+    def memory_ended(self) -> bool:
+        """Whether the daemon closed the memory connection (which says the session is over)."""
+        assert self.memory is not None
+        return _ended(self.memory)
 
     def blocks(self, count: int, contiguous: bool = False, timeout_ms: int = 1000) -> list[int]:
         request_id = self.next_request
@@ -102,6 +147,30 @@ class Client:
 
     def close(self) -> None:
         self.sock.close(linger=0)
+        for item in [self.segment, self.fd, self.memory, *self._retired]:
+            _close(item)
+
+
+def _close(item: Any) -> None:
+    if isinstance(item, Segment):
+        try:
+            item.close()
+        except BufferError:
+            pass  # a view of it is still referenced: unmapped when it goes
+    elif isinstance(item, int):
+        os.close(item)
+    elif item is not None:
+        item.close()
+
+
+def _ended(conn: socket.socket) -> bool:
+    """Whether the other end of ``conn`` closed it (within a short wait)."""
+    if not select.select([conn], [], [], 0.05)[0]:
+        return False
+    try:
+        return conn.recv(4096, socket.MSG_PEEK) == b""
+    except ConnectionResetError:
+        return True
 
 
 class Env:
@@ -115,6 +184,7 @@ class Env:
         self.front = SidecarFront(self.core, self.pool, self.endpoint, client_timeout_ms=TIMEOUT_MS,
                                   context=self.context)
         self.clients: list[Client] = []
+        self.sockets: list[socket.socket] = []
 
     def client(self) -> Client:
         client = Client(self)
@@ -126,9 +196,35 @@ class Env:
         assert self.front.socket.poll(1000), "nothing reached the daemon"
         self.front.handle_readable()
 
-    def state(self, block: int) -> tuple[int, int]:
-        """(state, owner) of a block, from the table in shared memory."""
-        return TABLE_ENTRY.unpack_from(self.pool.buf, self.pool.layout.entry_offset(block))[:2]
+    def connect_memory(self) -> socket.socket:
+        """A connection to the memory socket, accepted by the front."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sockets.append(conn)
+        conn.connect(self.front.memory.path)
+        self.front.handle_ready([self.front.memory.listener])
+        return conn
+
+    def handshake(self, token: bytes, fd: int | None = None) -> tuple[socket.socket, bytes, list[int]]:
+        """A client's half of the memory handshake as shared_memory.connect does it, with the front's half
+        driven in between: the connection, the answer and the file descriptors that came with it."""
+        conn = self.connect_memory()
+        if fd is None:
+            conn.send(token)
+        else:
+            socket.send_fds(conn, [token], [fd])
+        self.front.handle_ready(list(self.front._handshakes))
+        conn.settimeout(1)
+        answer, fds, _, _ = socket.recv_fds(conn, 4096, 1, socket.MSG_CMSG_CLOEXEC)
+        return conn, answer, fds
+
+    def session(self, client_id: int) -> ClientSession:
+        [session] = [s for s in self.front.sessions.values() if s.client_id == client_id]
+        return session
+
+    def state(self, client_id: int, block: int) -> int | None:
+        """A block's state in the client's segment (FREE, OWNED, SEALED); None if the pool has no segment of it."""
+        memory = self.pool._memory.get(client_id)
+        return None if memory is None else memory.state[block]
 
     def queued(self, topic: str = "t", partition: int = 0) -> list[ProducerBatch]:
         return self.core.accumulator.queued_for(TopicPartition(topic, partition))
@@ -136,6 +232,8 @@ class Env:
     def close(self) -> None:
         for client in self.clients:
             client.close()
+        for conn in self.sockets:
+            conn.close()
         self.core.close(0)  # fails what is still queued: the batches let go of their shared memory
         self.front.close()
         self.pool.close()
@@ -166,31 +264,64 @@ def deliveries(client: Client) -> list[list[Any]]:
 # -- handshake ------------------------------------------------------------------------------------
 
 
-def test_hello_gets_a_welcome_with_the_segment(env: Env) -> None:
+def test_hello_gets_a_welcome_then_its_segment_over_the_memory_socket(env: Env) -> None:
     client = env.client()
-    client.send(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "worker-1", {"linger_ms": 5})
+    claimed_pid = os.getpid() + 100_000  # what the HELLO says; the kernel says otherwise
+    client.send(ipc.Hello.TYPE, PROTOCOL_VERSION, claimed_pid, "worker-1", {"linger_ms": 5})
     env.pump()
-    kind, version, client_id, segment, block_size, block_count, settings, daemon_id = client.recv()
-    assert (kind, version, segment, block_size, block_count) == (ipc.Welcome.TYPE, PROTOCOL_VERSION, env.pool.name,
-                                                                 BLOCK, BLOCKS)
+    (kind, version, client_id, memory_socket, token, block_size, block_count, settings, daemon_id,
+     resumed) = client.recv()
+    assert (kind, version, block_size, block_count, resumed) == (ipc.Welcome.TYPE, PROTOCOL_VERSION, BLOCK, BLOCKS,
+                                                                 False)
     assert settings == {"max_request_size": MAX_REQUEST_SIZE, "linger_ms": 5, "max_block_ms": 60000,
                         "delivery_timeout_ms": 120000, "buffer_memory": BLOCKS * BLOCK,
                         "heartbeat_interval_ms": TIMEOUT_MS // 10}
     assert daemon_id == env.front.daemon_id
-    session = env.front.sessions[next(iter(env.front.sessions))]
-    assert (session.client_id, session.pid, session.name) == (client_id, os.getpid(), "worker-1")
-    # The client can map the segment it was told about.
-    Segment(segment).close()
+    # An inproc endpoint has no file beside which to put the memory socket: it is an abstract one.
+    assert memory_socket.startswith("\0") and daemon_id in memory_socket
+    assert isinstance(token, bytes) and len(token) == 16
+    session = env.session(client_id)
+    assert (session.pid, session.name, session.connection) == (claimed_pid, "worker-1", None)
+    conn, answer, fds = env.handshake(token)
+    try:
+        assert answer == OK and len(fds) == 1
+        # The segment is an anonymous memory file of the pool's size, which the client can map.
+        assert os.readlink(f"/proc/self/fd/{fds[0]}").startswith("/memfd:")
+        assert os.fstat(fds[0]).st_size == BLOCKS * BLOCK
+        segment = Segment(fds[0], Layout(BLOCK, BLOCKS))
+        segment.blocks(BLOCKS - 1)[-4:] = b"last"
+        segment.close()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    # The connection stays, and the kernel's word on the process replaces the HELLO's.
+    assert session.connection is not None and session.pid == os.getpid()
+    assert not _ended(conn)
     # A second client gets another id.
     assert env.client().hello() != client_id
 
 
+def test_the_segment_cannot_be_resized_by_the_client(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    assert client.fd is not None
+    # The daemon maps it too: shrunk, the daemon's reads of it would fault.
+    with pytest.raises(PermissionError):
+        os.ftruncate(client.fd, BLOCK)
+    with pytest.raises(PermissionError):
+        os.ftruncate(client.fd, 2 * BLOCKS * BLOCK)
+    with pytest.raises(PermissionError):
+        fcntl.fcntl(client.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)  # nor can it be made read-only for the daemon
+    assert os.fstat(client.fd).st_size == BLOCKS * BLOCK
+
+
 @pytest.mark.parametrize("hello", [
     [ipc.Hello.TYPE, 99, 1234, "old", {}],
-    [ipc.Hello.TYPE, 2, 1234, "newer, with another field", {}, "extra"],  # another version, other fields
+    [ipc.Hello.TYPE, 1, 1234, "of the shared segment", {"process": ["pid:[1]", 5]}],
+    [ipc.Hello.TYPE, PROTOCOL_VERSION + 1, 1234, "newer, with another field", {}, "extra"],  # other fields
     [ipc.Hello.TYPE, 0],
     [ipc.Hello.TYPE, "1", 1234, "text version", {}],
-], ids=["99", "2-more-fields", "0-fewer-fields", "text"])
+], ids=["99", "1-previous", "next-more-fields", "0-fewer-fields", "text"])
 def test_hello_of_another_version_is_refused_naming_both(env: Env, hello: list[Any]) -> None:
     client = env.client()
     client.send(*hello)
@@ -251,15 +382,146 @@ def test_garbage_is_refused_and_counted(env: Env) -> None:
     assert len(env.front.sessions) == 1
 
 
-def test_hello_again_starts_a_new_session(env: Env) -> None:
+def test_hello_again_ends_the_first_session(env: Env) -> None:
     client = env.client()
     first_id = client.hello()
-    blocks = client.blocks(3)
+    first_token = client.welcome.memory_token
+    first_memory = client.memory
+    assert first_memory is not None
+    client.blocks(3)
     second_id = client.hello()
     assert second_id != first_id
-    assert len(env.front.sessions) == 1
-    # The first session's blocks went back to the pool.
-    assert all(env.state(b) == (FREE, 0) for b in blocks)
+    assert [s.client_id for s in env.front.sessions.values()] == [second_id]
+    # The first session's blocks went back to the pool, and its segment is gone with nothing left in it.
+    assert env.pool.held_by(first_id) == 0 and first_id not in env.pool.held()
+    assert env.pool.free_blocks == BLOCKS
+    # Its memory connection was closed, its token is spent; the new session has a segment of its own.
+    assert _ended(first_memory)
+    _, answer, fds = env.handshake(first_token)
+    assert answer.startswith(ERR) and fds == []
+    assert client.blocks(2) == [0, 1] and env.pool.held_by(second_id) == 2
+
+
+# -- the memory socket ----------------------------------------------------------------------------
+
+
+def test_blocks_are_refused_until_the_memory_handshake(env: Env) -> None:
+    client = env.client()
+    client_id = client.hello(handshake=False)
+    client.send(ipc.Blocks.TYPE, 1, 2, False, 1000)
+    env.pump()
+    assert f"client {client_id} has no segment" in client.error()
+    assert client.recv()[:2] == [ipc.GrantFailed.TYPE, 1]
+    client.seal(notice(batch_id=4))
+    assert "has no segment" in client.error()
+    assert env.pool.free_blocks == BLOCKS and env.pool.held() == {}
+    client.handshake()
+    assert client.blocks(2) == [0, 1]
+    assert env.pool.held_by(client_id) == 2
+
+
+def test_memory_handshake_with_an_unknown_token_is_refused(env: Env) -> None:
+    client = env.client()
+    client.hello(handshake=False)
+    conn, answer, fds = env.handshake(bytes(16))
+    assert answer == ERR + b"unknown token: say HELLO first" and fds == []
+    assert _ended(conn)
+    # The session waiting for its own token is untouched.
+    assert env.session(client.client_id).connection is None
+    client.handshake()
+    assert env.session(client.client_id).connection is not None
+
+
+def test_a_token_is_good_for_one_handshake(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    assert client.welcome is not None and client.fd is not None
+    conn, answer, fds = env.handshake(client.welcome.memory_token)
+    assert answer.startswith(ERR) and b"unknown token" in answer and fds == []
+    assert _ended(conn)
+    # The session keeps its segment and its connection.
+    assert env.session(client.client_id).connection is not None and not client.memory_ended()
+    assert len(env.pool.held()) == 1
+
+
+@pytest.mark.parametrize("data", [b"short", bytes(17), b""], ids=["short", "long", "empty"])
+def test_memory_handshake_that_is_no_token_is_closed_without_answer(env: Env, data: bytes) -> None:
+    client = env.client()
+    client.hello(handshake=False)
+    conn = env.connect_memory()
+    conn.send(data)
+    env.front.handle_ready(list(env.front._handshakes))
+    assert _ended(conn)
+    assert not env.front._handshakes and env.front.messages_refused == 1
+    assert env.session(client.client_id).connection is None and env.pool.held() == {}
+
+
+def test_memory_connection_that_sends_no_token_is_closed_after_a_while(env: Env) -> None:
+    conn = env.connect_memory()
+    env.clock.advance(HANDSHAKE_TIMEOUT_MS - 1)
+    env.front.after_iteration()
+    assert not _ended(conn)
+    env.clock.advance(1)
+    env.front.after_iteration()
+    assert _ended(conn) and not env.front._handshakes
+
+
+def test_a_segment_handed_over_without_a_resume_is_refused(env: Env) -> None:
+    client = env.client()
+    client_id = client.hello(handshake=False)
+    fd = create_segment(Layout(BLOCK, BLOCKS), "test")
+    try:
+        conn, answer, fds = env.handshake(client.welcome.memory_token, fd)
+    finally:
+        os.close(fd)
+    assert answer.startswith(ERR) and b"does not resume" in answer and fds == []
+    assert _ended(conn)
+    assert env.front.sessions == {} and client_id not in env.pool.held()
+    client.send(ipc.Heartbeat.TYPE)
+    env.pump()
+    assert client.error_with_code()[0] == ipc.ERROR_UNKNOWN_CLIENT
+
+
+def test_each_client_has_a_segment_of_its_own(env: Env) -> None:
+    a, b = env.client(), env.client()
+    a_id, b_id = a.hello(), b.hello()
+    assert a.fd is not None and b.fd is not None and a.segment is not None and b.segment is not None
+    assert os.fstat(a.fd).st_ino != os.fstat(b.fd).st_ino  # two files, not two names of one
+    # Blocks are numbered per client, and counted across clients against the pool.
+    assert a.blocks(5) == [0, 1, 2, 3, 4]
+    assert b.blocks(5) == [0, 1, 2]
+    assert env.pool.free_blocks == 0
+    a.segment.blocks(0)[:5] = b"AAAAA"
+    b.segment.blocks(0)[:5] = b"BBBBB"
+    assert bytes(a.segment.blocks(0)[:5]) == b"AAAAA"  # b's block 0 is not a's
+    a.seal(notice(batch_id=1, length=5))
+    b.seal(notice(batch_id=1, length=5))
+    assert [(bytes(batch.records), batch.origin) for batch in env.queued()] == [(b"AAAAA", (a_id, 1)),
+                                                                                  (b"BBBBB", (b_id, 1))]
+
+
+def test_stats_report_what_the_pool_holds(env: Env) -> None:
+    probe = env.client()
+    probe.send(ipc.Stats.TYPE)
+    env.pump()
+    assert probe.recv() == [ipc.StatsReport.TYPE, {"block_count": BLOCKS, "free_blocks": BLOCKS, "sessions": 0,
+                                                   "clients": [], "held": []}]
+    a, b, c = env.client(), env.client(), env.client()
+    a_id, b_id = a.hello(), b.hello()
+    c_id = c.hello(pid=4242, handshake=False)  # no segment yet: it holds nothing, its pid is the HELLO's
+    a.blocks(3)
+    b.blocks(2, contiguous=True)
+    b.seal(notice(batch_id=1, first=0))
+    b.send(ipc.Goodbye.TYPE)  # its sealed batch is still to be sent, from its segment
+    env.pump()
+    probe.send(ipc.Stats.TYPE)
+    env.pump()
+    kind, report = probe.recv()
+    assert kind == ipc.StatsReport.TYPE
+    assert report == {"block_count": BLOCKS, "free_blocks": BLOCKS - 4, "sessions": 2,
+                      "clients": [[a_id, os.getpid(), 3], [c_id, 4242, 0]], "held": [[a_id, 3], [b_id, 1]]}
+    # Asking is no session.
+    assert len(env.front.sessions) == 2
 
 
 # -- blocks ---------------------------------------------------------------------------------------
@@ -270,10 +532,10 @@ def test_blocks_are_granted(env: Env) -> None:
     client_id = client.hello()
     blocks = client.blocks(3)
     assert len(set(blocks)) == 3
-    assert all(env.state(b) == (OWNED, client_id) for b in blocks)
+    assert all(env.state(client_id, b) == OWNED for b in blocks)
     run = client.blocks(2, contiguous=True)
-    assert run == [run[0], run[0] + 1]
-    assert env.pool.free_blocks == BLOCKS - 5
+    assert run == [run[0], run[0] + 1] and not set(run) & set(blocks)
+    assert env.pool.free_blocks == BLOCKS - 5 and env.pool.held_by(client_id) == 5
 
 
 @pytest.mark.parametrize(("message", "answered"), [
@@ -324,7 +586,7 @@ def test_a_client_at_its_limit_is_asked_to_seal_and_the_others_are_served() -> N
         a_id = a.hello()
         b.hello()
         held = a.blocks(BLOCKS)
-        assert len(held) == 4 and all(env.state(x) == (OWNED, a_id) for x in held)
+        assert len(held) == 4 and all(env.state(a_id, x) == OWNED for x in held)
         a.send(ipc.Blocks.TYPE, 9, 1, False, 1000)
         env.pump()
         env.front.after_iteration()
@@ -358,24 +620,26 @@ def test_a_run_larger_than_a_client_may_hold_fails_at_once() -> None:
 def test_release_gives_blocks_back(env: Env) -> None:
     a, b = env.client(), env.client()
     a_id = a.hello()
-    b.hello()
+    b_id = b.hello()
     mine = a.blocks(3)
     theirs = b.blocks(1)
     a.send(ipc.Release.TYPE, mine[:2])
     env.pump()
     assert a.quiet()
-    assert [env.state(x) for x in mine] == [(FREE, 0), (FREE, 0), (OWNED, a_id)]
-    # Another client's block: refused, nothing freed.
+    assert [env.state(a_id, x) for x in mine] == [FREE, FREE, OWNED]
+    # A block it does not hold (b holds a block of that number, in its own segment): refused, nothing freed.
+    assert theirs[0] in mine[:2]
     a.send(ipc.Release.TYPE, [mine[2], theirs[0]])
     env.pump()
     assert "not granted to this client" in a.error()
-    assert env.state(mine[2]) == (OWNED, a_id) and env.state(theirs[0])[0] == OWNED
+    assert env.state(a_id, mine[2]) == OWNED and env.state(b_id, theirs[0]) == OWNED
     release = ipc.Release.TYPE
     for bad in ([release, "0"], [release, [0.5]], [release, [BLOCKS]], [release, [True]]):
         a.send(*bad)
         env.pump()
         a.error()
     assert env.pool.free_blocks == BLOCKS - 2
+    assert (env.pool.held_by(a_id), env.pool.held_by(b_id)) == (1, 1)
 
 
 def test_release_of_a_block_named_twice_is_refused(env: Env) -> None:
@@ -385,7 +649,7 @@ def test_release_of_a_block_named_twice_is_refused(env: Env) -> None:
     client.send(ipc.Release.TYPE, [block, block])
     env.pump()
     assert "named more than once" in client.error()
-    assert env.state(block) == (OWNED, client_id)
+    assert env.state(client_id, block) == OWNED
     assert env.pool.free_blocks == BLOCKS - 1
 
 
@@ -400,7 +664,7 @@ def test_abuse_of_its_own_blocks_cannot_make_the_daemon_grant_a_block_twice(env:
     env.pump()
     assert "named more than once" in hostile.error()
     mine = good.blocks(BLOCKS)
-    assert sorted(mine) == sorted(set(range(BLOCKS)) - {block})
+    assert len(mine) == BLOCKS - 1  # the block the hostile client still holds is not free
     hostile.send(ipc.Blocks.TYPE, 20, 2, True, 1)
     hostile.send(ipc.Blocks.TYPE, 21, 1, False, 60_000)
     env.pump()
@@ -411,9 +675,11 @@ def test_abuse_of_its_own_blocks_cannot_make_the_daemon_grant_a_block_twice(env:
     good.send(ipc.Release.TYPE, mine[:1])
     env.pump()
     env.front.after_iteration()
-    assert hostile.recv() == [ipc.Grant.TYPE, 21, mine[:1]]
-    assert env.state(block) == env.state(mine[0]) == (OWNED, hostile_id)
-    assert all(env.state(b) == (OWNED, good_id) for b in mine[1:])
+    kind, request_id, [granted] = hostile.recv()
+    assert (kind, request_id) == (ipc.Grant.TYPE, 21) and granted != block
+    assert env.state(hostile_id, block) == env.state(hostile_id, granted) == OWNED
+    assert env.state(good_id, mine[0]) == FREE and all(env.state(good_id, b) == OWNED for b in mine[1:])
+    assert (env.pool.held_by(hostile_id), env.pool.held_by(good_id)) == (2, BLOCKS - 2)
     assert env.pool.free_blocks == 0 and not env.pool.waiters
 
 
@@ -424,41 +690,39 @@ def test_valid_seal_queues_a_batch_over_the_shared_memory(env: Env) -> None:
     client = env.client()
     client_id = client.hello()
     run = client.blocks(2, contiguous=True)
-    segment = Segment(env.pool.name)
-    try:
-        written = bytes(range(251)) * 20  # 5020 bytes, across the block boundary
-        segment.blocks(run[0], 2)[:len(written)] = written
-        env.clock.advance(7)
-        client.seal(notice(batch_id=41, first=run[0], count=2, topic="orders", partition=3, records=4,
-                           length=len(written), base_ts=1_700_000_000_000, max_ts=1_700_000_000_009, ago=25))
-        assert client.quiet()  # a seal is not answered; its DELIVERY comes when the batch is finished
-        [batch] = env.queued("orders", 3)
-        assert batch.tp == TopicPartition("orders", 3)
-        assert (batch.record_count, batch.base_timestamp, batch.max_timestamp) == (4, 1_700_000_000_000,
-                                                                                   1_700_000_000_009)
-        assert batch.created_ms == T0 + 7 - 25
-        assert batch.origin == (client_id, 41)
-        assert isinstance(batch.records, memoryview) and bytes(batch.records) == written
-        # Zero-copy: the batch's records are the segment's memory.
-        assert batch.records.obj is env.pool.buf.obj
-        segment.blocks(run[0])[0:3] = b"NEW"
-        assert bytes(batch.records[0:3]) == b"NEW"
-        assert [env.state(b) for b in run] == [(SEALED, client_id), (SEALED, client_id)]
-        assert "orders" in env.core.metadata.topics()
-    finally:
-        segment.close()
+    segment = client.segment
+    assert segment is not None
+    written = bytes(range(251)) * 20  # 5020 bytes, across the block boundary
+    segment.blocks(run[0], 2)[:len(written)] = written
+    env.clock.advance(7)
+    client.seal(notice(batch_id=41, first=run[0], count=2, topic="orders", partition=3, records=4,
+                       length=len(written), base_ts=1_700_000_000_000, max_ts=1_700_000_000_009, ago=25))
+    assert client.quiet()  # a seal is not answered; its DELIVERY comes when the batch is finished
+    [batch] = env.queued("orders", 3)
+    assert batch.tp == TopicPartition("orders", 3)
+    assert (batch.record_count, batch.base_timestamp, batch.max_timestamp) == (4, 1_700_000_000_000,
+                                                                               1_700_000_000_009)
+    assert batch.created_ms == T0 + 7 - 25
+    assert batch.origin == (client_id, 41)
+    assert isinstance(batch.records, memoryview) and bytes(batch.records) == written
+    # Zero-copy: the batch's records are the client's segment, not a copy of it.
+    segment.blocks(run[0])[0:3] = b"NEW"
+    assert bytes(batch.records[0:3]) == b"NEW"
+    assert [env.state(client_id, b) for b in run] == [SEALED, SEALED]
+    assert "orders" in env.core.metadata.topics()
 
 
 def test_seal_of_blocks_granted_to_another_client_is_refused(env: Env) -> None:
     owner, thief = env.client(), env.client()
     owner_id = owner.hello()
-    thief.hello()
+    thief_id = thief.hello()
     blocks = owner.blocks(2, contiguous=True)
     thief.seal(notice(batch_id=7, first=blocks[0], count=2, length=200))
     assert "seal refused" in thief.error()
     assert env.core.accumulator.queued_batches() == 0
-    # The owner's blocks are untouched, and the owner hears nothing.
-    assert [env.state(b) for b in blocks] == [(OWNED, owner_id), (OWNED, owner_id)]
+    # The owner's blocks are untouched, and the owner hears nothing; the thief was granted nothing.
+    assert [env.state(owner_id, b) for b in blocks] == [OWNED, OWNED]
+    assert env.pool.held_by(thief_id) == 0
     env.front.after_iteration()
     [[batch_id, first, count, base_offset, log_append_time, error]] = deliveries(thief)
     assert (batch_id, first, base_offset, log_append_time) == (7, 0, -1, -1)
@@ -518,14 +782,16 @@ def test_seal_with_bad_fields_is_refused(env: Env, bad: list[Any], reason: str) 
     text = client.error()
     assert text.startswith("seal refused") and reason in text
     assert env.core.accumulator.queued_batches() == 0
-    assert all(env.state(b)[0] != SEALED for b in range(BLOCKS))
+    assert all(env.state(client_id, b) != SEALED for b in range(BLOCKS))
     env.front.after_iteration()
     [report] = deliveries(client)
     assert report[0] == 5 and report[3] == -1
     assert isinstance(ipc.error_from_wire(report[5]), errors.InvalidRequestError)
     # The client counts the batch as failed and will never use or release these blocks again:
     # those it holds went back to the pool.
-    assert not any(env.state(b) == (OWNED, client_id) for b in range(max(bad[1], 0), min(bad[1] + bad[2], BLOCKS)))
+    named = range(max(bad[1], 0), min(bad[1] + bad[2], BLOCKS))
+    assert not any(env.state(client_id, b) == OWNED for b in named)
+    assert env.pool.held_by(client_id) == 2 - len(set(named) & {0, 1})
 
 
 @pytest.mark.parametrize("bad", [{"batch_id": 5}, 5, None, [], ["5", *GOOD[1:]], [True, *GOOD[1:]]],
@@ -540,7 +806,7 @@ def test_seal_notice_without_a_batch_id_is_refused_without_report(env: Env, bad:
     assert client.quiet()
     assert env.core.accumulator.queued_batches() == 0
     # Nothing says which batch failed, so the client may still use its blocks.
-    assert [env.state(0), env.state(1)] == [(OWNED, client_id), (OWNED, client_id)]
+    assert [env.state(client_id, 0), env.state(client_id, 1)] == [OWNED, OWNED]
 
 
 @pytest.mark.parametrize("message", [[ipc.Seal.TYPE, {"1": notice()}], [ipc.Seal.TYPE, [notice()], "extra"],
@@ -577,7 +843,7 @@ def test_the_same_blocks_cannot_be_sealed_twice(env: Env) -> None:
     client.seal(notice(batch_id=2))
     assert "not granted" in client.error()
     assert len(env.queued()) == 1
-    assert env.state(0) == (SEALED, client_id)  # the first batch still holds it
+    assert env.state(client_id, 0) == SEALED  # the first batch still holds it
 
 
 # -- delivery -------------------------------------------------------------------------------------
@@ -585,7 +851,7 @@ def test_the_same_blocks_cannot_be_sealed_twice(env: Env) -> None:
 
 def test_finished_batch_is_reported_after_the_iteration_and_its_blocks_come_back(env: Env) -> None:
     client, other = env.client(), env.client()
-    client.hello()
+    client_id = client.hello()
     other.hello()
     run = client.blocks(2, contiguous=True)
     client.seal(notice(batch_id=9, first=run[0], count=2, records=4, length=5000))
@@ -597,10 +863,10 @@ def test_finished_batch_is_reported_after_the_iteration_and_its_blocks_come_back
     assert deliveries(client) == [[9, 0, 4, 42, -1, None]]
     assert other.quiet()
     # The blocks stay sealed while a request may still write them to a socket.
-    assert env.state(run[0])[0] == SEALED
+    assert env.state(client_id, run[0]) == SEALED
     batch.in_flight = False
     batch.maybe_release()
-    assert [env.state(b) for b in run] == [(FREE, 0), (FREE, 0)]
+    assert [env.state(client_id, b) for b in run] == [FREE, FREE]
     assert env.pool.free_blocks == BLOCKS
 
 
@@ -637,13 +903,18 @@ def _seal_two_keep_two(env: Env, client: Client) -> tuple[list[int], list[int]]:
 
 
 def _check_ended(env: Env, client_id: int, sealed: list[int], unsealed: list[int]) -> None:
+    """The session is gone; its unsealed blocks are back in the pool at once, its sealed batch still goes
+    (from its segment), and the segment is dropped with the last batch."""
     assert client_id not in {s.client_id for s in env.front.sessions.values()}
-    assert all(env.state(b) == (FREE, 0) for b in unsealed)
-    assert all(env.state(b) == (SEALED, client_id) for b in sealed)
+    assert all(env.state(client_id, b) == FREE for b in unsealed)
+    assert all(env.state(client_id, b) == SEALED for b in sealed)
+    assert env.pool.held_by(client_id) == len(sealed)
+    assert env.pool.free_blocks == BLOCKS - len(sealed)
     [batch] = env.queued()
     assert batch.origin[0] == client_id  # still sent for the client that went
     batch.done(7, -1, None)
     assert env.pool.free_blocks == BLOCKS
+    assert client_id not in env.pool.held()
 
 
 def test_goodbye_reclaims_unsealed_blocks_and_keeps_sealed_batches(env: Env) -> None:
@@ -652,12 +923,73 @@ def test_goodbye_reclaims_unsealed_blocks_and_keeps_sealed_batches(env: Env) -> 
     sealed, unsealed = _seal_two_keep_two(env, client)
     client.send(ipc.Goodbye.TYPE)
     env.pump()
+    assert client.memory_ended()
     _check_ended(env, client_id, sealed, unsealed)
     env.front.after_iteration()
     assert client.quiet()  # nobody to report to
     client.send(ipc.Heartbeat.TYPE)
     env.pump()
     assert "send HELLO first" in client.error()
+
+
+def test_client_that_hangs_up_its_memory_connection_is_ended(env: Env) -> None:
+    client, other = env.client(), env.client()
+    client_id = client.hello()
+    other.hello()
+    sealed, unsealed = _seal_two_keep_two(env, client)
+    # Something sent on the connection is no hang-up.
+    assert client.memory is not None
+    client.memory.send(b"still here")
+    env.front.handle_ready([env.session(client_id).connection])
+    assert len(env.front.sessions) == 2
+    client.hang_up()
+    assert len(env.front.sessions) == 1
+    _check_ended(env, client_id, sealed, unsealed)
+    env.front.after_iteration()
+    assert client.quiet() and other.quiet()
+    client.send(ipc.Heartbeat.TYPE)
+    env.pump()
+    assert client.error_with_code() == (ipc.ERROR_UNKNOWN_CLIENT, "unknown client: send HELLO first")
+
+
+_MEMORY_CLIENT = """
+import os, sys
+from client_stub.contract import shared_memory
+conn, fd = shared_memory.connect(bytes.fromhex(sys.argv[1]).decode(), bytes.fromhex(sys.argv[2]), 10.0)
+print("ready", os.fstat(fd).st_size, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_session_ends_when_the_process_holding_its_memory_connection_dies(env: Env) -> None:
+    client = env.client()
+    client_id = client.hello(handshake=False)
+    assert client.welcome is not None
+    listener = env.front.memory.listener
+    # Another process does the memory handshake, as the client library does it.
+    child = subprocess.Popen([sys.executable, "-c", _MEMORY_CLIENT, client.welcome.memory_socket.encode().hex(),
+                              client.welcome.memory_token.hex()], cwd=ROOT, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert select.select([listener], [], [], 10)[0], "the child did not connect"
+        env.front.handle_ready([listener])
+        assert select.select(list(env.front._handshakes), [], [], 10)[0], "the child sent no token"
+        env.front.handle_ready(list(env.front._handshakes))
+        assert child.stdout is not None and child.stdout.readline().split() == ["ready", str(BLOCKS * BLOCK)]
+        session = env.session(client_id)
+        assert session.pid == child.pid  # the kernel's word, not the HELLO's
+        client.blocks(2)
+        client.seal(notice(batch_id=1, first=0, count=1))
+        connection = session.connection
+        assert connection is not None
+        assert not select.select([connection], [], [], 0.05)[0]  # alive: nothing to read
+    finally:
+        child.kill()
+        child.wait()
+    assert select.select([connection], [], [], 5)[0]
+    env.front.handle_ready([connection])
+    assert env.front.sessions == {}
+    _check_ended(env, client_id, [0], [1])
 
 
 def test_silent_client_is_ended_after_the_timeout(env: Env) -> None:
@@ -670,34 +1002,43 @@ def test_silent_client_is_ended_after_the_timeout(env: Env) -> None:
     env.pump()
     env.front.after_iteration()
     assert len(env.front.sessions) == 2  # exactly the timeout is not past it
+    assert not client.memory_ended()
     env.clock.advance(1)
     env.front.after_iteration()
     assert [s.client_id for s in env.front.sessions.values()] == [chatty_id]
-    # It may only be stopped, and write into its blocks when it wakes: nobody else gets them yet.
-    assert all(env.state(b) == (OWNED, client_id) for b in unsealed)
+    # The daemon closed its memory connection: the client, if it wakes, learns its session is over.
+    assert client.memory_ended() and not chatty.memory_ended()
     client.send(ipc.Heartbeat.TYPE)
     env.pump()
     assert client.error_with_code() == (ipc.ERROR_UNKNOWN_CLIENT, "unknown client: send HELLO first")
-    # Its HELLO starts a new session: it has dropped the old one's blocks, they go back.
-    client.hello()
     _check_ended(env, client_id, sealed, unsealed)
 
 
-def test_silent_clients_blocks_come_back_after_the_quarantine(env: Env) -> None:
-    client = env.client()
-    client_id = client.hello()
-    sealed, unsealed = _seal_two_keep_two(env, client)
+def test_silent_clients_blocks_return_to_the_pool_at_once(env: Env) -> None:
+    # Its blocks are in its own segment, which nobody else can map: nothing to wait for before others
+    # are granted as many (in their own segments).
+    silent, other = env.client(), env.client()
+    silent_id = silent.hello()
+    other_id = other.hello()
+    silent.blocks(BLOCKS)
+    other.send(ipc.Blocks.TYPE, 1, 3, False, 10 * TIMEOUT_MS)
+    env.pump()
+    env.front.after_iteration()
+    assert other.recv() == silent.recv() == [ipc.SealNow.TYPE]
     env.clock.advance(TIMEOUT_MS + 1)
+    other.send(ipc.Heartbeat.TYPE)
+    env.pump()
     env.front.after_iteration()
-    assert all(env.state(b) == (OWNED, client_id) for b in unsealed)
-    env.clock.advance(10 * TIMEOUT_MS)
+    assert other.recv() == [ipc.SealNow.TYPE]  # in the iteration that ended the silent session
+    assert env.pool.free_blocks == BLOCKS and silent_id not in env.pool.held()
     env.front.after_iteration()
-    _check_ended(env, client_id, sealed, unsealed)
+    assert other.recv() == [ipc.Grant.TYPE, 1, [0, 1, 2]]
+    assert env.pool.held() == {other_id: 3}
 
 
 def test_silent_clients_waiting_request_goes_with_its_session(env: Env) -> None:
     a, silent = env.client(), env.client()
-    a.hello()
+    a_id = a.hello()
     silent.hello()
     held = a.blocks(BLOCKS)
     silent.send(ipc.Blocks.TYPE, 1, 1, False, 10 * TIMEOUT_MS)
@@ -717,7 +1058,7 @@ def test_silent_clients_waiting_request_goes_with_its_session(env: Env) -> None:
     a.send(ipc.Release.TYPE, held[:1])
     env.pump()
     env.front.after_iteration()
-    assert env.state(held[0]) == (FREE, 0)
+    assert env.state(a_id, held[0]) == FREE and env.pool.free_blocks == 1
 
 
 def test_heartbeats_keep_a_session(env: Env) -> None:
@@ -729,55 +1070,144 @@ def test_heartbeats_keep_a_session(env: Env) -> None:
         env.pump()
         env.front.after_iteration()
     assert len(env.front.sessions) == 1
-    assert client.quiet()
+    assert client.quiet() and not client.memory_ended()
 
 
-def _dead_child() -> tuple[int, list[str]]:
-    child = subprocess.Popen(["sleep", "30"])
-    identity = ipc.process_identity(child.pid)
-    child.kill()
-    child.wait()
-    assert identity is not None
-    return child.pid, identity
+# -- a session taken back after a restart ---------------------------------------------------------
 
 
-def test_session_of_a_dead_process_is_ended(env: Env) -> None:
-    pid, identity = _dead_child()
-    client = env.client()
-    client.hello(pid=pid, process=identity)
-    blocks = client.blocks(2)
-    env.front.after_iteration()
-    assert env.front.sessions == {}
-    assert all(env.state(b) == (FREE, 0) for b in blocks)
+def _resume(daemon_id: str, owned: list[int], sealed: list[list[Any]], block_size: int = BLOCK,
+            block_count: int = BLOCKS) -> dict[str, Any]:
+    return {"resume": [daemon_id, block_size, block_count, owned, sealed]}
 
 
-def test_session_is_ended_at_the_next_check_after_its_process_dies(env: Env) -> None:
-    child = subprocess.Popen(["sleep", "30"])
+def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) -> None:
+    # The session of a daemon that died (env's): blocks 0..3, batches sealed in blocks 2 then 0..1, not reported.
+    old = env.client()
+    old.hello()
+    assert old.blocks(4, contiguous=True) == [0, 1, 2, 3]
+    assert old.fd is not None and old.segment is not None
+    first, second = b"first batch" * 10, bytes(range(256)) * 19  # the second across a block boundary
+    old.segment.blocks(2)[:len(first)] = first
+    old.segment.blocks(0, 2)[:len(second)] = second
+    sealed = [notice(batch_id=7, first=2, count=1, records=2, length=len(first)),
+              notice(batch_id=8, first=0, count=2, records=5, length=len(second))]
+    restarted = Env()
     try:
-        client = env.client()
-        client.hello(pid=child.pid, process=ipc.process_identity(child.pid))
-        blocks = client.blocks(2)
-        env.front.after_iteration()  # checks at once, then every 500 ms
-        assert len(env.front.sessions) == 1
+        client = Client(restarted)
+        restarted.clients.append(client)
+        client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, [3], sealed))
+        assert client.welcome is not None and client.welcome.resumed
+        assert client.welcome.daemon_id == restarted.front.daemon_id != env.front.daemon_id
+        assert os.fstat(client.fd).st_ino == os.fstat(old.fd).st_ino  # the same segment, not a new one
+        # What it held is counted against the new pool.
+        assert restarted.pool.held_by(client_id) == 4 and restarted.pool.free_blocks == BLOCKS - 4
+        assert [restarted.state(client_id, b) for b in range(4)] == [SEALED, SEALED, SEALED, OWNED]
+        # Its sealed batches are queued again, in the order sealed, their bytes read from the segment.
+        batches = restarted.queued()
+        assert [(b.origin, b.record_count, bytes(b.records)) for b in batches] == [
+            ((client_id, 7), 2, first), ((client_id, 8), 5, second)]
+        # The block it was granted and did not seal is still its own.
+        client.seal(notice(batch_id=9, first=3))
+        assert client.quiet()
+        assert [b.origin[1] for b in restarted.queued()] == [7, 8, 9]
+        # Reported to it as any batch.
+        batches[1].done(500, -1, None)
+        restarted.front.after_iteration()
+        assert deliveries(client) == [[8, 0, 5, 500, -1, None]]
+        assert restarted.pool.held_by(client_id) == 2
     finally:
-        child.kill()
-        child.wait()
-    env.clock.advance(100)
-    env.front.after_iteration()
-    assert len(env.front.sessions) == 1  # not checked again yet
-    env.clock.advance(400)
-    env.front.after_iteration()
-    assert env.front.sessions == {}
-    assert all(env.state(b) == (FREE, 0) for b in blocks)
+        restarted.close()
 
 
-def test_process_of_another_pid_namespace_is_not_checked(env: Env) -> None:
-    pid, identity = _dead_child()
+def test_a_resumed_notice_that_is_not_valid_is_refused_as_a_seal_is(env: Env) -> None:
+    old = env.client()
+    old.hello()
+    restarted = Env()
+    try:
+        client = Client(restarted)
+        restarted.clients.append(client)
+        sealed = [notice(batch_id=1, first=0, topic="no such/topic"), notice(batch_id=2, first=1)]
+        client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, [], sealed))
+        assert "invalid topic name" in client.error()
+        assert [b.origin for b in restarted.queued()] == [(client_id, 2)]
+        restarted.front.after_iteration()
+        [report] = deliveries(client)
+        assert report[0] == 1 and isinstance(ipc.error_from_wire(report[5]), errors.InvalidRequestError)
+        assert restarted.state(client_id, 0) == FREE and restarted.pool.held_by(client_id) == 1
+    finally:
+        restarted.close()
+
+
+def test_a_resume_of_the_daemons_own_session_is_refused(env: Env) -> None:
+    # This daemon ended that session itself (and sends, or sent, what it had of it): a new one is given.
     client = env.client()
-    client.hello(pid=pid, process=["pid:[1]", identity[1]])
-    client.blocks(1)
-    env.front.after_iteration()
-    assert len(env.front.sessions) == 1  # its heartbeats decide, not /proc
+    client_id = client.hello(**_resume(env.front.daemon_id, [0], [notice(batch_id=1)]))
+    assert client.welcome is not None and not client.welcome.resumed
+    assert env.pool.held_by(client_id) == 0 and env.core.accumulator.queued_batches() == 0
+    assert client.blocks(1) == [0]
+
+
+def test_a_resume_of_another_layout_is_refused(env: Env) -> None:
+    client = env.client()
+    client.hello(handshake=False, **_resume("gone", [0], [], block_size=2 * BLOCK, block_count=BLOCKS // 2))
+    assert client.welcome is not None and not client.welcome.resumed
+    client.handshake()
+    assert env.pool.held() == {client.client_id: 0}
+
+
+def test_a_resumed_session_must_hand_over_its_segment(env: Env) -> None:
+    client = env.client()
+    client.hello(handshake=False, **_resume("gone", [0], []))
+    assert client.welcome is not None and client.welcome.resumed
+    conn, answer, fds = env.handshake(client.welcome.memory_token)
+    assert answer.startswith(ERR) and b"hands over its segment" in answer and fds == []
+    assert _ended(conn) and env.front.sessions == {} and env.pool.free_blocks == BLOCKS
+
+
+def _not_a_memfd(tmp_path: Path) -> int:
+    return os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT)
+
+
+def _pipe(tmp_path: Path) -> int:
+    read, write = os.pipe()
+    os.close(write)
+    return read
+
+
+def _too_small(tmp_path: Path) -> int:
+    return create_segment(Layout(BLOCK, BLOCKS - 1), "too-small")
+
+
+def _resizable(tmp_path: Path) -> int:
+    fd = os.memfd_create("resizable", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, BLOCKS * BLOCK)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)  # it may still grow
+    return fd
+
+
+@pytest.mark.parametrize(("make", "reason"), [
+    (_not_a_memfd, b"not a sealable memory file"),
+    (_pipe, b"not a sealable memory file"),
+    (_too_small, b"bytes, the pool's layout"),
+    (_resizable, b"can be resized"),
+    (lambda tmp_path: os.memfd_create("unsealed"), b"can be resized"),
+], ids=["file", "pipe", "too-small", "may-grow", "unsealed"])
+def test_a_segment_handed_over_that_is_not_a_fit_is_refused(env: Env, tmp_path: Path, make: Any,
+                                                             reason: bytes) -> None:
+    client = env.client()
+    client_id = client.hello(handshake=False, **_resume("gone", [0, 1], [notice(batch_id=1, first=2)]))
+    assert client.welcome is not None and client.welcome.resumed
+    fd = make(tmp_path)
+    try:
+        conn, answer, fds = env.handshake(client.welcome.memory_token, fd)
+    finally:
+        os.close(fd)
+    assert answer.startswith(ERR) and reason in answer and fds == []
+    assert _ended(conn)
+    # Nothing of it was taken: no session, no blocks counted, no batch queued.
+    assert env.front.sessions == {} and client_id not in env.pool.held() and env.pool.free_blocks == BLOCKS
+    assert env.core.accumulator.queued_batches() == 0
 
 
 # -- pool pressure --------------------------------------------------------------------------------
@@ -804,7 +1234,7 @@ def test_exhausted_pool_asks_everyone_to_seal(env: Env) -> None:
     a.send(ipc.Release.TYPE, [held[3]])
     env.pump()
     env.front.after_iteration()
-    assert b.recv() == [ipc.Grant.TYPE, 77, [held[3]]]
+    assert b.recv() == [ipc.Grant.TYPE, 77, [0]]  # its own block 0, in its segment
     assert not env.pool.exhausted
     env.clock.advance(50)
     env.front.after_iteration()
@@ -843,12 +1273,12 @@ def test_expired_request_at_the_head_does_not_hold_back_the_next(env: Env) -> No
     env.clock.advance(100)
     env.front.after_iteration()
     assert b.recv()[:2] == [ipc.GrantFailed.TYPE, 1]
-    assert c.recv() == [ipc.Grant.TYPE, 2, [held[0]]]
+    assert c.recv() == [ipc.Grant.TYPE, 2, [0]]
 
 
 def test_blocks_granted_to_a_client_that_left_go_back(env: Env) -> None:
     a, b = env.client(), env.client()
-    a.hello()
+    a_id = a.hello()
     b.hello()
     held = a.blocks(BLOCKS)
     b.send(ipc.Blocks.TYPE, 1, 1, False, 1000)
@@ -859,20 +1289,19 @@ def test_blocks_granted_to_a_client_that_left_go_back(env: Env) -> None:
     a.send(ipc.Release.TYPE, held[:1])
     env.pump()
     env.front.after_iteration()
-    assert env.pool.free_blocks == 1
+    assert env.pool.free_blocks == 1 and env.pool.held() == {a_id: BLOCKS - 1}
 
 
-def test_next_timer_follows_sessions_waiters_and_checks(env: Env) -> None:
-    assert env.front.next_timer_ms() == 0  # the first check of client processes is due
-    env.front.after_iteration()
-    assert env.front.next_timer_ms() == 500  # the next check; no session to time out
+def test_next_timer_follows_sessions_and_waiters(env: Env) -> None:
+    # Nothing to poll processes for: the memory connections' end wakes the loop.
+    assert env.front.next_timer_ms() == TIMEOUT_MS
     client = env.client()
     client.hello()
     env.clock.advance(400)
-    assert env.front.next_timer_ms() == 100
-    env.front.after_iteration()  # not due yet
-    env.clock.advance(100)
-    env.front.after_iteration()
+    assert env.front.next_timer_ms() == TIMEOUT_MS - 400  # the session's silence timeout
+    client.send(ipc.Heartbeat.TYPE)
+    env.pump()
+    assert env.front.next_timer_ms() == TIMEOUT_MS
     client.blocks(BLOCKS)
     client.send(ipc.Blocks.TYPE, 9, 1, False, 30)
     env.pump()
@@ -960,7 +1389,7 @@ def test_metadata_of_a_bad_topic_is_refused(env: Env) -> None:
 
 def test_seal_of_a_partition_the_topic_does_not_have_is_refused(env: Env) -> None:
     client = env.client()
-    client.hello()
+    client_id = client.hello()
     client.send(ipc.Metadata.TYPE, "t")
     env.pump()
     env.core.metadata.update(metadata_response({"t": [1, 1, 1]}), env.clock())
@@ -973,7 +1402,7 @@ def test_seal_of_a_partition_the_topic_does_not_have_is_refused(env: Env) -> Non
     env.front.after_iteration()
     [report] = deliveries(client)
     assert report[0] == 1 and isinstance(ipc.error_from_wire(report[5]), errors.InvalidRequestError)
-    assert env.state(0) == (FREE, 0)
+    assert env.state(client_id, 0) == FREE
 
 
 def test_a_client_produces_to_a_limited_number_of_topics(env: Env) -> None:
@@ -1057,6 +1486,7 @@ def test_daemon_loop_survives_an_error_after_an_iteration(tmp_path: Path, monkey
                                            "batch.size": BLOCK}), endpoint)
     context = zmq.Context()
     client = context.socket(zmq.DEALER)
+    memory = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         def broken() -> None:
             raise IndexError("pop from empty list")
@@ -1075,8 +1505,33 @@ def test_daemon_loop_survives_an_error_after_an_iteration(tmp_path: Path, monkey
             daemon.run_once()
             if client.poll(0):
                 break
-        assert ipc.unpack(client.recv(zmq.NOBLOCK))[0] == ipc.Welcome.TYPE
+        welcome = ipc.decode(client.recv(zmq.NOBLOCK))
+        assert isinstance(welcome, ipc.Welcome)
+        # The loop serves the memory socket too, beside the ipc socket: the segment comes over it...
+        assert welcome.memory_socket == f"{tmp_path}/sidecar.sock.memory"
+        memory.connect(welcome.memory_socket)
+        memory.send(welcome.memory_token)
+        memory.setblocking(False)
+        for _ in range(20):
+            daemon.run_once()
+            try:
+                answer, fds, _, _ = socket.recv_fds(memory, 64, 1, socket.MSG_CMSG_CLOEXEC)
+                break
+            except BlockingIOError:
+                pass
+        for fd in fds:
+            os.close(fd)
+        assert answer == OK and len(fds) == 1
+        assert len(daemon.front.sessions) == 1
+        # ... and the end of its connection ends the session.
+        memory.close()
+        for _ in range(20):
+            daemon.run_once()
+            if not daemon.front.sessions:
+                break
+        assert daemon.front.sessions == {}
     finally:
+        memory.close()
         client.close()
         context.term()
         daemon.shutdown()
@@ -1102,14 +1557,20 @@ def test_second_daemon_on_an_ipc_endpoint_is_refused(env: Env, tmp_path: Path) -
 
     path = tmp_path / "run" / "sidecar.sock"
     endpoint = f"ipc://{path}"
+    memory = path.with_name("sidecar.sock.memory")
     first = SidecarFront(env.core, env.pool, endpoint, context=env.context)
     try:
         assert path.exists()  # the directory was made
+        assert stat.S_ISSOCK(memory.stat().st_mode) and first.memory.path == str(memory)
         with pytest.raises(EndpointInUseError, match="another kafka-sidecar daemon"):
             SidecarFront(env.core, env.pool, endpoint, context=env.context)
+        # The refused one left the first's memory socket alone: its clients still get their segments.
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        probe.connect(str(memory))
+        probe.close()
     finally:
         first.close()
-    assert not path.exists()
+    assert not path.exists() and not memory.exists()
 
 
 def test_an_endpoint_locked_by_a_live_daemon_is_refused_before_its_socket_exists(env: Env, tmp_path: Path) -> None:
@@ -1146,17 +1607,22 @@ def test_socket_and_its_directory_have_the_configured_mode_and_group_whatever_th
     try:
         assert (stat.S_IMODE(path.stat().st_mode), path.stat().st_gid) == (mode, group)
         assert (stat.S_IMODE(path.parent.stat().st_mode), path.parent.stat().st_gid) == (directory_mode, group)
+        # Whoever may use the ipc socket may get a segment over the memory socket, and nobody else.
+        memory = path.with_name("sidecar.sock.memory")
+        assert (stat.S_IMODE(memory.stat().st_mode), memory.stat().st_gid) == (mode, group)
     finally:
         front.close()
 
 
-def test_stale_ipc_socket_file_is_replaced(env: Env, tmp_path: Path) -> None:
+def test_stale_ipc_socket_files_are_replaced(env: Env, tmp_path: Path) -> None:
     path = tmp_path / "sidecar.sock"
-    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stale.bind(str(path))
-    stale.close()  # the file stays, nobody listens: a daemon that died
+    for name, kind in ((path, socket.SOCK_STREAM), (path.with_name("sidecar.sock.memory"), socket.SOCK_SEQPACKET)):
+        stale = socket.socket(socket.AF_UNIX, kind)
+        stale.bind(str(name))
+        stale.close()  # the file stays, nobody listens: a daemon that died
     front = SidecarFront(env.core, env.pool, f"ipc://{path}", context=env.context)
     client = env.context.socket(zmq.DEALER)
+    memory = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         client.setsockopt(zmq.LINGER, 0)
         client.connect(f"ipc://{path}")
@@ -1165,7 +1631,14 @@ def test_stale_ipc_socket_file_is_replaced(env: Env, tmp_path: Path) -> None:
         front.handle_readable()
         assert client.poll(2000)
         assert ipc.unpack(client.recv())[0] == ipc.Error.TYPE
+        memory.connect(str(path.with_name("sidecar.sock.memory")))
+        memory.send(bytes(16))
+        front.handle_ready([front.memory.listener])
+        front.handle_ready(list(front._handshakes))
+        memory.settimeout(1)
+        assert memory.recv(4096).startswith(ERR)  # the new daemon answers there
     finally:
+        memory.close()
         client.close()
         front.close()
 
