@@ -132,6 +132,47 @@ def test_producer_made_before_fork_works_in_four_children(broker, topic_factory,
             [f"child{child}-{n}".encode() for n in range(500)]
 
 
+# A parent with a session forks a child that lives on (and never produces), then waits to be killed.
+PARENT_THAT_FORKS = """
+import os, sys, time
+from client_stub import Producer
+producer = Producer(sys.argv[1])
+producer.send(sys.argv[2], b"parent").result(30)
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+print(os.getpid(), child, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_parent_that_dies_is_seen_gone_while_its_forked_child_lives(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_THAT_FORKS, daemon.endpoint, topic],
+                              stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    child = None
+    try:
+        parent_pid, child = map(int, parent.stdout.readline().split())
+        client = daemon.client_id_of(parent_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        # The child closed its copy of the parent's connection at the fork: the parent's end is the
+        # connection's, long before sidecar.client.timeout.ms.
+        assert wait_until(lambda: client not in [c for c, _, _ in daemon.stats()["clients"]], timeout=10)
+        assert f"process {parent_pid} is gone" in daemon.log_tail(50)
+        os.kill(child, 0)  # the child still lives
+    finally:
+        parent.kill()
+        parent.wait()
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_records_the_parent_holds_at_fork_stay_the_parents(broker, topic_factory, sidecar) -> None:
     topic = topic_factory(4)
     daemon = sidecar(broker.bootstrap)
