@@ -20,6 +20,7 @@ holding back the requests of others.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ class ClientMemory:
 
     segment: Segment
     state: bytearray
+    # Blocks whose pages may be resident: granted since the pool last gave their pages back.
+    touched: bytearray
     # Blocks freed, most recently freed last: reusing those keeps the pages the client touched few and
     # warm. Entries of blocks since taken by a contiguous run may linger; ``state`` is the truth.
     stack: list[int] = field(default_factory=list)
@@ -91,6 +94,10 @@ class BufferPool:
         self._memory: dict[int, ClientMemory] = {}
         # Blocks not granted; below zero when segments taken back after a restart hold more than the pool.
         self._free_count = block_count
+        # Blocks of every segment that may hold resident pages, and the free ones among them, the longest
+        # free first: past buffer.memory, those give their pages back (see _trim).
+        self._resident = 0
+        self._cold: deque[tuple[int, int]] = deque()
         self.waiters: deque[Waiter] = deque()
 
     @property
@@ -108,7 +115,7 @@ class BufferPool:
     @property
     def exhausted(self) -> bool:
         """Someone is waiting for memory of the pool (not only for blocks of its own to come back)."""
-        return any(not self._over_limit(w) for w in self.waiters)
+        return any(not self._waits_for_own(w) for w in self.waiters)
 
     def held_by(self, client_id: int) -> int:
         """Blocks granted to or sealed by a client and not back in the pool."""
@@ -120,8 +127,9 @@ class BufferPool:
         return {client_id: memory.held for client_id, memory in self._memory.items()}
 
     def clients_at_limit(self) -> set[int]:
-        """Clients with a request waiting because they hold as many blocks as they may."""
-        return {w.client_id for w in self.waiters if self._over_limit(w)}
+        """Clients with a request waiting for their own blocks: they hold as many as they may, or theirs are
+        in the way of the run they asked for."""
+        return {w.client_id for w in self.waiters if self._waits_for_own(w)}
 
     # -- segments --------------------------------------------------------------------------------
 
@@ -131,7 +139,7 @@ class BufferPool:
             raise ValueError(f"client {client_id} has a segment already")
         fd = create_segment(self.layout, f"kafka-sidecar-client-{client_id}")
         try:
-            self._memory[client_id] = ClientMemory(Segment(fd, self.layout), bytearray(self.block_count))
+            self._memory[client_id] = self._map(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -142,20 +150,30 @@ class BufferPool:
 
         Counted against the pool even past its size (a restart with a smaller pool, or clients that
         held more than it has): nothing they hold is lost, and new grants wait until it is back.
-        ValueError if the segment is not one of this pool's layout or the blocks are not in it; the
-        caller keeps ``fd``.
+        ValueError if the segment is not one of this pool's layout or the blocks are not in it, OSError
+        if it cannot be mapped read-write; the caller keeps ``fd``.
         """
         if client_id in self._memory:
             raise ValueError(f"client {client_id} has a segment already")
         check_segment(fd, self.layout)
         if len(set(owned)) != len(owned) or not all(0 <= b < self.block_count for b in owned):
             raise BlockError(f"the blocks of a resumed session must be distinct and in 0..{self.block_count - 1}")
-        memory = ClientMemory(Segment(fd, self.layout), bytearray(self.block_count))
+        memory = self._map(fd)
         self._memory[client_id] = memory
         for block in owned:
             memory.state[block] = OWNED
+            memory.touched[block] = 1
         memory.held = len(owned)
         self._free_count -= len(owned)
+        self._resident += len(owned)
+        # Whatever the client wrote into its other blocks is of no use now: their pages go back at once.
+        for block in range(self.block_count):
+            if not memory.state[block]:
+                self._give_back_pages(memory, block)
+        self._trim()
+
+    def _map(self, fd: int) -> ClientMemory:
+        return ClientMemory(Segment(fd, self.layout), bytearray(self.block_count), bytearray(self.block_count))
 
     def detach(self, client_id: int) -> int:
         """The client's session ended: its unsealed blocks return to the pool (no other client can map them),
@@ -172,6 +190,7 @@ class BufferPool:
 
     def _drop(self, client_id: int) -> None:
         memory = self._memory.pop(client_id)
+        self._resident -= sum(memory.touched)
         try:
             memory.segment.close()
         except BufferError:
@@ -188,7 +207,8 @@ class BufferPool:
         client's limit. BlockError if the request can never be served, or if the client
         already has a request of the same kind waiting.
         """
-        if client_id not in self._memory:
+        memory = self._memory.get(client_id)
+        if memory is None or not memory.attached:
             raise BlockError(f"client {client_id} has no segment")
         if count < 1 or count > self.block_count:
             raise BlockError(f"cannot grant {count} blocks: the pool has {self.block_count}")
@@ -200,8 +220,8 @@ class BufferPool:
                 raise BlockError(f"request {other.request_id} for {'a run of' if contiguous else 'spare'} blocks "
                                  "is still waiting: a client may have one such request waiting at a time")
         waiter = Waiter(client_id, request_id, count, contiguous, deadline_ms)
-        # Behind those who wait for the pool, in FIFO order; not behind those who wait at their limit.
-        if not self._over_limit(waiter) and not self.exhausted:
+        # Behind those who wait for the pool, in FIFO order; not behind those who wait for their own blocks.
+        if not self._waits_for_own(waiter) and not self.exhausted:
             blocks = self._grant(waiter)
             if blocks is not None:
                 return blocks
@@ -212,7 +232,7 @@ class BufferPool:
         """Serve waiting requests in order while blocks allow (skipping those of clients at their limit)."""
         served = []
         for waiter in list(self.waiters):
-            if self._over_limit(waiter):
+            if self._waits_for_own(waiter):
                 continue  # it waits for its own blocks, not for the pool: no reason to hold back the others
             blocks = self._grant(waiter)
             if blocks is None:
@@ -231,9 +251,14 @@ class BufferPool:
     def forget_waiters(self, client_id: int) -> None:
         self.waiters = deque(w for w in self.waiters if w.client_id != client_id)
 
-    def _over_limit(self, waiter: Waiter) -> bool:
+    def _waits_for_own(self, waiter: Waiter) -> bool:
+        """Whether the request waits for blocks of its client's to come back, not for the pool's: the client
+        holds as many as it may, or its blocks break every run of its segment that the request could use."""
         needed = waiter.count if waiter.contiguous else 1
-        return self.held_by(waiter.client_id) + needed > self.max_blocks_per_client
+        if self.held_by(waiter.client_id) + needed > self.max_blocks_per_client:
+            return True
+        return (waiter.contiguous and self._free_count >= waiter.count
+                and self._memory[waiter.client_id].state.find(bytes(waiter.count)) < 0)
 
     def _grant(self, waiter: Waiter) -> list[int] | None:
         """Blocks for a request within its client's limit, or None if the pool has too few free."""
@@ -265,7 +290,36 @@ class BufferPool:
                 blocks.append(block)
         memory.held += len(blocks)
         self._free_count -= len(blocks)
+        touched = memory.touched
+        for block in blocks:
+            if not touched[block]:
+                touched[block] = 1
+                self._resident += 1
+        if self._resident > self.block_count:
+            self._trim()
         return blocks
+
+    def _trim(self) -> None:
+        """Give back the pages of the blocks free longest until no more blocks than the pool's may be
+        resident: buffer.memory bounds the memory of all segments together, not only what is granted.
+
+        Only when clients together have written more blocks than the pool has: a client reuses the blocks
+        it freed last, so one that keeps sending keeps its pages, warm.
+        """
+        cold = self._cold
+        while self._resident > self.block_count and cold:
+            client_id, block = cold.popleft()
+            memory = self._memory.get(client_id)
+            if memory is not None and memory.touched[block] and memory.state[block] == FREE:
+                self._give_back_pages(memory, block)
+
+    def _give_back_pages(self, memory: ClientMemory, block: int) -> None:
+        """Free a block's pages (the client's mapping then reads zeros there, until written again)."""
+        start = self.layout.block_offset(block)
+        memory.segment.madvise(mmap.MADV_REMOVE, start, self.block_size)
+        if memory.touched[block]:
+            memory.touched[block] = 0
+            self._resident -= 1
 
     # -- ownership -------------------------------------------------------------------------------
 
@@ -314,11 +368,15 @@ class BufferPool:
                 continue
             state[block] = FREE
             memory.stack.append(block)
+            self._cold.append((client_id, block))
             freed += 1
         memory.held -= freed
         self._free_count += freed
         if len(memory.stack) > 2 * self.block_count:
             memory.stack = [b for b in memory.stack if state[b] == FREE]
+        if len(self._cold) > 4 * self.block_count:
+            self._cold = deque((c, b) for c, b in self._cold
+                               if c in self._memory and self._memory[c].state[b] == FREE and self._memory[c].touched[b])
         if not memory.attached and not memory.held:
             self._drop(client_id)
         return freed

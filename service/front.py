@@ -260,9 +260,9 @@ class SidecarFront:
             self._complain(identity, str(exc))
 
     def _hello(self, identity: bytes, session: ClientSession | None, message: ipc.Hello) -> None:
+        _check_int(message.pid, "pid", 1, 2**32)
         if session is not None:
             self._end_session(session)
-        _check_int(message.pid, "pid", 1, 2**32)
         session = ClientSession(identity, self._next_client_id, message.pid, str(message.client_name)[:200],
                                 self.clock(), secrets.token_bytes(TOKEN_SIZE),
                                 retriable_topic_errors=message.options.retriable_topic_errors is True)
@@ -351,14 +351,15 @@ class SidecarFront:
         if len(fds) != 1:
             raise ValueError("a resumed session hands over its segment")
         resume = session.resume
-        owned = [b for b in resume.owned if _is_int(b)]
+        # The blocks of the segment that are the client's. Each notice is checked when it is sealed (a bad one
+        # fails its batch only): here its blocks count if it names them plainly, once.
+        owned = dict.fromkeys(b for b in resume.owned if _is_int(b) and 0 <= b < self.pool.block_count)
         for notice in resume.sealed:
-            # Each notice is checked when sealed; only those naming their blocks plainly count here.
             fields = dict(zip(ipc.SealNotice._fields, notice, strict=False)) if isinstance(notice, list) else {}
             first, count = fields.get("first_block"), fields.get("block_count")
-            if _is_int(first) and _is_int(count) and 0 < count <= self.pool.block_count:
-                owned += range(first, first + count)
-        self.pool.adopt(session.client_id, fds[0], owned)
+            if _is_int(first) and _is_int(count) and first >= 0 and 0 < count <= self.pool.block_count - first:
+                owned.update(dict.fromkeys(range(first, first + count)))
+        self.pool.adopt(session.client_id, fds[0], list(owned))
         return None
 
     def _blocks(self, session: ClientSession, message: ipc.Blocks) -> None:
@@ -533,7 +534,7 @@ class SidecarFront:
         for waiter, blocks in self.pool.serve_waiters():
             session = self._by_id.get(waiter.client_id)
             if session is None:
-                self.pool.free(blocks)
+                self.pool.free(waiter.client_id, blocks)
             else:
                 self._send(session, ipc.Grant(waiter.request_id, blocks))
         # Sealed batches are always ready to send here: the pressure is for the clients, to seal what they hold.

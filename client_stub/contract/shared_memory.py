@@ -93,6 +93,10 @@ class Segment:
         start = self.layout.block_offset(first)
         return self.buf[start:start + count * self.layout.block_size]
 
+    def madvise(self, option: int, start: int, length: int) -> None:
+        """madvise(2) on a range of the mapping (the daemon frees the pages of blocks free long)."""
+        self._mmap.madvise(option, start, length)
+
     def close(self) -> None:
         """Unmap (every view of the blocks must be released first)."""
         self.buf.release()

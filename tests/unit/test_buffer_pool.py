@@ -246,13 +246,16 @@ def test_contiguous_run_found_after_fragmentation(pool: BufferPool) -> None:
     take_all(pool)
     pool.free(A, [1, 3, 4, 6])
     assert pool.request(A, 1, 2, True, 0) == [3, 4]
-    # Two blocks are free (1 and 6) but not side by side in A's segment: the run must wait.
+    # Two blocks are free (1 and 6) but not side by side in A's segment: the run waits for A's own blocks,
+    # and holds nobody else back (B's segment has room).
     assert pool.request(A, 2, 2, True, 0) is None
-    assert pool.exhausted and pool.free_blocks == 2
+    assert not pool.exhausted and pool.clients_at_limit() == {A} and pool.free_blocks == 2
+    assert pool.request(B, 1, 1, False, 0) == [0]
     pool.free(A, [7])
     served = pool.serve_waiters()
     assert [(w.request_id, blocks) for w, blocks in served] == [(2, [6, 7])]
     assert states(pool, A) == [OWNED, FREE] + [OWNED] * 6
+    pool.free(B, [0])
     # A run of the whole pool needs every block.
     pool.free(A, [0, 2, 3, 4, 5, 6])
     assert pool.request(A, 3, BLOCKS, True, 1000) is None  # block 7 is still A's
@@ -988,3 +991,50 @@ def test_close_with_a_batch_view_still_alive(caplog: pytest.LogCaptureFixture) -
     view.release()
     gc.collect()
     assert not mapped(inode)
+
+
+# -- what is resident ------------------------------------------------------------------------------
+
+
+def resident_pages(segment: Segment, block: int) -> int:
+    """Pages of a client's block that are memory now (mincore(2) through the client's mapping)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = os.sysconf("SC_PAGE_SIZE")
+    view = segment.blocks(block)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    vector = (ctypes.c_ubyte * (BLOCK // page))()
+    assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(BLOCK), vector) == 0, ctypes.get_errno()
+    view.release()
+    return sum(v & 1 for v in vector)
+
+
+def test_clients_together_keep_no_more_blocks_resident_than_the_pool(pool: BufferPool,
+                                                                     segments: dict[int, Segment]) -> None:
+    # A writes six blocks and frees them; they stay resident, warm for A's next batches.
+    blocks = pool.request(A, 1, 6, False, 0)
+    for block in blocks:
+        segments[A].blocks(block)[:] = b"a" * BLOCK
+    pool.free(A, blocks)
+    assert [resident_pages(segments[A], b) for b in blocks] == [1] * 6
+    # B takes six blocks of its own: the pool would have 12 resident for 8 blocks. The pages of A's blocks
+    # free the longest go back, as many as B took past the pool's size; A's block reads zeros again.
+    mine = pool.request(B, 1, 6, False, 0)
+    for block in mine:
+        segments[B].blocks(block)[:] = b"b" * BLOCK
+    assert [resident_pages(segments[A], b) for b in blocks] == [0, 0, 0, 0, 1, 1]
+    assert bytes(segments[A].blocks(blocks[0])) == bytes(BLOCK)
+    assert bytes(segments[A].blocks(blocks[5])) == b"a" * BLOCK
+    # A's next grant reuses what it freed last: still resident, no page given back.
+    assert pool.request(A, 2, 2, False, 0) == [blocks[5], blocks[4]]
+
+
+def test_a_client_whose_session_ended_gets_no_more_blocks(pool: BufferPool) -> None:
+    (block,) = pool.request(A, 1, 1, True, 0)
+    pool.seal(A, block, 1, 10)
+    pool.detach(A)  # its sealed batch is still to be sent: its segment stays
+    with pytest.raises(BlockError, match="no segment"):
+        pool.request(A, 2, 2, False, 0)
+    pool.free(A, [block])
+    assert A not in pool.held() and pool.free_blocks == BLOCKS

@@ -985,7 +985,7 @@ def test_session_ends_when_the_process_holding_its_memory_connection_dies(env: E
         assert not select.select([connection], [], [], 0.05)[0]  # alive: nothing to read
     finally:
         child.kill()
-        child.wait()
+        child.communicate()
     assert select.select([connection], [], [], 5)[0]
     env.front.handle_ready([connection])
     assert env.front.sessions == {}
@@ -1099,7 +1099,6 @@ def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) ->
         client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, [3], sealed))
         assert client.welcome is not None and client.welcome.resumed
         assert client.welcome.daemon_id == restarted.front.daemon_id != env.front.daemon_id
-        assert os.fstat(client.fd).st_ino == os.fstat(old.fd).st_ino  # the same segment, not a new one
         # What it held is counted against the new pool.
         assert restarted.pool.held_by(client_id) == 4 and restarted.pool.free_blocks == BLOCKS - 4
         assert [restarted.state(client_id, b) for b in range(4)] == [SEALED, SEALED, SEALED, OWNED]
@@ -1107,6 +1106,9 @@ def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) ->
         batches = restarted.queued()
         assert [(b.origin, b.record_count, bytes(b.records)) for b in batches] == [
             ((client_id, 7), 2, first), ((client_id, 8), 5, second)]
+        # The segment itself, not a copy of it.
+        old.segment.blocks(2)[:5] = b"AFTER"
+        assert bytes(batches[0].records[:5]) == b"AFTER"
         # The block it was granted and did not seal is still its own.
         client.seal(notice(batch_id=9, first=3))
         assert client.quiet()
@@ -1135,6 +1137,26 @@ def test_a_resumed_notice_that_is_not_valid_is_refused_as_a_seal_is(env: Env) ->
         [report] = deliveries(client)
         assert report[0] == 1 and isinstance(ipc.error_from_wire(report[5]), errors.InvalidRequestError)
         assert restarted.state(client_id, 0) == FREE and restarted.pool.held_by(client_id) == 1
+    finally:
+        restarted.close()
+
+
+def test_resumed_notices_naming_blocks_outside_the_pool_or_twice_fail_only_their_batches(env: Env) -> None:
+    old = env.client()
+    old.hello()
+    restarted = Env()
+    try:
+        client = Client(restarted)
+        restarted.clients.append(client)
+        sealed = [notice(batch_id=1, first=0), notice(batch_id=2, first=BLOCKS), notice(batch_id=3, first=0),
+                  notice(batch_id=4, first=1)]
+        client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, [], sealed))
+        assert client.welcome is not None and client.welcome.resumed
+        assert "seal refused" in client.error() and "seal refused" in client.error()
+        assert [b.origin for b in restarted.queued()] == [(client_id, 1), (client_id, 4)]
+        restarted.front.after_iteration()
+        assert sorted(report[0] for report in deliveries(client)) == [2, 3]
+        assert restarted.pool.held_by(client_id) == 2
     finally:
         restarted.close()
 
@@ -1588,7 +1610,7 @@ def test_an_endpoint_locked_by_a_live_daemon_is_refused_before_its_socket_exists
             SidecarFront(env.core, env.pool, f"ipc://{path}", context=env.context)
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()
     SidecarFront(env.core, env.pool, f"ipc://{path}", context=env.context).close()  # the holder is gone
 
 
