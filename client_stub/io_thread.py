@@ -412,12 +412,17 @@ class IoThread:
                 # An older welcome, whose token the daemon forgot when a HELLO said again replaced it.
                 log.debug("memory handshake refused: %s", exc)
             return
-        except ConnectionError as exc:
+        except PermissionError as exc:
             with self._cond:
                 # Say why, rather than letting send() time out waiting for a session that cannot work.
                 self.session_error = SidecarUnavailableError(
-                    f"cannot get the shared memory of the kafka-sidecar daemon at {self.endpoint}: {exc}")
+                    f"cannot get shared memory from the kafka-sidecar daemon at {self.endpoint} "
+                    f"({welcome.memory_socket}): {exc}; is this user in the daemon's group?")
                 self._cond.notify_all()
+            return
+        except OSError as exc:
+            # The daemon went between its welcome and the handshake: the HELLO is said again in a while.
+            log.warning("cannot reach the memory socket of the kafka-sidecar daemon at %s: %s", self.endpoint, exc)
             return
         with self._cond:
             if fd is not None:

@@ -118,7 +118,8 @@ def connect(path: str, token: bytes, timeout: float, resume_fd: int | None = Non
     """The client's half of the handshake: the connection (kept for the session's life) and the new
     segment's file descriptor (None when the segment ``resume_fd`` was taken back).
 
-    ConnectionError if the daemon cannot be reached, HandshakeError if it refuses (with its reason).
+    OSError if the daemon cannot be reached (PermissionError: this user may not), HandshakeError if it
+    refuses (with its reason).
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
@@ -140,12 +141,6 @@ def connect(path: str, token: bytes, timeout: float, resume_fd: int | None = Non
             raise HandshakeError("the daemon's answer to the shared memory handshake is not the one asked for")
         sock.setblocking(False)
         return sock, (fds[0] if fds else None)
-    except HandshakeError:
-        sock.close()
-        raise
-    except OSError as exc:
-        sock.close()
-        raise ConnectionError(f"shared memory handshake with the daemon at {path.lstrip(chr(0))!r}: {exc}") from None
     except BaseException:
         sock.close()
         raise
