@@ -149,22 +149,35 @@ def test_a_row_the_producer_refuses_is_named(broker, topic_factory, sidecar) -> 
     assert refused.value.__notes__ == ["kafka-sidecar: while sending row 12 of Spark partition 3"]
 
 
-def _restart_between(batches: list[pa.RecordBatch], daemon) -> Iterator[pa.RecordBatch]:
+def _restart_between(batches: list[pa.RecordBatch], daemon, **settings: object) -> Iterator[pa.RecordBatch]:
     yield batches[0]
     daemon.kill()
+    daemon.settings.update({key: str(value) for key, value in settings.items()})
     daemon.start()
     yield batches[1]
 
 
+def test_a_task_across_a_daemon_restart_commits_every_row(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap)
+    # Batches that stay open until the task's flush: the restarted daemon gets them from the task.
+    options = SinkOptions(topic=topic, endpoint=daemon.endpoint, linger_ms=600_000)
+    totals = write_batches(_restart_between([numbered(0, 100), numbered(100, 100)], daemon), options,
+                           Columns(key=True), Origin("job", 0, 0))
+    assert totals.records == Counter({topic: 200})
+    values = {r.value for r in read_topic(broker.bootstrap, topic, expected=200)}
+    assert values == {f"v{n}".encode() for n in range(200)}
+
+
 def test_a_task_whose_records_the_daemon_lost_fails_rather_than_commits(broker, topic_factory, sidecar) -> None:
     topic = topic_factory(1)
-    daemon = sidecar(broker.bootstrap, settings={"sidecar.client.timeout.ms": 2000})
-    # Batches that stay open until the task's flush: the restarted daemon has never heard of them.
+    daemon = sidecar(broker.bootstrap, settings={"batch.size": 16384})
     options = SinkOptions(topic=topic, endpoint=daemon.endpoint, linger_ms=600_000)
-    write_batches(iter([numbered(0, 10)]), options, Columns(key=True), Origin("job", 0, 0))
-    with pytest.raises(SidecarUnavailableError, match="lost this client's session"):
-        write_batches(_restart_between([numbered(10, 100), numbered(110, 100)], daemon), options, Columns(key=True),
-                      Origin("job", 0, 0))
+    # Restarted with another batch.size, the daemon cannot take the task's session back: what it held
+    # is of unknown fate, and the task must fail (Spark runs it again) rather than commit.
+    with pytest.raises(SidecarUnavailableError, match="could not take the session back"):
+        write_batches(_restart_between([numbered(0, 100), numbered(100, 100)], daemon, **{"batch.size": 32768}),
+                      options, Columns(key=True), Origin("job", 0, 0))
 
 
 def test_commit_and_abort_log_the_totals_and_what_was_aborted(caplog) -> None:
