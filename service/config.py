@@ -135,10 +135,10 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("sidecar.close.timeout.ms", int, 30000, 0, INT_MAX,
               doc="on shutdown, how long to go on sending what is queued"),
     ConfigKey("sidecar.socket.group", _to_group, None,
-              doc="the group that may produce through the daemon: its ipc socket and its shared memory belong to "
+              doc="the group that may produce through the daemon: its ipc socket and its memory socket belong to "
                   "it (default: the daemon's own group)"),
     ConfigKey("sidecar.socket.mode", _to_mode, 0o660,
-              doc="the mode of the ipc socket and of the shared memory, whatever the umask (octal; the socket's "
+              doc="the mode of the ipc socket and of the memory socket, whatever the umask (octal; the sockets' "
                   "directory, when the daemon makes it, lets the same classes of user search it)"),
     ConfigKey("sidecar.coalesce.batches", _to_bool, True,
               doc="coalesce the small batches of a partition, from any clients, into one of at most batch.size "
