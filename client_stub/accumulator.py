@@ -146,24 +146,30 @@ class RecordAccumulator:
         notices, self._notices = self._notices, []
         return ipc.Seal(notices)
 
-    def reported(self, rows: list[Any], now: float) -> list[tuple[OpenBatch, ipc.DeliveryReport]]:
+    def reported(self, rows: list[Any], now: float) -> list[tuple[OpenBatch, ipc.DeliveryReport, int]]:
         """Count delivery reports against their batches; the batches still known, each with its report
-        (its record_count within the batch)."""
+        (its record_count within the batch) and how many of its records it reports for the first time."""
         reported = []
         for row in rows:
             report = ipc.DeliveryReport._make(row)
             batch = self.sealed.get(report.batch_id)
             if batch is None:
                 continue  # of a batch given up on, or of another session
-            # WHOLE_BATCH, and anything past the batch's end or reported already, count up to what is left.
-            count = max(min(report.record_count, batch.record_count - report.first_record,
-                            batch.record_count - batch.reported), 0)
-            batch.reported += count
+            # WHOLE_BATCH, and anything past the batch's end, count up to the batch's end.
+            span = max(min(report.record_count, batch.record_count - report.first_record), 0)
+            if batch.reported:
+                # Part of it was reported before (a batch the daemon split, sent again whole by the daemon
+                # that took the session back): only records whose futures are not done count now.
+                fresh = sum(not f.done() for f in batch.futures[report.first_record:report.first_record + span])
+            else:
+                fresh = span
+            fresh = min(fresh, batch.record_count - batch.reported)
+            batch.reported += fresh
             if batch.reported >= batch.record_count:
                 self._forget_sealed(batch)
                 # Smoothed as TCP smooths its round-trip time (RFC 6298): one slow report is not slow reports.
                 self._report_time_s += (now - batch.sealed - self._report_time_s) / 8
-            reported.append((batch, report._replace(record_count=count)))
+            reported.append((batch, report._replace(record_count=span), fresh))
         return reported
 
     def overdue(self, now: float, limit_s: float) -> list[OpenBatch]:

@@ -43,6 +43,8 @@ class BlockGrants:
         self.spare: list[int] = []
         self._requests: dict[int, BlockRequest] = {}
         self._next_request_id = 1
+        # The first request of the current session: grants of requests before it are of a lost session.
+        self._session_first_request = 1
         self._grant = _MIN_GRANT
         self._blocks_taken = 0  # since the last grant request
         self._grant_asked = 0.0  # time.monotonic() of the last grant request
@@ -93,6 +95,8 @@ class BlockGrants:
 
     def granted(self, grant: ipc.Grant) -> None:
         """Blocks for a request: spare ones, or the run a waiter asked for."""
+        if grant.request_id < self._session_first_request:
+            return  # late, from a daemon that is gone: the blocks are not this session's to give back
         request = self._requests.get(grant.request_id)
         if request is None or (request.contiguous and request.error is not None):
             # Not asked for (by this session), or no longer wanted: they go back.
@@ -125,3 +129,4 @@ class BlockGrants:
         self.spare.clear()
         self._requests.clear()
         self._spare_requested = False
+        self._session_first_request = self._next_request_id

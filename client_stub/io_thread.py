@@ -48,6 +48,8 @@ _HEARTBEAT = ipc.encode(ipc.Heartbeat())
 # (one said while the daemon was going down may have gone with its connection).
 _HANDSHAKE_TIMEOUT_S = 10.0
 _HELLO_RETRY_S = 5.0
+# Once the daemon is gone, how long to wait for more of what it sent before.
+_DRAIN_WAIT_MS = 20
 
 
 class Outbox:
@@ -148,6 +150,7 @@ class IoThread:
         self._lost_welcome: ipc.Welcome | None = None
         self._poller: zmq.Poller | None = None
         self._hello_sent = 0.0  # time.monotonic() when the HELLO awaiting its WELCOME was sent
+        self._hello_id = 0  # the last HELLO's
         self._lost: list[RecordFuture] = []
         self._lost_error: KafkaError | None = None
         self._stopping = False
@@ -228,10 +231,11 @@ class IoThread:
                 events = dict(poller.poll(max(math.ceil((wake_at - time.monotonic()) * 1000), 0)))
                 if wake_fd in events:
                     self._outbox.woken()
-                if self._memory is not None and self._memory.fileno() in events and self._daemon_gone():
-                    self._lose_session(sock)
                 if sock in events:
                     self._receive_all(sock)
+                if self._memory is not None and self._memory.fileno() in events and self._daemon_gone():
+                    self._drain(sock)
+                    self._lose_session(sock)
                 if self._lost:
                     self._fail_lost()
                 if time.monotonic() >= next_heartbeat:
@@ -336,25 +340,26 @@ class IoThread:
         with self._cond:
             reported = self._accumulator.reported(rows, time.monotonic())
         try:
-            for batch, report in reported:
+            for batch, report, _ in reported:
                 completer.complete(batch.futures, report.first_record, report.record_count, batch.topic,
                                    batch.partition, report.base_offset, report.log_append_time_ms,
                                    ipc.error_from_wire(report.error))
         finally:
             # Counted out after the callbacks ran: flush() returns once they have, as in the Java client.
             with self._cond:
-                self._appender.count_done(sum(report.record_count for _, report in reported))
+                self._appender.count_done(sum(newly for _, _, newly in reported))
                 self._cond.notify_all()
 
     # -- the session -----------------------------------------------------------------------------
 
     def _say_hello(self, sock: zmq.Socket) -> None:
-        """HELLO, offering the session of a daemon that is gone if there is one."""
+        """HELLO, offering the session of a daemon that is gone if there is one; only its WELCOME counts."""
         hello = self._hello()
         with self._cond:
             resume = self._resume()
-        if resume is not None:
-            hello = hello._replace(options=hello.options._replace(resume=list(resume)))
+        self._hello_id += 1
+        hello = hello._replace(options=hello.options._replace(resume=None if resume is None else list(resume),
+                                                              hello_id=self._hello_id))
         self._hello_sent = time.monotonic()
         sock.send(ipc.encode(hello))
 
@@ -364,7 +369,7 @@ class IoThread:
         if lost is None or self._segment_fd is None:
             return None
         now = time.monotonic()
-        return ipc.Resume(lost.daemon_id, lost.block_size, lost.block_count, [],
+        return ipc.Resume(lost.daemon_id, lost.block_size, lost.block_count,
                           [list(notice) for notice in self._accumulator.resume_notices(now)])
 
     def _daemon_gone(self) -> bool:
@@ -377,6 +382,12 @@ class IoThread:
             return False
         except OSError:
             return True
+
+    def _drain(self, sock: zmq.Socket) -> None:
+        """Take what the daemon sent before it went (its last reports, which need not be sent again), as
+        ZeroMQ's I/O thread hands it over."""
+        while sock.poll(_DRAIN_WAIT_MS):
+            self._receive_all(sock)
 
     def _lose_session(self, sock: zmq.Socket) -> None:
         """The daemon is gone, or does not know this client any more: keep what the session held (its
@@ -396,12 +407,13 @@ class IoThread:
 
     def _welcomed(self, sock: zmq.Socket, welcome: ipc.Welcome) -> None:
         """The memory handshake: a new segment, or the lost session's taken back."""
-        if self.welcome is not None or not self._hello_sent:
-            return  # the answer to a HELLO said twice, whose session is going (or gone) already
+        if self.welcome is not None or welcome.hello_id != self._hello_id:
+            return  # the answer to an earlier HELLO, said again since: its session ends with the next
         resume_fd = self._segment_fd if welcome.resumed else None
+        # Beside this process's endpoint: where the daemon's socket is mounted here, not where the daemon is.
+        path = shared_memory.memory_socket_path(self.endpoint, welcome.daemon_id)
         try:
-            conn, fd = shared_memory.connect(welcome.memory_socket, welcome.memory_token, _HANDSHAKE_TIMEOUT_S,
-                                             resume_fd)
+            conn, fd = shared_memory.connect(path, welcome.memory_token, _HANDSHAKE_TIMEOUT_S, resume_fd)
         except shared_memory.HandshakeError as exc:
             if resume_fd is not None:
                 log.error("the kafka-sidecar daemon did not take the lost session back: %s", exc)
@@ -417,7 +429,7 @@ class IoThread:
                 # Say why, rather than letting send() time out waiting for a session that cannot work.
                 self.session_error = SidecarUnavailableError(
                     f"cannot get shared memory from the kafka-sidecar daemon at {self.endpoint} "
-                    f"({welcome.memory_socket}): {exc}; is this user in the daemon's group?")
+                    f"({path}): {exc}; is this user in the daemon's group?")
                 self._cond.notify_all()
             return
         except OSError as exc:
@@ -449,8 +461,8 @@ class IoThread:
         log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, welcome.client_id)
 
     def _refused(self, error: ipc.Error) -> None:
-        if self.welcome is None:
-            # Refused before the welcome: the handshake itself (e.g. a version mismatch).
+        if error.code == ipc.ERROR_VERSION:
+            # The handshake itself: no session can be had with this daemon.
             log.error("the kafka-sidecar daemon refused the handshake: %s", error.message)
             self.session_error = SidecarUnavailableError(f"kafka-sidecar at {self.endpoint}: {error.message}")
         else:
@@ -511,5 +523,7 @@ class IoThread:
         the daemon sees the parent's end when it comes (the mapping stays: the parent's views are in it)."""
         if self._memory is not None:
             self._memory.close()
+            self._memory = None
         if self._segment_fd is not None:
             os.close(self._segment_fd)
+            self._segment_fd = None

@@ -249,6 +249,7 @@ class BufferPool:
         return expired
 
     def forget_waiters(self, client_id: int) -> None:
+        """Drop the waiting requests of a client (its session ended)."""
         self.waiters = deque(w for w in self.waiters if w.client_id != client_id)
 
     def _waits_for_own(self, waiter: Waiter) -> bool:
@@ -315,8 +316,11 @@ class BufferPool:
 
     def _give_back_pages(self, memory: ClientMemory, block: int) -> None:
         """Free a block's pages (the client's mapping then reads zeros there, until written again)."""
-        start = self.layout.block_offset(block)
-        memory.segment.madvise(mmap.MADV_REMOVE, start, self.block_size)
+        try:
+            memory.segment.madvise(mmap.MADV_REMOVE, self.layout.block_offset(block), self.block_size)
+        except OSError as exc:
+            # Not expected of a segment that passed check_segment; the block stays resident, counted as not.
+            log.warning("cannot give back the pages of a block: %s", exc)
         if memory.touched[block]:
             memory.touched[block] = 0
             self._resident -= 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import resource
 import signal
 import threading
 import time
@@ -31,6 +32,7 @@ class SidecarDaemon:
     """Owns the BufferPool, the ProducerCore and the front; :meth:`run` until stopped."""
 
     def __init__(self, config: ProducerConfig, endpoint: str) -> None:
+        _raise_file_limit()
         self.config = config
         self.endpoint = endpoint
         self.core = ProducerCore(config)
@@ -81,9 +83,9 @@ class SidecarDaemon:
     def run_once(self) -> None:
         """One iteration: network I/O and sending, client messages, then timers and reports."""
         self.core.run_once(min(self.front.next_timer_ms(), _MAX_SLEEP_MS))
-        if self.core.selector.external_ready:
-            self.front.handle_ready(self.core.selector.external_ready)
         try:
+            if self.core.selector.external_ready:
+                self.front.handle_ready(self.core.selector.external_ready)
             self.front.after_iteration()
         except Exception:
             # A bug met while serving one client's request must not stop the daemon for all of them.
@@ -91,7 +93,7 @@ class SidecarDaemon:
             now = time.monotonic()
             if now - self._error_logged >= _ERROR_LOG_INTERVAL_S:
                 self._error_logged = now
-                log.exception("error after a loop iteration (%d so far)", self.iteration_errors)
+                log.exception("error in a loop iteration (%d so far)", self.iteration_errors)
 
     def shutdown(self) -> None:
         """Send what is queued (up to sidecar.close.timeout.ms), report outcomes, release everything."""
@@ -100,3 +102,11 @@ class SidecarDaemon:
         self.front.close()
         self.pool.close()
         log.info("kafka-sidecar stopped")
+
+
+def _raise_file_limit() -> None:
+    """Allow as many open files as the hard limit does: each client session holds two (its segment's
+    mapping and its memory socket's connection), and the default soft limit of 1024 is a few hundred."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -24,6 +24,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -35,7 +36,7 @@ from client_stub.errors import InvalidRequestError, KafkaError, error_code
 
 from . import memory_socket
 from .buffer_pool import BlockError, BufferPool
-from .memory_socket import MemorySocket
+from .memory_socket import MemorySocket, bind_socket_file
 from .producer.batch import ProducerBatch, TopicPartition
 from .producer.core import ProducerCore
 
@@ -50,6 +51,10 @@ MAX_TOPICS_PER_CLIENT = 1000
 _LOG_INTERVAL_S = 5.0
 # A connection to the memory socket that has not sent its token within this long is closed.
 _HANDSHAKE_TIMEOUT_MS = 10_000
+# After the memory socket could not accept a connection (out of file descriptors), it waits this long.
+_ACCEPT_PAUSE_MS = 1000
+# How long the last messages to clients may take on shutdown.
+_CLOSE_LINGER_MS = 1000
 # How often to repeat SEAL_NOW while the pool stays exhausted.
 _SEAL_NOW_INTERVAL_MS = 50
 # pyzmq's flags are enum.Flag members, whose | runs Python code: once per message here, so plain ints.
@@ -84,7 +89,8 @@ class EndpointInUseError(RuntimeError):
 
 
 class SidecarFront:
-    """Sessions, block grants, seal notices and delivery reports over one ROUTER socket."""
+    """Sessions, block grants, seal notices and delivery reports over one ROUTER socket; segments and the
+    clients' liveness over the memory socket."""
 
     def __init__(self, core: ProducerCore, pool: BufferPool, endpoint: str, *, client_timeout_ms: int = 30000,
                  context: zmq.Context | None = None, socket_mode: int = 0o660, socket_group: int | None = None) -> None:
@@ -113,6 +119,7 @@ class SidecarFront:
         # Connections to the memory socket: those awaiting their token (until when), those of sessions.
         self._handshakes: dict[socket.socket, int] = {}
         self._by_connection: dict[socket.socket, ClientSession] = {}
+        self._accept_paused_until: int | None = None
         self._next_client_id = 1
         self._metadata_version = -1
         self._seal_now_sent_ms = 0
@@ -134,15 +141,8 @@ class SidecarFront:
             if path is None:
                 sock.bind(endpoint)
             else:
-                # ZeroMQ's bind replaces a stale socket file (the lock says no daemon serves it). It is made
-                # with the umask: the tightest one while binding, the configured mode and group just after.
-                umask = os.umask(0o177)
-                try:
-                    sock.bind(endpoint)
-                finally:
-                    os.umask(umask)
-                os.chown(path, -1, group)
-                os.chmod(path, mode)
+                # ZeroMQ's bind replaces a stale socket file (the lock says no daemon serves it).
+                bind_socket_file(lambda: sock.bind(endpoint), path, mode, group)
         except BaseException:
             sock.close()
             self._unlock()
@@ -155,19 +155,18 @@ class SidecarFront:
             self._lock_file = None
 
     def close(self) -> None:
+        # The ZeroMQ socket first, lingering: the last reports reach the clients before the memory socket's
+        # connections end, which tells each client that the daemon is gone.
+        self.core.selector.unregister_external(self.socket)
+        self.socket.close(linger=_CLOSE_LINGER_MS)
+        if self._own_context:
+            self._context.term()
         for conn in [*self._handshakes, *self._by_connection]:
             self._close_connection(conn)
         self.core.selector.unregister_external(self.memory.listener)
         self.memory.close()
-        self.core.selector.unregister_external(self.socket)
-        self.socket.close(linger=0)
-        if self._own_context:
-            self._context.term()
         if self.endpoint.startswith("ipc://"):
-            try:
-                os.unlink(self.endpoint[len("ipc://"):])
-            except FileNotFoundError:
-                pass
+            Path(self.endpoint[len("ipc://"):]).unlink(missing_ok=True)
         self._unlock()
 
     def _send(self, session: ClientSession | bytes, message: ipc.Message) -> None:
@@ -199,9 +198,16 @@ class SidecarFront:
             if sock is self.socket:
                 self.handle_readable()
             elif sock is self.memory.listener:
-                for conn in self.memory.accept_all():
+                accepted, failed = self.memory.accept_all()
+                for conn in accepted:
                     self._handshakes[conn] = self.clock() + _HANDSHAKE_TIMEOUT_MS
                     self.core.selector.register_external(conn)
+                if failed:
+                    # Out of file descriptors, say: the listener would stay readable, and the loop spin.
+                    log.error("the memory socket cannot accept connections: %s; pausing %d ms", failed,
+                              _ACCEPT_PAUSE_MS)
+                    self.core.selector.unregister_external(self.memory.listener)
+                    self._accept_paused_until = self.clock() + _ACCEPT_PAUSE_MS
             elif sock in self._handshakes:
                 self._memory_handshake(sock)
             elif sock in self._by_connection and memory_socket.hung_up(sock):
@@ -278,9 +284,10 @@ class SidecarFront:
                                        delivery_timeout_ms=self.core.config["delivery.timeout.ms"],
                                        buffer_memory=self.pool.block_count * self.pool.block_size,
                                        heartbeat_interval_ms=max(self.client_timeout_ms // 10, 100))
-        self._send(session, ipc.Welcome(PROTOCOL_VERSION, session.client_id, self.memory.path, session.token,
-                                        self.pool.block_size, self.pool.block_count, settings, self.daemon_id,
-                                        session.resume is not None))
+        hello_id = message.options.hello_id if _is_int(message.options.hello_id) else 0
+        self._send(session, ipc.Welcome(PROTOCOL_VERSION, session.client_id, session.token, self.pool.block_size,
+                                        self.pool.block_count, settings, self.daemon_id, session.resume is not None,
+                                        hello_id))
 
     def _resumable(self, raw: Any) -> ipc.Resume | None:
         """The session a HELLO hands over, if this daemon can take it back; None (logged) if not."""
@@ -294,8 +301,8 @@ class SidecarFront:
             elif (resume.block_size, resume.block_count) != (self.pool.block_size, self.pool.block_count):
                 reason = (f"its segment has {resume.block_count} blocks of {resume.block_size} bytes, this "
                           f"daemon's pool {self.pool.block_count} of {self.pool.block_size}")
-            elif not isinstance(resume.owned, list) or not isinstance(resume.sealed, list):
-                reason = "owned and sealed are lists"
+            elif not isinstance(resume.sealed, list):
+                reason = "sealed is a list of seal notices"
             else:
                 return resume
         log.warning("a client's session cannot be resumed: %s; what it held is failed as unknown", reason)
@@ -312,6 +319,7 @@ class SidecarFront:
         if received is None:
             return
         token, fds = received
+        segment = None
         try:
             session = self._by_token.pop(token, None)
             if session is None:
@@ -325,17 +333,15 @@ class SidecarFront:
                 self._close_connection(conn)
                 self._end_session(session)
                 return
+            del self._handshakes[conn]
+            self._by_connection[conn] = session
+            session.connection = conn
+            # The kernel's word for the process, whatever the client said in its HELLO.
+            session.pid, uid, _ = memory_socket.peer_credentials(conn)
+            memory_socket.answer(conn, segment)
         finally:
-            for fd in fds:
+            for fd in [*fds, *([] if segment is None else [segment])]:
                 os.close(fd)
-        del self._handshakes[conn]
-        self._by_connection[conn] = session
-        session.connection = conn
-        # The kernel's word for the process, whatever the client said in its HELLO.
-        session.pid, uid, _ = memory_socket.peer_credentials(conn)
-        memory_socket.answer(conn, segment)
-        if segment is not None:
-            os.close(segment)
         log.info("client %s connected: pid %s (uid %s) %s%s", session.client_id, session.pid, uid, session.name,
                  ", resuming its session" if session.resume is not None else "")
         if session.resume is not None:
@@ -350,15 +356,19 @@ class SidecarFront:
             return self.pool.attach(session.client_id)
         if len(fds) != 1:
             raise ValueError("a resumed session hands over its segment")
-        resume = session.resume
-        # The blocks of the segment that are the client's. Each notice is checked when it is sealed (a bad one
-        # fails its batch only): here its blocks count if it names them plainly, once.
-        owned = dict.fromkeys(b for b in resume.owned if _is_int(b) and 0 <= b < self.pool.block_count)
-        for notice in resume.sealed:
-            fields = dict(zip(ipc.SealNotice._fields, notice, strict=False)) if isinstance(notice, list) else {}
+        # The blocks of its sealed batches are the client's again, up to what a client may hold. Each notice
+        # is checked when it is sealed (a bad one, or one past the limit, fails its batch only): here its
+        # blocks count if it names them plainly, once.
+        owned: dict[int, None] = {}
+        for notice in session.resume.sealed:
+            fields = _notice_fields(notice)
             first, count = fields.get("first_block"), fields.get("block_count")
-            if _is_int(first) and _is_int(count) and first >= 0 and 0 < count <= self.pool.block_count - first:
-                owned.update(dict.fromkeys(range(first, first + count)))
+            if not (_is_int(first) and _is_int(count) and first >= 0 and 0 < count <= self.pool.block_count - first):
+                continue
+            blocks = dict.fromkeys(b for b in range(first, first + count) if b not in owned)
+            if len(owned) + len(blocks) > self.pool.max_blocks_per_client:
+                break
+            owned.update(blocks)
         self.pool.adopt(session.client_id, fds[0], list(owned))
         return None
 
@@ -402,8 +412,7 @@ class SidecarFront:
     def _refuse_notice(self, session: ClientSession, notice: Any, exc: Exception) -> None:
         """An ERROR, a failed DELIVERY entry for the batch, and the sender's unsealed blocks of it freed."""
         self._complain(session.identity, f"seal refused: {exc}")
-        # What can be read of a refused notice, which may have too few fields, or fields of other types.
-        fields = dict(zip(ipc.SealNotice._fields, notice, strict=False)) if isinstance(notice, list) else {}
+        fields = _notice_fields(notice)
         batch_id, first, count = (fields.get(name) for name in ("batch_id", "first_block", "block_count"))
         if not _is_int(batch_id):
             return
@@ -557,6 +566,9 @@ class SidecarFront:
         for conn, until in list(self._handshakes.items()):
             if until <= now:
                 self._close_connection(conn)
+        if self._accept_paused_until is not None and self._accept_paused_until <= now:
+            self._accept_paused_until = None
+            self.core.selector.register_external(self.memory.listener)
         if self.core.metadata.update_version != self._metadata_version:
             self._metadata_version = self.core.metadata.update_version
             for session in self.sessions.values():
@@ -570,6 +582,8 @@ class SidecarFront:
         if self.pool.waiters:
             due.append(_SEAL_NOW_INTERVAL_MS)
         due += [until - now for until in self._handshakes.values()]
+        if self._accept_paused_until is not None:
+            due.append(self._accept_paused_until - now)
         due.append(min((s.last_seen_ms + self.client_timeout_ms - now for s in self.sessions.values()),
                        default=self.client_timeout_ms))
         return max(min(due), 0)
@@ -589,6 +603,12 @@ class SidecarFront:
             return
         session.topics[topic] = state
         self._send(session, ipc.Topic(topic, count, list(state[1]), error))
+
+
+def _notice_fields(notice: Any) -> dict[str, Any]:
+    """What can be read of a seal notice by field name, before it is checked (it may have too few fields,
+    or fields of other types)."""
+    return dict(zip(ipc.SealNotice._fields, notice, strict=False)) if isinstance(notice, list) else {}
 
 
 def _is_int(value: Any) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from collections.abc import Callable
+from pathlib import Path
 
 from client_stub.contract.shared_memory import ERR, OK, TOKEN_SIZE
 
@@ -28,44 +30,44 @@ class MemorySocket:
                 self.listener.bind(path)
             else:
                 # The endpoint's lock says no daemon serves it: a file left here is a dead daemon's.
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-                # Made with the tightest umask, then given the configured mode and group, as the ipc socket.
-                umask = os.umask(0o177)
-                try:
-                    self.listener.bind(path)
-                finally:
-                    os.umask(umask)
-                os.chown(path, -1, group)
-                os.chmod(path, mode)
+                Path(path).unlink(missing_ok=True)
+                bind_socket_file(lambda: self.listener.bind(path), path, mode, group)
             self.listener.listen(128)
             self.listener.setblocking(False)
         except BaseException:
             self.listener.close()
             raise
 
-    def accept_all(self) -> list[socket.socket]:
-        """The connections waiting, non-blocking."""
+    def accept_all(self) -> tuple[list[socket.socket], OSError | None]:
+        """The connections waiting, non-blocking; and the error that stopped accepting (out of file
+        descriptors, say), if one did."""
         accepted = []
         while True:
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
-                return accepted
-            except OSError:
-                return accepted  # out of file descriptors, say: the client retries or times out
+                return accepted, None
+            except OSError as exc:
+                return accepted, exc
             conn.setblocking(False)
             accepted.append(conn)
 
     def close(self) -> None:
         self.listener.close()
         if not self.path.startswith("\0"):
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            Path(self.path).unlink(missing_ok=True)
+
+
+def bind_socket_file(bind: Callable[[], None], path: str, mode: int, group: int) -> None:
+    """``bind()`` a socket at ``path`` under the tightest umask, then give the file ``mode`` and ``group``:
+    whatever the umask, nobody else may connect in between, and those the configuration says may after."""
+    umask = os.umask(0o177)
+    try:
+        bind()
+    finally:
+        os.umask(umask)
+    os.chown(path, -1, group)
+    os.chmod(path, mode)
 
 
 def read_token(conn: socket.socket) -> tuple[bytes, list[int]] | None:
@@ -104,16 +106,15 @@ def refuse(conn: socket.socket, reason: str) -> None:
 
 
 def hung_up(conn: socket.socket) -> bool:
-    """Whether the other end closed the connection (its process is gone); anything else it sent is dropped."""
-    while True:
-        try:
-            data = conn.recv(64)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            return True
-        if not data:
-            return True
+    """Whether the session's connection is over: the client closed it (its process is gone), or sent
+    something (after its token a client sends nothing: a client that does is not one)."""
+    try:
+        conn.recv(1)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        pass
+    return True
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:

@@ -72,19 +72,21 @@ class HelloOptions(NamedTuple):
     # What the client held in the session of a daemon that is gone (a Resume as a list): the new one
     # takes it back with the client's segment rather than losing it.
     resume: list[Any] | None = None
+    # This HELLO's number, which its WELCOME repeats: a client said HELLO again (the first may have gone
+    # with a dying daemon's connection) and answers the WELCOME of its last only.
+    hello_id: int = 0
     # The client waits on through a topic's retriable metadata error (see Topic); older clients fail at once.
     retriable_topic_errors: bool = False
 
 
 class Resume(NamedTuple):
-    """A session of a daemon that is gone, handed to its successor: the blocks the client was granted
-    (``owned``, unsealed) and the batches it sealed that were not reported (``sealed``, SealNotice
-    rows in the order sealed), in its segment of ``block_size`` x ``block_count``."""
+    """A session of a daemon that is gone, handed to its successor: the batches the client sealed that
+    were not reported (``sealed``, SealNotice rows in the order sealed), in its segment of
+    ``block_size`` x ``block_count``."""
 
     daemon_id: str
     block_size: int
     block_count: int
-    owned: list[int]
     sealed: list[Any]
 
 
@@ -182,21 +184,21 @@ class WelcomeSettings(NamedTuple):
 
 
 class Welcome(NamedTuple):
-    """The session is open: the client gets its segment over ``memory_socket`` with ``memory_token`` (see
+    """The session is open: the client gets its segment over the memory socket with ``memory_token`` (see
     :mod:`.shared_memory`), then may ask for blocks. ``resumed``: the daemon takes back the session the
-    client's Hello offered, when the client hands over its segment."""
+    client's Hello offered, when the client hands over its segment. ``hello_id``: the Hello's."""
 
     TYPE = 101
 
     version: int
     client_id: int
-    memory_socket: str
     memory_token: bytes
     block_size: int
     block_count: int
     settings: WelcomeSettings
     daemon_id: str
     resumed: bool
+    hello_id: int
 
 
 class Grant(NamedTuple):
@@ -276,8 +278,8 @@ class Error(NamedTuple):
 
 
 class StatsReport(NamedTuple):
-    """The daemon's figures: for now its BufferPool's (block_count, free_blocks, sessions, and
-    held, the blocks each client id holds)."""
+    """The daemon's figures: for now its BufferPool's (block_count, free_blocks, sessions; clients,
+    [client id, pid, blocks held] of each session; held, [client id, blocks held] of each segment)."""
 
     TYPE = 108
 
@@ -299,7 +301,7 @@ def encode(message: Message) -> bytes:
     if isinstance(message, Hello):
         return pack(kind, *message[:3], message.options._asdict())
     if isinstance(message, Welcome):
-        return pack(kind, *message[:6], message.settings._asdict(), *message[7:])
+        return pack(kind, *message[:5], message.settings._asdict(), *message[6:])
     return pack(kind, *message)
 
 
@@ -323,7 +325,7 @@ def from_fields(fields: list[Any]) -> Message:
     if cls is Hello:
         values[3] = _named(HelloOptions, values[3], "HELLO options", partial=True)
     elif cls is Welcome:
-        values[6] = _named(WelcomeSettings, values[6], "WELCOME settings", partial=False)
+        values[5] = _named(WelcomeSettings, values[5], "WELCOME settings", partial=False)
     return cls._make(values)
 
 

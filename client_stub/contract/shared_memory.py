@@ -68,16 +68,21 @@ def create_segment(layout: Layout, name: str) -> int:
 
 
 def check_segment(fd: int, layout: Layout) -> None:
-    """ValueError unless ``fd`` is a memory file of ``layout.size`` bytes sealed against resizing."""
+    """ValueError unless ``fd`` is a memory file of ordinary pages and ``layout.size`` bytes, sealed as
+    :func:`create_segment` seals it: it can neither be resized, nor sealed further (against writes, which
+    would make the pages impossible to free), by anyone."""
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
     except OSError:
         raise ValueError("the segment is not a sealable memory file (memfd)") from None
-    if seals & SEALS != SEALS:
-        raise ValueError("the segment can be resized: it is not sealed against shrinking and growing")
-    size = os.fstat(fd).st_size
-    if size != layout.size:
-        raise ValueError(f"the segment has {size} bytes, the pool's layout {layout.size}")
+    if seals != SEALS | fcntl.F_SEAL_SEAL:
+        raise ValueError(f"the segment's seals are {seals:#x}, not {SEALS | fcntl.F_SEAL_SEAL:#x}: sealed against "
+                         "shrinking and growing, and against further seals, only")
+    stat = os.fstat(fd)
+    if stat.st_blksize != mmap.PAGESIZE:
+        raise ValueError(f"the segment has pages of {stat.st_blksize} bytes, not {mmap.PAGESIZE} (huge pages?)")
+    if stat.st_size != layout.size:
+        raise ValueError(f"the segment has {stat.st_size} bytes, the pool's layout {layout.size}")
 
 
 class Segment:

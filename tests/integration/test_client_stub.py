@@ -317,7 +317,8 @@ class HostileSession:
         self.next_request = 1
         self.send(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "hostile-owner", {})
         welcome = ipc.Welcome._make(self.expect(ipc.Welcome.TYPE)[1:])
-        self.memory, fd = shared_memory.connect(welcome.memory_socket, welcome.memory_token, 10)
+        path = shared_memory.memory_socket_path(endpoint, welcome.daemon_id)
+        self.memory, fd = shared_memory.connect(path, welcome.memory_token, 10)
         self.client_id, self.segment = welcome.client_id, Segment(fd, Layout(welcome.block_size, welcome.block_count))
         os.close(fd)
 

@@ -8,7 +8,7 @@ import time
 from client_stub.accumulator import RecordAccumulator
 from client_stub.block_grants import BlockGrants
 from client_stub.contract import ipc
-from client_stub.futures import RecordFuture
+from client_stub.futures import RecordFuture, completer
 from client_stub.partitioner import Partitioner
 
 BASE_TS = 1_700_000_000_000
@@ -50,5 +50,21 @@ def test_a_batch_is_never_counted_out_for_more_records_than_it_holds() -> None:
     counted = accumulator.reported([[batch.batch_id, 0, 3, 10, -1, None],
                                     [batch.batch_id, 0, 3, 10, -1, None],
                                     [batch.batch_id, 0, ipc.WHOLE_BATCH, 10, -1, None]], time.monotonic())
-    assert sum(report.record_count for _, report in counted) == 5
+    assert sum(fresh for _, _, fresh in counted) == 5
+    assert batch.batch_id not in accumulator.sealed
+
+
+def test_a_batch_reported_in_part_and_then_whole_completes_the_rest() -> None:
+    # The daemon split a batch and reported its first part; then it died, and the daemon that took the
+    # session back sent the whole batch again and reports it whole: the other records complete now.
+    accumulator = RecordAccumulator(Partitioner("murmur2_random"), lambda message: None, lambda: None)
+    batch = sealed_batch(accumulator, 10)
+    [(_, first_part, fresh)] = accumulator.reported([[batch.batch_id, 0, 4, 100, -1, None]], time.monotonic())
+    assert (first_part.first_record, first_part.record_count, fresh) == (0, 4, 4)
+    completer.complete(batch.futures, 0, 4, "t", 0, 100, -1, None)
+    [(_, whole, fresh)] = accumulator.reported([[batch.batch_id, 0, ipc.WHOLE_BATCH, 500, -1, None]],
+                                               time.monotonic())
+    assert (whole.first_record, whole.record_count, fresh) == (0, 10, 6)
+    completer.complete(batch.futures, 0, 10, "t", 0, 500, -1, None)
+    assert [f.result(0).offset for f in batch.futures] == [100, 101, 102, 103, 504, 505, 506, 507, 508, 509]
     assert batch.batch_id not in accumulator.sealed

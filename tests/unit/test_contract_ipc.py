@@ -15,10 +15,10 @@ from client_stub.contract import PROTOCOL_VERSION, ipc
 
 SETTINGS = ipc.WelcomeSettings(max_request_size=1048576, linger_ms=5, max_block_ms=60000,
                                delivery_timeout_ms=120000, buffer_memory=32 << 20, heartbeat_interval_ms=3000)
-RESUME = ipc.Resume("f00d", 16384, 2048, [4, 5],
+RESUME = ipc.Resume("f00d", 16384, 2048,
                     [ipc.SealNotice(9, 0, 2, "orders", 3, 10, 5000, 1_700_000_000_000, 1_700_000_000_010, 40)])
 TYPED = [
-    ipc.Hello(PROTOCOL_VERSION, 1234, "gunicorn worker", ipc.HelloOptions(5, "murmur2_random", None, True)),
+    ipc.Hello(PROTOCOL_VERSION, 1234, "gunicorn worker", ipc.HelloOptions(5, "murmur2_random", None, True, 3)),
     ipc.Blocks(7, 3, True, 60000),
     ipc.Seal([ipc.SealNotice(1, 0, 2, "orders", 3, 10, 5000, 1_700_000_000_000, 1_700_000_000_010, 4)]),
     ipc.Release([0, 5, 7]),
@@ -26,8 +26,7 @@ TYPED = [
     ipc.Heartbeat(),
     ipc.Goodbye(),
     ipc.Stats(),
-    ipc.Welcome(PROTOCOL_VERSION, 3, "/run/kafka-sidecar/sidecar.sock.memory", b"\x01" * 16, 16384, 2048, SETTINGS,
-                "f00d", False),
+    ipc.Welcome(PROTOCOL_VERSION, 3, b"\x01" * 16, 16384, 2048, SETTINGS, "f00d", False, 3),
     ipc.Grant(7, [4, 5, 6]),
     ipc.GrantFailed(7, "no 3 free block(s) of the BufferPool in time"),
     ipc.Delivery([ipc.DeliveryReport(1, 0, 10, 2**40, -1, None),
@@ -65,17 +64,17 @@ def test_type_numbers_are_the_wire_format() -> None:
 def test_handshake_maps_are_by_name() -> None:
     hello = ipc.unpack(ipc.encode(TYPED[0]))
     assert hello[4] == {"linger_ms": 5, "partitioner": "murmur2_random", "resume": None,
-                        "retriable_topic_errors": True}
+                        "retriable_topic_errors": True, "hello_id": 3}
     welcome = ipc.unpack(ipc.encode(TYPED[8]))
-    assert welcome[7] == SETTINGS._asdict()
-    assert welcome[3:5] == ["/run/kafka-sidecar/sidecar.sock.memory", b"\x01" * 16]
+    assert welcome[6] == SETTINGS._asdict()
+    assert welcome[3] == b"\x01" * 16 and welcome[-2:] == [False, 3]
 
 
 def test_a_resumed_session_travels_in_the_hello_options_as_a_list() -> None:
-    hello = ipc.Hello(PROTOCOL_VERSION, 1234, "w", ipc.HelloOptions(resume=[*RESUME[:4], [list(RESUME.sealed[0])]]))
+    hello = ipc.Hello(PROTOCOL_VERSION, 1234, "w", ipc.HelloOptions(resume=[*RESUME[:3], [list(RESUME.sealed[0])]]))
     back = ipc.decode(ipc.encode(hello))
     resume = ipc.Resume._make(back.options.resume)
-    assert resume[:4] == RESUME[:4]
+    assert resume[:3] == RESUME[:3]
     assert [ipc.SealNotice._make(row) for row in resume.sealed] == RESUME.sealed
 
 
@@ -88,7 +87,7 @@ def test_welcome_settings_must_all_be_there() -> None:
     settings = SETTINGS._asdict()
     del settings["heartbeat_interval_ms"]
     with pytest.raises(ValueError, match="WELCOME settings lack heartbeat_interval_ms"):
-        ipc.decode(ipc.pack(ipc.Welcome.TYPE, PROTOCOL_VERSION, 3, "path", b"token", 16384, 8, settings, "d", False))
+        ipc.decode(ipc.pack(ipc.Welcome.TYPE, PROTOCOL_VERSION, 3, b"token", 16384, 8, settings, "d", False, 1))
 
 
 @pytest.mark.parametrize("fields, error", [

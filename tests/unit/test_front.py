@@ -22,7 +22,7 @@ import pytest
 import zmq
 
 from client_stub import errors
-from client_stub.contract import PROTOCOL_VERSION, ipc
+from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
 from client_stub.contract.shared_memory import ERR, OK, Layout, Segment, create_segment
 from service.buffer_pool import FREE, OWNED, SEALED, BufferPool
 from service.config import ProducerConfig
@@ -267,18 +267,19 @@ def deliveries(client: Client) -> list[list[Any]]:
 def test_hello_gets_a_welcome_then_its_segment_over_the_memory_socket(env: Env) -> None:
     client = env.client()
     claimed_pid = os.getpid() + 100_000  # what the HELLO says; the kernel says otherwise
-    client.send(ipc.Hello.TYPE, PROTOCOL_VERSION, claimed_pid, "worker-1", {"linger_ms": 5})
+    client.send(ipc.Hello.TYPE, PROTOCOL_VERSION, claimed_pid, "worker-1", {"linger_ms": 5, "hello_id": 7})
     env.pump()
-    (kind, version, client_id, memory_socket, token, block_size, block_count, settings, daemon_id,
-     resumed) = client.recv()
-    assert (kind, version, block_size, block_count, resumed) == (ipc.Welcome.TYPE, PROTOCOL_VERSION, BLOCK, BLOCKS,
-                                                                 False)
+    (kind, version, client_id, token, block_size, block_count, settings, daemon_id, resumed,
+     hello_id) = client.recv()
+    assert (kind, version, block_size, block_count, resumed, hello_id) == (ipc.Welcome.TYPE, PROTOCOL_VERSION,
+                                                                           BLOCK, BLOCKS, False, 7)
     assert settings == {"max_request_size": MAX_REQUEST_SIZE, "linger_ms": 5, "max_block_ms": 60000,
                         "delivery_timeout_ms": 120000, "buffer_memory": BLOCKS * BLOCK,
                         "heartbeat_interval_ms": TIMEOUT_MS // 10}
     assert daemon_id == env.front.daemon_id
     # An inproc endpoint has no file beside which to put the memory socket: it is an abstract one.
-    assert memory_socket.startswith("\0") and daemon_id in memory_socket
+    assert env.front.memory.path == shared_memory.memory_socket_path(env.endpoint, daemon_id)
+    assert env.front.memory.path.startswith("\0")
     assert isinstance(token, bytes) and len(token) == 16
     session = env.session(client_id)
     assert (session.pid, session.name, session.connection) == (claimed_pid, "worker-1", None)
@@ -937,11 +938,6 @@ def test_client_that_hangs_up_its_memory_connection_is_ended(env: Env) -> None:
     client_id = client.hello()
     other.hello()
     sealed, unsealed = _seal_two_keep_two(env, client)
-    # Something sent on the connection is no hang-up.
-    assert client.memory is not None
-    client.memory.send(b"still here")
-    env.front.handle_ready([env.session(client_id).connection])
-    assert len(env.front.sessions) == 2
     client.hang_up()
     assert len(env.front.sessions) == 1
     _check_ended(env, client_id, sealed, unsealed)
@@ -950,6 +946,41 @@ def test_client_that_hangs_up_its_memory_connection_is_ended(env: Env) -> None:
     client.send(ipc.Heartbeat.TYPE)
     env.pump()
     assert client.error_with_code() == (ipc.ERROR_UNKNOWN_CLIENT, "unknown client: send HELLO first")
+
+
+def test_a_client_that_sends_on_its_memory_connection_is_ended(env: Env) -> None:
+    # After its token a client sends nothing there: one that does is not a client (and must not keep the
+    # daemon's loop reading).
+    client, other = env.client(), env.client()
+    client_id = client.hello()
+    other.hello()
+    sealed, unsealed = _seal_two_keep_two(env, client)
+    assert client.memory is not None
+    for _ in range(100):
+        client.memory.send(b"noise")
+    env.front.handle_ready([env.session(client_id).connection])
+    assert [s.client_id for s in env.front.sessions.values()] == [other.client_id]
+    assert client.memory_ended()
+    _check_ended(env, client_id, sealed, unsealed)
+
+
+def test_a_resume_holding_more_than_a_client_may_takes_back_what_it_may() -> None:
+    old_env, env = Env(), Env(max_blocks_per_client=2)
+    try:
+        old = old_env.client()
+        old.hello()
+        client = Client(env)
+        env.clients.append(client)
+        sealed = [notice(batch_id=n, first=n) for n in range(4)]
+        client_id = client.hello(hand_over=old.fd, **_resume(old_env.front.daemon_id, sealed))
+        assert env.pool.held_by(client_id) == 2
+        assert [b.origin[1] for b in env.queued()] == [0, 1]
+        assert "seal refused" in client.error() and "seal refused" in client.error()
+        env.front.after_iteration()
+        assert sorted(report[0] for report in deliveries(client)) == [2, 3]
+    finally:
+        env.close()
+        old_env.close()
 
 
 _MEMORY_CLIENT = """
@@ -967,7 +998,7 @@ def test_session_ends_when_the_process_holding_its_memory_connection_dies(env: E
     assert client.welcome is not None
     listener = env.front.memory.listener
     # Another process does the memory handshake, as the client library does it.
-    child = subprocess.Popen([sys.executable, "-c", _MEMORY_CLIENT, client.welcome.memory_socket.encode().hex(),
+    child = subprocess.Popen([sys.executable, "-c", _MEMORY_CLIENT, env.front.memory.path.encode().hex(),
                               client.welcome.memory_token.hex()], cwd=ROOT, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     try:
@@ -1076,13 +1107,14 @@ def test_heartbeats_keep_a_session(env: Env) -> None:
 # -- a session taken back after a restart ---------------------------------------------------------
 
 
-def _resume(daemon_id: str, owned: list[int], sealed: list[list[Any]], block_size: int = BLOCK,
+def _resume(daemon_id: str, sealed: list[list[Any]], block_size: int = BLOCK,
             block_count: int = BLOCKS) -> dict[str, Any]:
-    return {"resume": [daemon_id, block_size, block_count, owned, sealed]}
+    return {"resume": [daemon_id, block_size, block_count, sealed]}
 
 
 def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) -> None:
-    # The session of a daemon that died (env's): blocks 0..3, batches sealed in blocks 2 then 0..1, not reported.
+    # The session of a daemon that died (env's): blocks 0..3, batches sealed in blocks 2 then 0..1, not reported;
+    # block 3 granted and unused (a client seals its open batches before it offers its session).
     old = env.client()
     old.hello()
     assert old.blocks(4, contiguous=True) == [0, 1, 2, 3]
@@ -1096,12 +1128,12 @@ def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) ->
     try:
         client = Client(restarted)
         restarted.clients.append(client)
-        client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, [3], sealed))
+        client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, sealed))
         assert client.welcome is not None and client.welcome.resumed
         assert client.welcome.daemon_id == restarted.front.daemon_id != env.front.daemon_id
-        # What it held is counted against the new pool.
-        assert restarted.pool.held_by(client_id) == 4 and restarted.pool.free_blocks == BLOCKS - 4
-        assert [restarted.state(client_id, b) for b in range(4)] == [SEALED, SEALED, SEALED, OWNED]
+        # What its batches hold is counted against the new pool; the unused block is free again.
+        assert restarted.pool.held_by(client_id) == 3 and restarted.pool.free_blocks == BLOCKS - 3
+        assert [restarted.state(client_id, b) for b in range(4)] == [SEALED, SEALED, SEALED, FREE]
         # Its sealed batches are queued again, in the order sealed, their bytes read from the segment.
         batches = restarted.queued()
         assert [(b.origin, b.record_count, bytes(b.records)) for b in batches] == [
@@ -1109,7 +1141,8 @@ def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) ->
         # The segment itself, not a copy of it.
         old.segment.blocks(2)[:5] = b"AFTER"
         assert bytes(batches[0].records[:5]) == b"AFTER"
-        # The block it was granted and did not seal is still its own.
+        # New blocks come from the same segment.
+        assert client.blocks(1) == [3]
         client.seal(notice(batch_id=9, first=3))
         assert client.quiet()
         assert [b.origin[1] for b in restarted.queued()] == [7, 8, 9]
@@ -1130,7 +1163,7 @@ def test_a_resumed_notice_that_is_not_valid_is_refused_as_a_seal_is(env: Env) ->
         client = Client(restarted)
         restarted.clients.append(client)
         sealed = [notice(batch_id=1, first=0, topic="no such/topic"), notice(batch_id=2, first=1)]
-        client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, [], sealed))
+        client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, sealed))
         assert "invalid topic name" in client.error()
         assert [b.origin for b in restarted.queued()] == [(client_id, 2)]
         restarted.front.after_iteration()
@@ -1150,7 +1183,7 @@ def test_resumed_notices_naming_blocks_outside_the_pool_or_twice_fail_only_their
         restarted.clients.append(client)
         sealed = [notice(batch_id=1, first=0), notice(batch_id=2, first=BLOCKS), notice(batch_id=3, first=0),
                   notice(batch_id=4, first=1)]
-        client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, [], sealed))
+        client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, sealed))
         assert client.welcome is not None and client.welcome.resumed
         assert "seal refused" in client.error() and "seal refused" in client.error()
         assert [b.origin for b in restarted.queued()] == [(client_id, 1), (client_id, 4)]
@@ -1164,7 +1197,7 @@ def test_resumed_notices_naming_blocks_outside_the_pool_or_twice_fail_only_their
 def test_a_resume_of_the_daemons_own_session_is_refused(env: Env) -> None:
     # This daemon ended that session itself (and sends, or sent, what it had of it): a new one is given.
     client = env.client()
-    client_id = client.hello(**_resume(env.front.daemon_id, [0], [notice(batch_id=1)]))
+    client_id = client.hello(**_resume(env.front.daemon_id, [notice(batch_id=1)]))
     assert client.welcome is not None and not client.welcome.resumed
     assert env.pool.held_by(client_id) == 0 and env.core.accumulator.queued_batches() == 0
     assert client.blocks(1) == [0]
@@ -1172,7 +1205,7 @@ def test_a_resume_of_the_daemons_own_session_is_refused(env: Env) -> None:
 
 def test_a_resume_of_another_layout_is_refused(env: Env) -> None:
     client = env.client()
-    client.hello(handshake=False, **_resume("gone", [0], [], block_size=2 * BLOCK, block_count=BLOCKS // 2))
+    client.hello(handshake=False, **_resume("gone", [], block_size=2 * BLOCK, block_count=BLOCKS // 2))
     assert client.welcome is not None and not client.welcome.resumed
     client.handshake()
     assert env.pool.held() == {client.client_id: 0}
@@ -1180,7 +1213,7 @@ def test_a_resume_of_another_layout_is_refused(env: Env) -> None:
 
 def test_a_resumed_session_must_hand_over_its_segment(env: Env) -> None:
     client = env.client()
-    client.hello(handshake=False, **_resume("gone", [0], []))
+    client.hello(handshake=False, **_resume("gone", []))
     assert client.welcome is not None and client.welcome.resumed
     conn, answer, fds = env.handshake(client.welcome.memory_token)
     assert answer.startswith(ERR) and b"hands over its segment" in answer and fds == []
@@ -1201,24 +1234,31 @@ def _too_small(tmp_path: Path) -> int:
     return create_segment(Layout(BLOCK, BLOCKS - 1), "too-small")
 
 
-def _resizable(tmp_path: Path) -> int:
-    fd = os.memfd_create("resizable", os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, BLOCKS * BLOCK)
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)  # it may still grow
-    return fd
+def _sealed(seals: int) -> Any:
+    def make(tmp_path: Path) -> int:
+        fd = os.memfd_create("sealed", os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, BLOCKS * BLOCK)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        return fd
+    return make
+
+
+F_SEAL_FUTURE_WRITE = 0x10  # Linux 5.1; not in Python 3.11's fcntl
 
 
 @pytest.mark.parametrize(("make", "reason"), [
     (_not_a_memfd, b"not a sealable memory file"),
     (_pipe, b"not a sealable memory file"),
     (_too_small, b"bytes, the pool's layout"),
-    (_resizable, b"can be resized"),
-    (lambda tmp_path: os.memfd_create("unsealed"), b"can be resized"),
-], ids=["file", "pipe", "too-small", "may-grow", "unsealed"])
+    (_sealed(fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL), b"seals are"),
+    (_sealed(fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW), b"seals are"),
+    (_sealed(fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL), b"seals are"),
+    (lambda tmp_path: os.memfd_create("unsealed"), b"seals are"),
+], ids=["file", "pipe", "too-small", "may-grow", "may-be-sealed-later", "sealed-against-writes", "unsealed"])
 def test_a_segment_handed_over_that_is_not_a_fit_is_refused(env: Env, tmp_path: Path, make: Any,
                                                              reason: bytes) -> None:
     client = env.client()
-    client_id = client.hello(handshake=False, **_resume("gone", [0, 1], [notice(batch_id=1, first=2)]))
+    client_id = client.hello(handshake=False, **_resume("gone", [notice(batch_id=1, first=2)]))
     assert client.welcome is not None and client.welcome.resumed
     fd = make(tmp_path)
     try:
@@ -1518,7 +1558,7 @@ def test_daemon_loop_survives_an_error_after_an_iteration(tmp_path: Path, monkey
             daemon.run_once()
             daemon.run_once()
         assert daemon.iteration_errors == 2
-        assert caplog.text.count("error after a loop iteration") == 1  # not at every iteration
+        assert caplog.text.count("error in a loop iteration") == 1  # not at every iteration
         # It still serves.
         client.setsockopt(zmq.LINGER, 0)
         client.connect(endpoint)
@@ -1530,8 +1570,7 @@ def test_daemon_loop_survives_an_error_after_an_iteration(tmp_path: Path, monkey
         welcome = ipc.decode(client.recv(zmq.NOBLOCK))
         assert isinstance(welcome, ipc.Welcome)
         # The loop serves the memory socket too, beside the ipc socket: the segment comes over it...
-        assert welcome.memory_socket == f"{tmp_path}/sidecar.sock.memory"
-        memory.connect(welcome.memory_socket)
+        memory.connect(f"{tmp_path}/sidecar.sock.memory")
         memory.send(welcome.memory_token)
         memory.setblocking(False)
         for _ in range(20):
