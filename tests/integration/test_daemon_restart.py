@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from client_stub import Producer
 from service.tools.readback import read_topic
 from tests.support import workers
 from tests.support.sidecar import SidecarProcess
@@ -128,3 +129,19 @@ def test_five_kills_with_the_broker_cut_during_a_restart_lose_nothing(proxied_br
         join_clients(clients)
     figures = check_at_least_once(proxy.address, "restarts", tmp_path)
     assert figures["handed_back"] > 0
+
+
+def test_a_daemon_down_long_enough_for_hellos_said_again_loses_nothing(broker, topic_factory, sidecar) -> None:
+    # While no daemon answers, the client says HELLO again every few seconds; the restarted daemon gets
+    # them all at once, and the client takes the welcome of its last only.
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap)
+    with Producer(daemon.endpoint, linger_ms=600_000) as producer:
+        held = [producer.send(topic, f"held-{n}".encode()) for n in range(100)]
+        daemon.kill()
+        time.sleep(12)
+        daemon.start()
+        assert [f.result(30).offset for f in held] == list(range(100))
+    assert [r.value for r in read_topic(broker.bootstrap, topic, expected=100)] == \
+        [f"held-{n}".encode() for n in range(100)]
+    assert daemon.log_tail(100).count("resuming its session") == 1
