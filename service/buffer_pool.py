@@ -95,8 +95,9 @@ class BufferPool:
         # Blocks not granted; below zero when segments taken back after a restart hold more than the pool.
         self._free_count = block_count
         # Blocks of every segment that may hold resident pages, and the free ones among them, the longest
-        # free first: past buffer.memory, those give their pages back (see _trim).
+        # free first: past twice buffer.memory, those give their pages back (see _trim).
         self._resident = 0
+        self._resident_limit = 2 * block_count
         self._cold: deque[tuple[int, int]] = deque()
         self.waiters: deque[Waiter] = deque()
 
@@ -296,19 +297,21 @@ class BufferPool:
             if not touched[block]:
                 touched[block] = 1
                 self._resident += 1
-        if self._resident > self.block_count:
+        if self._resident > self._resident_limit:
             self._trim()
         return blocks
 
     def _trim(self) -> None:
-        """Give back the pages of the blocks free longest until no more blocks than the pool's may be
-        resident: buffer.memory bounds the memory of all segments together, not only what is granted.
+        """Give back the pages of the blocks free longest until the blocks that may be resident, in all
+        segments together, are no more than twice the pool's.
 
-        Only when clients together have written more blocks than the pool has: a client reuses the blocks
-        it freed last, so one that keeps sending keeps its pages, warm.
+        Twice, not once: each busy client keeps the pages of the blocks it uses warm (it reuses those it
+        freed last), and the clients' busiest moments do not come at once. Within the pool's size, their
+        pages would be given back and written again at every turn (MADV_REMOVE, then page faults in the
+        client and the daemon), which cost a saturated host a tenth of its throughput.
         """
         cold = self._cold
-        while self._resident > self.block_count and cold:
+        while self._resident > self._resident_limit and cold:
             client_id, block = cold.popleft()
             memory = self._memory.get(client_id)
             if memory is not None and memory.touched[block] and memory.state[block] == FREE:

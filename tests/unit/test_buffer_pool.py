@@ -1010,24 +1010,30 @@ def resident_pages(segment: Segment, block: int) -> int:
     return sum(v & 1 for v in vector)
 
 
-def test_clients_together_keep_no_more_blocks_resident_than_the_pool(pool: BufferPool,
-                                                                     segments: dict[int, Segment]) -> None:
-    # A writes six blocks and frees them; they stay resident, warm for A's next batches.
-    blocks = pool.request(A, 1, 6, False, 0)
-    for block in blocks:
-        segments[A].blocks(block)[:] = b"a" * BLOCK
-    pool.free(A, blocks)
-    assert [resident_pages(segments[A], b) for b in blocks] == [1] * 6
-    # B takes six blocks of its own: the pool would have 12 resident for 8 blocks. The pages of A's blocks
-    # free the longest go back, as many as B took past the pool's size; A's block reads zeros again.
-    mine = pool.request(B, 1, 6, False, 0)
+def test_clients_together_keep_no_more_blocks_resident_than_twice_the_pool(pool: BufferPool,
+                                                                           segments: dict[int, Segment]) -> None:
+    # A and B each write every block of theirs and free them: twice the pool is resident, warm for their
+    # next batches.
+    for client in (A, B):
+        blocks = pool.request(client, 1, BLOCKS, False, 0)
+        for block in blocks:
+            segments[client].blocks(block)[:] = bytes([client]) * BLOCK
+        pool.free(client, blocks)
+    a_blocks = list(range(BLOCKS))
+    assert [resident_pages(segments[A], b) for b in a_blocks] == [1] * BLOCKS
+    # C takes three blocks: the pages of as many blocks free the longest (A's first three) go back, and
+    # read zeros again.
+    mine = pool.request(C, 1, 3, False, 0)
     for block in mine:
-        segments[B].blocks(block)[:] = b"b" * BLOCK
-    assert [resident_pages(segments[A], b) for b in blocks] == [0, 0, 0, 0, 1, 1]
-    assert bytes(segments[A].blocks(blocks[0])) == bytes(BLOCK)
-    assert bytes(segments[A].blocks(blocks[5])) == b"a" * BLOCK
+        segments[C].blocks(block)[:] = b"c" * BLOCK
+    assert [resident_pages(segments[A], b) for b in a_blocks] == [0, 0, 0] + [1] * (BLOCKS - 3)
+    assert bytes(segments[A].blocks(0)) == bytes(BLOCK)
+    assert bytes(segments[A].blocks(BLOCKS - 1)) == bytes([A]) * BLOCK
+    assert all(resident_pages(segments[B], b) == 1 for b in range(BLOCKS))
     # A's next grant reuses what it freed last: still resident, no page given back.
-    assert pool.request(A, 2, 2, False, 0) == [blocks[5], blocks[4]]
+    pool.free(C, mine)
+    assert pool.request(A, 2, 2, False, 0) == [BLOCKS - 1, BLOCKS - 2]
+    assert resident_pages(segments[B], 0) == 1
 
 
 def test_a_client_whose_session_ended_gets_no_more_blocks(pool: BufferPool) -> None:
