@@ -81,7 +81,7 @@ def mapped(inode: int) -> bool:
         return any(len(f := line.split()) >= 6 and f[4] == str(inode) and f[5].startswith("/memfd:") for line in maps)
 
 
-def sealed_memfd(size: int, seals: int = SEALS) -> int:
+def sealed_memfd(size: int, seals: int = SEALS | fcntl.F_SEAL_SEAL) -> int:
     fd = os.memfd_create("test-segment", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
     if seals:
@@ -705,26 +705,31 @@ def _memfd_without_sealing(tmp_path: Path, size: int) -> int:
     return fd
 
 
-_NOT_A_MEMFD = r"not a sealable memory file \(memfd\)|can be resized"
-_RESIZABLE = "can be resized: it is not sealed against shrinking and growing"
+_NOT_A_MEMFD = r"not a sealable memory file \(memfd\)|seals are"
+_MISSEALED = "seals are 0x[0-9a-f]+, not 0x7: sealed against shrinking and growing, and against further seals, only"
+F_SEAL_FUTURE_WRITE = 0x10  # Linux 5.1; not in Python 3.11's fcntl
 
 
 @pytest.mark.parametrize(("make", "error", "match"), [
     (_regular_file, ValueError, _NOT_A_MEMFD),
     (_pipe, ValueError, r"not a sealable memory file \(memfd\)"),
-    (_dev_shm_file, ValueError, _RESIZABLE),
-    (_memfd_without_sealing, ValueError, _RESIZABLE),
-    (lambda _, size: sealed_memfd(size, 0), ValueError, _RESIZABLE),
-    (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_SHRINK), ValueError, _RESIZABLE),
-    (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_GROW), ValueError, _RESIZABLE),
+    (_dev_shm_file, ValueError, _MISSEALED),
+    (_memfd_without_sealing, ValueError, _MISSEALED),
+    (lambda _, size: sealed_memfd(size, 0), ValueError, _MISSEALED),
+    (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_SHRINK), ValueError, _MISSEALED),
+    (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_GROW), ValueError, _MISSEALED),
     (lambda _, size: sealed_memfd(size - BLOCK), ValueError, f"has {BLOCKS * BLOCK - BLOCK} bytes"),
     (lambda _, size: sealed_memfd(size + 1), ValueError, f"has {BLOCKS * BLOCK + 1} bytes, the pool's layout"),
     (lambda _, size: sealed_memfd(0), ValueError, f"has 0 bytes, the pool's layout {BLOCKS * BLOCK}"),
-    # Sealed against writes: the daemon cannot map it to write into it.
-    (lambda _, size: sealed_memfd(size, SEALS | fcntl.F_SEAL_WRITE), PermissionError, None),
+    # Not sealed against further seals: its holder could seal it against writes later.
+    (lambda _, size: sealed_memfd(size, SEALS), ValueError, _MISSEALED),
+    # Sealed against writes: the daemon could neither write into it nor give its pages back.
+    (lambda _, size: sealed_memfd(size, SEALS | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL), ValueError, _MISSEALED),
+    (lambda _, size: sealed_memfd(size, SEALS | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL), ValueError, _MISSEALED),
 ], ids=["regular file", "pipe", "file in /dev/shm", "memfd that cannot be sealed", "unsealed memfd",
         "memfd sealed against shrinking only", "memfd sealed against growing only", "smaller memfd",
-        "larger memfd", "empty memfd", "memfd sealed against writes"])
+        "larger memfd", "empty memfd", "memfd that may be sealed later", "memfd sealed against writes",
+        "memfd sealed against future writes"])
 def test_adopt_refuses_a_segment_that_is_not_one_of_the_pool(
         bare_pool: BufferPool, tmp_path: Path, make: Callable[[Path, int], int], error: type[Exception],
         match: str | None) -> None:

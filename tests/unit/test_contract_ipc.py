@@ -18,7 +18,8 @@ SETTINGS = ipc.WelcomeSettings(max_request_size=1048576, linger_ms=5, max_block_
 RESUME = ipc.Resume("f00d", 16384, 2048,
                     [ipc.SealNotice(9, 0, 2, "orders", 3, 10, 5000, 1_700_000_000_000, 1_700_000_000_010, 40)])
 TYPED = [
-    ipc.Hello(PROTOCOL_VERSION, 1234, "gunicorn worker", ipc.HelloOptions(5, "murmur2_random", None, True, 3)),
+    ipc.Hello(PROTOCOL_VERSION, 1234, "gunicorn worker", ipc.HelloOptions(linger_ms=5, partitioner="murmur2_random",
+                                                                  retriable_topic_errors=True, hello_id=3)),
     ipc.Blocks(7, 3, True, 60000),
     ipc.Seal([ipc.SealNotice(1, 0, 2, "orders", 3, 10, 5000, 1_700_000_000_000, 1_700_000_000_010, 4)]),
     ipc.Release([0, 5, 7]),
