@@ -178,17 +178,23 @@ class IoThread:
         # One socket is all it holds: the default of 1023 would size the context's socket tables
         # (~12 KB) for a thousand.
         context.set(zmq.MAX_SOCKETS, 8)
+        try:
+            return context, self._socket(context)
+        except zmq.ZMQError as exc:
+            context.term()
+            raise ValueError(f"cannot connect to the kafka-sidecar endpoint {self.endpoint!r}: {exc}") from None
+
+    def _socket(self, context: zmq.Context) -> zmq.Socket:
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 2000)
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
         try:
             sock.connect(self.endpoint)
-        except zmq.ZMQError as exc:
+        except zmq.ZMQError:
             sock.close(0)
-            context.term()
-            raise ValueError(f"cannot connect to the kafka-sidecar endpoint {self.endpoint!r}: {exc}") from None
-        return context, sock
+            raise
+        return sock
 
     def stop(self) -> None:
         """Send what is queued and a GOODBYE, then end (lock held; join() waits for it)."""
@@ -239,10 +245,11 @@ class IoThread:
                 if self._lost:
                     self._fail_lost()
                 if time.monotonic() >= next_heartbeat:
-                    if (self.welcome is None and self.session_error is None
-                            and time.monotonic() - self._hello_sent > _HELLO_RETRY_S):
+                    if self.welcome is not None:
+                        sock.send(_HEARTBEAT)
+                    elif self.session_error is None and time.monotonic() - self._hello_sent > _HELLO_RETRY_S:
+                        sock = self._reconnect(poller, sock)
                         self._say_hello(sock)
-                    sock.send(_HEARTBEAT)
                     self._expire_unreported()
                     interval = self.welcome.settings.heartbeat_interval_ms if self.welcome else 1000
                     next_heartbeat = time.monotonic() + interval / 1000
@@ -252,7 +259,7 @@ class IoThread:
             self._thread_failed(exc)
             raise
         finally:
-            sock.close()
+            self._sock.close()
             self._context.term()
             self._release_session()
 
@@ -351,6 +358,17 @@ class IoThread:
                 self._cond.notify_all()
 
     # -- the session -----------------------------------------------------------------------------
+
+    def _reconnect(self, poller: zmq.Poller, sock: zmq.Socket) -> zmq.Socket:
+        """A new socket to the daemon, for a HELLO said again: what the old one queued (the last HELLO,
+        lost with a dying daemon or waiting for one that is down) is dropped, not delivered one day in a
+        heap."""
+        poller.unregister(sock)
+        sock.close(0)
+        assert self._context is not None
+        self._sock = self._socket(self._context)
+        poller.register(self._sock, zmq.POLLIN)
+        return self._sock
 
     def _say_hello(self, sock: zmq.Socket) -> None:
         """HELLO, offering the session of a daemon that is gone if there is one; only its WELCOME counts."""
@@ -508,6 +526,9 @@ class IoThread:
         if self.segment is not None:
             self.segment.close()
             self.segment = None
+        self._close_segment_fd()
+
+    def _close_segment_fd(self) -> None:
         if self._segment_fd is not None:
             os.close(self._segment_fd)
             self._segment_fd = None
@@ -521,9 +542,5 @@ class IoThread:
     def close_inherited(self) -> None:
         """In a forked child: close this process's copies of the parent's connection and segment, so that
         the daemon sees the parent's end when it comes (the mapping stays: the parent's views are in it)."""
-        if self._memory is not None:
-            self._memory.close()
-            self._memory = None
-        if self._segment_fd is not None:
-            os.close(self._segment_fd)
-            self._segment_fd = None
+        self._close_memory()
+        self._close_segment_fd()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -106,6 +107,16 @@ def with_argv(code: str, *args: object) -> str:
     return f"import sys; sys.argv = ['client', *{[str(a) for a in args]!r}]\n" + code
 
 
+def start_secret_sender(user: users.User, topic: str, endpoint: str) -> tuple[subprocess.Popen[str], int]:
+    """B, sending its secrets once its first thousand are delivered; and its pid."""
+    sender = users.start_python(user, with_argv(SECRET_SENDER, topic, endpoint))
+    line = sender.stdout.readline()  # type: ignore[union-attr]
+    if not line.startswith("SENDING"):
+        sender.kill()
+        raise AssertionError(line or sender.communicate()[1][-3000:])
+    return sender, int(line.split()[1])
+
+
 @pytest.fixture(scope="module")
 def host_users() -> dict[str, users.User]:
     made = {name: users.ensure_user(f"{users.GROUP}-{name}", users.GROUP) for name in ("daemon", "b", "c")}
@@ -140,12 +151,9 @@ def test_clients_of_other_users_in_the_group_keep_their_sessions(broker, topic_f
 def test_a_client_cannot_reach_the_records_of_another(broker, topic_factory, host_users) -> None:
     topic = topic_factory(1)
     with SidecarProcess(broker.bootstrap, user=host_users["daemon"]) as daemon:
-        sender = users.start_python(host_users["b"], with_argv(SECRET_SENDER, topic, daemon.endpoint))
+        sender, pid = start_secret_sender(host_users["b"], topic, daemon.endpoint)
         try:
-            line = sender.stdout.readline()
-            assert line.startswith("SENDING"), line or sender.stderr.read()[-3000:]
-            snoop = users.run_python(host_users["c"], with_argv(SNOOPER, line.split()[1], daemon.pid, daemon.endpoint,
-                                                                topic))
+            snoop = users.run_python(host_users["c"], with_argv(SNOOPER, pid, daemon.pid, daemon.endpoint, topic))
             assert sender.poll() is None, "B was still sending while C looked"
             out, err = sender.communicate("stop\n", timeout=120)
         finally:
@@ -168,11 +176,8 @@ def test_a_client_cannot_reach_the_records_of_another(broker, topic_factory, hos
 def test_the_daemon_sees_a_client_of_another_user_die_at_once(broker, topic_factory, host_users) -> None:
     topic = topic_factory(1)
     with SidecarProcess(broker.bootstrap, user=host_users["daemon"]) as daemon:
-        sender = users.start_python(host_users["b"], with_argv(SECRET_SENDER, topic, daemon.endpoint))
+        sender, pid = start_secret_sender(host_users["b"], topic, daemon.endpoint)
         try:
-            line = sender.stdout.readline()
-            assert line.startswith("SENDING"), sender.stderr.read()[-3000:]
-            pid = int(line.split()[1])
             client = daemon.client_id_of(pid)
             assert daemon.held().get(client, 0) > 0  # spare blocks, an open batch
             os.kill(pid, signal.SIGKILL)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -963,23 +964,15 @@ def test_a_client_that_sends_on_its_memory_connection_is_ended(env: Env) -> None
     _check_ended(env, client_id, sealed, unsealed)
 
 
-def test_a_resume_holding_more_than_a_client_may_takes_back_what_it_may() -> None:
-    old_env, env = Env(), Env(max_blocks_per_client=2)
-    try:
-        old = old_env.client()
-        old.hello()
-        client = Client(env)
-        env.clients.append(client)
+def test_a_resume_holding_more_than_a_client_may_takes_back_what_it_may(env: Env) -> None:
+    with restarted_daemon(env, max_blocks_per_client=2) as (old, restarted, client):
         sealed = [notice(batch_id=n, first=n) for n in range(4)]
-        client_id = client.hello(hand_over=old.fd, **_resume(old_env.front.daemon_id, sealed))
-        assert env.pool.held_by(client_id) == 2
-        assert [b.origin[1] for b in env.queued()] == [0, 1]
+        client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, sealed))
+        assert restarted.pool.held_by(client_id) == 2
+        assert [b.origin[1] for b in restarted.queued()] == [0, 1]
         assert "seal refused" in client.error() and "seal refused" in client.error()
-        env.front.after_iteration()
+        restarted.front.after_iteration()
         assert sorted(report[0] for report in deliveries(client)) == [2, 3]
-    finally:
-        env.close()
-        old_env.close()
 
 
 _MEMORY_CLIENT = """
@@ -1106,6 +1099,21 @@ def test_heartbeats_keep_a_session(env: Env) -> None:
 # -- a session taken back after a restart ---------------------------------------------------------
 
 
+@contextmanager
+def restarted_daemon(env: Env, **options: Any) -> Iterator[tuple[Client, Env, Client]]:
+    """A client of ``env``'s daemon (gone, as far as the test goes), a new daemon, and a client of the new one
+    that offers it the old session."""
+    old = env.client()
+    old.hello()
+    restarted = Env(**options)
+    try:
+        client = Client(restarted)
+        restarted.clients.append(client)
+        yield old, restarted, client
+    finally:
+        restarted.close()
+
+
 def _resume(daemon_id: str, sealed: list[list[Any]], block_size: int = BLOCK,
             block_count: int = BLOCKS) -> dict[str, Any]:
     return {"resume": [daemon_id, block_size, block_count, sealed]}
@@ -1114,19 +1122,14 @@ def _resume(daemon_id: str, sealed: list[list[Any]], block_size: int = BLOCK,
 def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) -> None:
     # The session of a daemon that died (env's): blocks 0..3, batches sealed in blocks 2 then 0..1, not reported;
     # block 3 granted and unused (a client seals its open batches before it offers its session).
-    old = env.client()
-    old.hello()
-    assert old.blocks(4, contiguous=True) == [0, 1, 2, 3]
-    assert old.fd is not None and old.segment is not None
-    first, second = b"first batch" * 10, bytes(range(256)) * 19  # the second across a block boundary
-    old.segment.blocks(2)[:len(first)] = first
-    old.segment.blocks(0, 2)[:len(second)] = second
-    sealed = [notice(batch_id=7, first=2, count=1, records=2, length=len(first)),
-              notice(batch_id=8, first=0, count=2, records=5, length=len(second))]
-    restarted = Env()
-    try:
-        client = Client(restarted)
-        restarted.clients.append(client)
+    with restarted_daemon(env) as (old, restarted, client):
+        assert old.blocks(4, contiguous=True) == [0, 1, 2, 3]
+        assert old.fd is not None and old.segment is not None
+        first, second = b"first batch" * 10, bytes(range(256)) * 19  # the second across a block boundary
+        old.segment.blocks(2)[:len(first)] = first
+        old.segment.blocks(0, 2)[:len(second)] = second
+        sealed = [notice(batch_id=7, first=2, count=1, records=2, length=len(first)),
+                  notice(batch_id=8, first=0, count=2, records=5, length=len(second))]
         client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, sealed))
         assert client.welcome is not None and client.welcome.resumed
         assert client.welcome.daemon_id == restarted.front.daemon_id != env.front.daemon_id
@@ -1150,17 +1153,10 @@ def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) ->
         restarted.front.after_iteration()
         assert deliveries(client) == [[8, 0, 5, 500, -1, None]]
         assert restarted.pool.held_by(client_id) == 2
-    finally:
-        restarted.close()
 
 
 def test_a_resumed_notice_that_is_not_valid_is_refused_as_a_seal_is(env: Env) -> None:
-    old = env.client()
-    old.hello()
-    restarted = Env()
-    try:
-        client = Client(restarted)
-        restarted.clients.append(client)
+    with restarted_daemon(env) as (old, restarted, client):
         sealed = [notice(batch_id=1, first=0, topic="no such/topic"), notice(batch_id=2, first=1)]
         client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, sealed))
         assert "invalid topic name" in client.error()
@@ -1169,17 +1165,10 @@ def test_a_resumed_notice_that_is_not_valid_is_refused_as_a_seal_is(env: Env) ->
         [report] = deliveries(client)
         assert report[0] == 1 and isinstance(ipc.error_from_wire(report[5]), errors.InvalidRequestError)
         assert restarted.state(client_id, 0) == FREE and restarted.pool.held_by(client_id) == 1
-    finally:
-        restarted.close()
 
 
 def test_resumed_notices_naming_blocks_outside_the_pool_or_twice_fail_only_their_batches(env: Env) -> None:
-    old = env.client()
-    old.hello()
-    restarted = Env()
-    try:
-        client = Client(restarted)
-        restarted.clients.append(client)
+    with restarted_daemon(env) as (old, restarted, client):
         sealed = [notice(batch_id=1, first=0), notice(batch_id=2, first=BLOCKS), notice(batch_id=3, first=0),
                   notice(batch_id=4, first=1)]
         client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, sealed))
@@ -1189,8 +1178,6 @@ def test_resumed_notices_naming_blocks_outside_the_pool_or_twice_fail_only_their
         restarted.front.after_iteration()
         assert sorted(report[0] for report in deliveries(client)) == [2, 3]
         assert restarted.pool.held_by(client_id) == 2
-    finally:
-        restarted.close()
 
 
 def test_a_resume_of_the_daemons_own_session_is_refused(env: Env) -> None:
