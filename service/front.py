@@ -55,6 +55,14 @@ _HANDSHAKE_TIMEOUT_MS = 10_000
 _ACCEPT_PAUSE_MS = 1000
 # How long the last messages to clients may take on shutdown.
 _CLOSE_LINGER_MS = 1000
+# The most client messages one loop iteration handles: the brokers' sockets, timers and reports are
+# served between two such turns, however fast any client sends.
+MAX_MESSAGES_PER_ITERATION = 1000
+# The largest message a client has reason to send is a SEAL or a resumed HELLO naming every block it may
+# hold, a notice (its topic name of at most 249 characters, nine integers) for each; ZeroMQ drops the
+# connection of a peer that sends a larger one before it is read into memory.
+_MESSAGE_OVERHEAD = 4096
+_NOTICE_SIZE = 400
 # How often to repeat SEAL_NOW while the pool stays exhausted.
 _SEAL_NOW_INTERVAL_MS = 50
 # pyzmq's flags are enum.Flag members, whose | runs Python code: once per message here, so plain ints.
@@ -103,6 +111,7 @@ class SidecarFront:
         self._context = context or zmq.Context()
         self._own_context = context is None
         self._lock_file: int | None = None
+        self.max_message_size = max_message_size(pool.max_blocks_per_client)
         group = os.getegid() if socket_group is None else socket_group
         self.socket = self._bind(endpoint, socket_mode, group)
         try:
@@ -137,6 +146,7 @@ class SidecarFront:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_size)
         try:
             if path is None:
                 sock.bind(endpoint)
@@ -216,8 +226,9 @@ class SidecarFront:
                 self._end_session(session)
 
     def handle_readable(self) -> None:
-        """Handle every message waiting on the socket."""
-        while True:
+        """Handle the messages waiting on the socket, up to MAX_MESSAGES_PER_ITERATION (ZeroMQ's poll says
+        the socket is readable again while some are left)."""
+        for _ in range(MAX_MESSAGES_PER_ITERATION):
             try:
                 # Frames, not bytes: a frame says whether more follow without a getsockopt(RCVMORE),
                 # which pyzmq turns into an enum lookup per call.
@@ -603,6 +614,11 @@ class SidecarFront:
             return
         session.topics[topic] = state
         self._send(session, ipc.Topic(topic, count, list(state[1]), error))
+
+
+def max_message_size(max_blocks_per_client: int) -> int:
+    """The largest message the front reads: a SEAL or a resumed HELLO for every block a client may hold."""
+    return _MESSAGE_OVERHEAD + max_blocks_per_client * _NOTICE_SIZE
 
 
 def _notice_fields(notice: Any) -> dict[str, Any]:

@@ -28,7 +28,13 @@ from client_stub.contract.shared_memory import ERR, OK, Layout, Segment, create_
 from service.buffer_pool import FREE, OWNED, SEALED, BufferPool
 from service.config import ProducerConfig
 from service.daemon import SidecarDaemon
-from service.front import MAX_TOPICS_PER_CLIENT, ClientSession, SidecarFront
+from service.front import (
+    MAX_MESSAGES_PER_ITERATION,
+    MAX_TOPICS_PER_CLIENT,
+    ClientSession,
+    SidecarFront,
+    max_message_size,
+)
 from service.producer.batch import ProducerBatch, TopicPartition
 from service.producer.core import ProducerCore
 from service.protocol import messages as m
@@ -1700,3 +1706,27 @@ def test_tcp_endpoint_in_use_is_an_error(env: Env) -> None:
             SidecarFront(env.core, env.pool, f"tcp://127.0.0.1:{port}", context=env.context)
     finally:
         probe.close()
+
+
+# -- bounds ---------------------------------------------------------------------------------------
+
+
+def test_one_turn_handles_a_bounded_number_of_messages(env: Env) -> None:
+    # A client that floods the front does not keep the loop from the brokers and the other clients: each
+    # turn takes at most MAX_MESSAGES_PER_ITERATION messages, the rest the next turn.
+    flood = env.client()
+    for _ in range(MAX_MESSAGES_PER_ITERATION + 500):
+        flood.sock.send(b"garbage")  # inproc: all of them are waiting before the front looks
+    env.pump()
+    assert env.front.messages_refused == MAX_MESSAGES_PER_ITERATION
+    env.pump()
+    assert env.front.messages_refused == MAX_MESSAGES_PER_ITERATION + 500
+
+
+def test_the_largest_message_is_what_a_client_may_hold_in_seal_notices(env: Env) -> None:
+    assert env.front.max_message_size == max_message_size(BLOCKS)
+    assert env.front.socket.getsockopt(zmq.MAXMSGSIZE) == env.front.max_message_size
+    # A SEAL with a notice for every block a client may hold, each of the longest topic name, fits.
+    notices = [notice(batch_id=2**62 + n, first=n, topic="t" * 249, base_ts=2**62, max_ts=2**62, ago=2**39)
+               for n in range(BLOCKS)]
+    assert len(ipc.pack(ipc.Seal.TYPE, notices)) < env.front.max_message_size
