@@ -64,7 +64,8 @@ class SidecarDaemon:
         signal.signal(signal.SIGINT, handle)
 
     def run(self) -> None:
-        """Serve until :meth:`stop`, then deliver what is queued within close.timeout.ms and exit."""
+        """Serve until :meth:`stop`, then deliver what is queued within close.timeout.ms and exit; raise what
+        broke the loop, if anything did."""
         log.info("kafka-sidecar serving %s for %s (BufferPool: %d blocks of %d bytes, at most %d per client)",
                  self.endpoint, ",".join(self.config["bootstrap.servers"]), self.pool.block_count,
                  self.pool.block_size, self.pool.max_blocks_per_client)
@@ -77,8 +78,15 @@ class SidecarDaemon:
         try:
             while not self._stop.is_set():
                 self.run_once()
-        finally:
-            self.shutdown()
+        except BaseException:
+            # The loop itself is broken (what one client or one batch causes is caught inside it): exit
+            # at once, without sending or failing anything. Each client sees the daemon go and hands what it
+            # held to the next one (systemd restarts it), where a drain through a broken loop could fail
+            # records that the next daemon would have delivered.
+            log.critical("the event loop failed: exiting without a drain, the clients keep what they "
+                         "handed off for the next daemon", exc_info=True)
+            raise
+        self.shutdown()
 
     def run_once(self) -> None:
         """One iteration: network I/O and sending, client messages, then timers and reports."""

@@ -61,3 +61,4 @@ def test_a_300_mib_frame_is_dropped_before_it_is_read(broker, topic_factory, sid
     assert delivered and all(delivered)
     values = {r.value for r in read_topic(broker.bootstrap, topic, expected=len(delivered) + 1)}
     assert values == {b"warm"} | {b"good-%d" % n for n in range(len(delivered))}
+

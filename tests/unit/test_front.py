@@ -6,6 +6,7 @@ move."""
 from __future__ import annotations
 
 import fcntl
+import gc
 import logging
 import os
 import select
@@ -1531,6 +1532,36 @@ def test_exception_from_the_core_does_not_escape(env: Env, monkeypatch: pytest.M
     failure = ipc.error_from_wire(report[5])
     assert failure is not None and "could not queue the batch: the accumulator is broken" in str(failure)
     assert env.pool.free_blocks == BLOCKS
+
+
+def test_a_broken_loop_exits_at_once_without_failing_what_it_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    # What one client or one batch causes is caught inside the loop; a loop that breaks itself (an error no
+    # client can cause, injected here) exits, and the clients hand what they held to the next daemon.
+    daemon = SidecarDaemon(ProducerConfig({"bootstrap.servers": "127.0.0.1:9", "buffer.memory": BLOCKS * BLOCK,
+                                           "batch.size": BLOCK}), f"ipc://{tmp_path}/sidecar.sock")
+    drained: list[int] = []
+    turns = iter(range(3))
+    threshold = gc.get_threshold()  # run() tunes the collector for the daemon's process: put it back after
+
+    def broken(timeout_ms: int) -> None:
+        if next(turns, None) is None:
+            raise MemoryError("the loop is broken")
+
+    try:
+        with monkeypatch.context() as patch, caplog.at_level(logging.CRITICAL, logger="service.daemon"):
+            patch.setattr(daemon.core, "run_once", broken)
+            patch.setattr(daemon.core, "close", drained.append)
+            with pytest.raises(MemoryError, match="the loop is broken"):
+                daemon.run()
+        assert drained == []  # no drain: nothing is sent, failed or reported on the way out
+        [record] = caplog.records
+        assert "the event loop failed: exiting without a drain" in record.getMessage()
+        assert record.exc_info is not None and record.exc_info[0] is MemoryError
+    finally:
+        daemon.shutdown()
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
 
 
 def test_daemon_loop_survives_an_error_after_an_iteration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
