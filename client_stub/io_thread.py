@@ -239,7 +239,7 @@ class IoThread:
                     self._outbox.woken()
                 if sock in events:
                     self._receive_all(sock)
-                if self._memory is not None and self._memory.fileno() in events and self._daemon_gone():
+                if self._memory is not None and self._memory.fileno() in events and shared_memory.hung_up(self._memory):
                     self._drain(sock)
                     self._lose_session(sock)
                 if self._lost:
@@ -389,17 +389,6 @@ class IoThread:
         now = time.monotonic()
         return ipc.Resume(lost.daemon_id, lost.block_size, lost.block_count,
                           [list(notice) for notice in self._accumulator.resume_notices(now)])
-
-    def _daemon_gone(self) -> bool:
-        """Whether the daemon closed the memory socket's connection: its process is gone, or it ended the
-        session."""
-        assert self._memory is not None
-        try:
-            return not self._memory.recv(64)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            return True
 
     def _drain(self, sock: zmq.Socket) -> None:
         """Take what the daemon sent before it went (its last reports, which need not be sent again), as

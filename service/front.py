@@ -31,7 +31,7 @@ import zmq
 
 from client_stub.contract import PROTOCOL_VERSION, ipc
 from client_stub.contract.records import BATCH_HEADER_SIZE
-from client_stub.contract.shared_memory import TOKEN_SIZE, memory_socket_path
+from client_stub.contract.shared_memory import TOKEN_SIZE, hung_up, memory_socket_path
 from client_stub.errors import InvalidRequestError, KafkaError, error_code
 
 from . import memory_socket
@@ -89,7 +89,6 @@ class ClientSession:
     retriable_topic_errors: bool = False
     reports: list[ipc.DeliveryReport] = field(default_factory=list)
     topics: dict[str, tuple[Any, ...]] = field(default_factory=dict)
-    gone: bool = False
 
 
 class EndpointInUseError(RuntimeError):
@@ -220,7 +219,7 @@ class SidecarFront:
                     self._accept_paused_until = self.clock() + _ACCEPT_PAUSE_MS
             elif sock in self._handshakes:
                 self._memory_handshake(sock)
-            elif sock in self._by_connection and memory_socket.hung_up(sock):
+            elif sock in self._by_connection and hung_up(sock):
                 session = self._by_connection[sock]
                 log.warning("client %s: process %s is gone: ending its session", session.client_id, session.pid)
                 self._end_session(session)
@@ -507,7 +506,6 @@ class SidecarFront:
         client can be given, so a client that is still alive (stopped, starved) and writes into them when
         it wakes up harms nobody else.
         """
-        session.gone = True
         self.sessions.pop(session.identity, None)
         self._by_id.pop(session.client_id, None)
         self._by_token.pop(session.token, None)

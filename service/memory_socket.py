@@ -105,18 +105,6 @@ def refuse(conn: socket.socket, reason: str) -> None:
         pass
 
 
-def hung_up(conn: socket.socket) -> bool:
-    """Whether the session's connection is over: the client closed it (its process is gone), or sent
-    something (after its token a client sends nothing: a client that does is not one)."""
-    try:
-        conn.recv(1)
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:
-        pass
-    return True
-
-
 def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process that connected, as the kernel saw it."""
     return _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))

@@ -14,9 +14,9 @@ The memory socket (SOCK_SEQPACKET) beside the ZeroMQ endpoint:
   the segment of a session whose daemon is gone attached (to resume it);
 - the daemon answers ``OK`` with the new segment attached, ``OK`` alone (resumed), or
   ``ERR`` and the reason;
-- the connection then stays open for the session's life: each side learns that the
-  other's process is gone when it reads the end of the stream (the kernel's word,
-  whoever the other runs as).
+- the connection then stays open for the session's life, and nothing more is sent
+  on it: each side learns that the other's process is gone when it reads the end of
+  the stream (the kernel's word, whoever the other runs as); see :func:`hung_up`.
 """
 
 from __future__ import annotations
@@ -117,6 +117,18 @@ def memory_socket_path(endpoint: str, daemon_id: str) -> str:
     if endpoint.startswith("ipc://"):
         return endpoint[len("ipc://"):] + ".memory"
     return f"\0kafka-sidecar-{daemon_id}.memory"
+
+
+def hung_up(conn: socket.socket) -> bool:
+    """Whether a session's connection is over: the other side closed it (its process is gone), or sent
+    something (after the handshake neither side sends anything: one that does breaks the protocol)."""
+    try:
+        conn.recv(1)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        pass
+    return True
 
 
 def connect(path: str, token: bytes, timeout: float, resume_fd: int | None = None) -> tuple[socket.socket, int | None]:

@@ -291,7 +291,7 @@ def start_daemon(bootstrap: str, compression: str) -> Any:
             self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, cwd=ROOT)
             try:
-                self.ready = self.handshake(self.start_timeout)
+                self.stats(self.start_timeout)
             except BaseException:
                 self.cleanup()
                 raise

@@ -43,7 +43,6 @@ class SidecarProcess:
         self.log_path = Path(self._dir) / "daemon.log"
         self._log: IO[bytes] | None = None
         self.process: subprocess.Popen[bytes] | None = None
-        self.ready: list[object] | None = None
 
     @property
     def pid(self) -> int:
@@ -67,40 +66,36 @@ class SidecarProcess:
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, cwd=users.ROOT, umask=self.umask, **as_user)
         try:
-            self.ready = self.handshake(self.start_timeout)
+            self.stats(self.start_timeout)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def handshake(self, timeout: float) -> list[object]:
-        """Ask for the daemon's figures as a client would, until it answers (a STATS_REPORT's fields)."""
-        return self._ask(ipc.Stats(), timeout)
-
     def stats(self, timeout: float = 10.0) -> dict[str, object]:
-        """The daemon's figures (its BufferPool's: block_count, free_blocks, sessions, clients, held)."""
-        return self._ask(ipc.Stats(), timeout)[1]  # type: ignore[return-value]
-
-    def held(self) -> dict[int, int]:
-        """The blocks each client id holds (granted or sealed), as the daemon counts them."""
-        return {client_id: count for client_id, count in self.stats()["held"]}  # type: ignore[union-attr]
-
-    def _ask(self, message: ipc.Message, timeout: float) -> list[object]:
+        """The daemon's figures (its BufferPool's: block_count, free_blocks, sessions, clients, held), asked
+        as a client would, waiting up to ``timeout`` for it to answer."""
         context = zmq.Context.instance()
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         try:
             sock.connect(self.endpoint)
-            sock.send(ipc.encode(message))
+            sock.send(ipc.encode(ipc.Stats()))
             deadline = time.monotonic() + timeout
             while not sock.poll(100):
                 if self.process is not None and self.process.poll() is not None:
                     raise RuntimeError(f"the daemon exited with {self.process.returncode}:\n{self.log_tail()}")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no answer from the daemon in {timeout}s:\n{self.log_tail()}")
-            return ipc.unpack(sock.recv())
+            report = ipc.decode(sock.recv())
+            assert isinstance(report, ipc.StatsReport), report
+            return report.pool
         finally:
             sock.close()
+
+    def held(self) -> dict[int, int]:
+        """The blocks each client id holds (granted or sealed), as the daemon counts them."""
+        return {client_id: count for client_id, count in self.stats()["held"]}  # type: ignore[union-attr]
 
     def kill(self) -> None:
         """SIGKILL: the daemon gets no chance to finish anything."""
