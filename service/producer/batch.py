@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from client_stub.contract.records import BATCH_HEADER_SIZE, Buffer, decode_records
-from client_stub.errors import KafkaError
+from client_stub.errors import ERRORS_BY_NAME, InvalidRecordError, KafkaError
 from client_stub.fastpath import encode_record
 
 from ..fastpath import rebase_records
@@ -26,6 +26,9 @@ from ..protocol.compression import CompressionType, compress
 from ..protocol.record_batch import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, encode_batch_header
 
 log = logging.getLogger(__name__)
+
+CORRUPT_MESSAGE = ERRORS_BY_NAME["CORRUPT_MESSAGE"]
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class TopicPartition(NamedTuple):
@@ -51,6 +54,15 @@ class ProducerBatch:
     ``origin_index`` tie the batch to what its producer handed off (after a
     split, each half knows where its records started). A coalesced batch has
     ``parts``: the batches whose records it holds, in order.
+
+    ``records`` is a view of its client's shared memory, which that client can
+    still write (carelessly or to harm) while the daemon holds the batch. The
+    rule for every read of it: bytes that are only copied, checksummed or
+    compressed (the CRC, the send, compression) may be anything; whatever parses
+    them reads them once into a private copy and parses the copy (rebase_records,
+    :meth:`split`), and records that do not parse fail this batch alone, with
+    CORRUPT_MESSAGE (InvalidRecordError) to its client, never another batch or
+    the loop.
     """
 
     __slots__ = ("tp", "records", "record_count", "base_timestamp", "max_timestamp", "created_ms",
@@ -223,10 +235,16 @@ class ProducerBatch:
         Offset deltas restart at 0 in every new batch, so the records are
         re-encoded; the new batches own copies, so this batch's buffer can go.
         A coalesced batch splits into its parts, which take its sequences in turn.
+        Raises InvalidRecordError (CORRUPT_MESSAGE) if the records do not parse,
+        before anything is changed.
         """
         if self.parts:
             return self._uncoalesce()
-        records = decode_records(self.records, self.record_count)
+        try:
+            # One private copy, parsed: the client may be rewriting its shared memory meanwhile.
+            records = decode_records(bytes(self.records), self.record_count)
+        except ValueError as exc:
+            raise corrupt_records(self, str(exc)) from None
         pieces: list[list[bytes]] = [[]]
         # Each part's maxTimestamp is that of its own records, as the header says.
         max_deltas: list[int] = []
@@ -244,6 +262,9 @@ class ProducerBatch:
             max_deltas[-1] = max(max_deltas[-1], record.timestamp_delta)
             pieces[-1].append(encoded)
             size += len(encoded)
+        if not all(_INT64_MIN <= self.base_timestamp + d <= _INT64_MAX for d in max_deltas):
+            # A header could not hold the part's maxTimestamp.
+            raise corrupt_records(self, "a record's timestamp delta is out of range")
         batches = []
         index = self.origin_index
         sequence = self.base_sequence
@@ -329,6 +350,13 @@ class ProducerBatch:
             self.records = b""
             if self.release is not None:
                 self.release()
+
+
+def corrupt_records(batch: ProducerBatch, reason: str) -> InvalidRecordError:
+    """The error of a batch whose records the daemon could not parse: Kafka's CORRUPT_MESSAGE, not
+    retriable (the same bytes would fail again)."""
+    return InvalidRecordError(f"the records of {batch} do not parse: {reason}", code=CORRUPT_MESSAGE.code,
+                              name=CORRUPT_MESSAGE.name, retriable=False)
 
 
 def _complete_parts(batch: ProducerBatch) -> None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from client_stub.errors import (
     ERRORS_BY_NAME,
+    InvalidRecordError,
     KafkaError,
     KafkaTimeoutError,
     NetworkError,
@@ -248,17 +250,17 @@ class Sender:
             code = REQUEST_TIMED_OUT if response.timed_out else NETWORK_EXCEPTION
             message = str(response.error) if response.error else "disconnected"
             for batch in batches.values():
-                self._complete_batch(batch, code, message, now)
+                self._settle(batch, self._complete_batch, code, message, now)
             return
         if response.error is not None:
             for batch in batches.values():
-                self._fail_batch(batch, response.error, adjust_sequences=False)
+                self._settle(batch, self._fail_batch, response.error, adjust_sequences=False)
             return
         self.metrics.record_response(response.destination, response.latency_ms)
         if response.body is None:
             # acks=0: done once written, offsets unknown.
             for batch in batches.values():
-                self._complete_batch(batch, NONE, None, now)
+                self._settle(batch, self._complete_batch, NONE, None, now)
             return
         body: m.ProduceResponse = response.body
         answered = set()
@@ -274,13 +276,29 @@ class Sender:
                     log.warning("produce response names %s twice: the first answer counts", tp)
                     continue
                 answered.add(tp)
-                self._complete_batch(batch, pr.error_code, pr.error_message, now, base_offset=pr.base_offset,
-                                     log_append_time_ms=pr.log_append_time_ms,
-                                     log_start_offset=pr.log_start_offset)
+                self._settle(batch, self._complete_batch, pr.error_code, pr.error_message, now,
+                             base_offset=pr.base_offset, log_append_time_ms=pr.log_append_time_ms,
+                             log_start_offset=pr.log_start_offset)
         for tp, batch in batches.items():
             if tp not in answered:
-                self._complete_batch(batch, UNKNOWN_SERVER_ERROR,
-                                     "the produce response did not mention this partition", now)
+                self._settle(batch, self._complete_batch, UNKNOWN_SERVER_ERROR,
+                             "the produce response did not mention this partition", now)
+
+    def _settle(self, batch: ProducerBatch, settle: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+        """``settle(batch, *args, **kwargs)`` for one batch of a response. An exception fails that batch
+        alone (whether the broker has it is unknown: its sequence is left unresolved, as after an
+        expiry), and the response's other batches are still settled."""
+        try:
+            settle(batch, *args, **kwargs)
+        except Exception as exc:
+            log.exception("error settling %s: it fails", batch)
+            try:
+                error = KafkaError(f"the daemon failed settling the batch: {exc!r}")
+                if self._fail_batch(batch, error, adjust_sequences=False) and self.transaction_manager is not None \
+                        and batch.has_sequence:
+                    self.transaction_manager.mark_sequence_unresolved(batch)
+            except Exception:
+                log.exception("error failing %s", batch)
 
     def _complete_batch(self, batch: ProducerBatch, error: int, message: str | None, now: int, *,
                         base_offset: int = -1, log_append_time_ms: int = -1, log_start_offset: int = -1) -> None:
@@ -290,8 +308,15 @@ class Sender:
             if tm is not None:
                 tm.handle_failed_batch(batch, for_code(error), adjust_sequences=False)
             self._remove_in_flight(batch)
-            # Halves: a batch keeps splitting until its parts fit or are single records.
-            self.accumulator.split_and_reenqueue(batch, batch.records_size // 2, now)
+            try:
+                # Halves: a batch keeps splitting until its parts fit or are single records.
+                self.accumulator.split_and_reenqueue(batch, batch.records_size // 2, now)
+            except InvalidRecordError as exc:
+                # Its client wrote records that do not parse. The broker refused the batch: its
+                # sequences are a gap, as after any final refusal.
+                log.warning("%s fails: %s", batch, exc)
+                self._fail_batch(batch, exc, adjust_sequences=True)
+                return
             self.metrics.batch_splits += 1
         elif error not in (NONE, DUPLICATE_SEQUENCE_NUMBER):
             row = error_code(error)

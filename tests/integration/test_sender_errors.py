@@ -180,11 +180,13 @@ class SequencedLog:
     codes) answers the next batches of that sequence with those errors, one each
     (``fault_partition`` only).
     ``lose_next_response`` appends the next batch and closes the connection unanswered.
-    Non-idempotent batches (no producer id) skip the sequence checks.
+    Non-idempotent batches (no producer id) skip the sequence checks. A batch whose records do
+    not decode is answered ``unreadable_error`` (None: the handler fails).
     """
 
     broker: FakeBroker
     max_records: int | None = None
+    unreadable_error: int | None = None
     unknown_producer_error: int = OUT_OF_ORDER_SEQUENCE_NUMBER
     faults: dict[int, list[int]] = field(default_factory=dict)
     fault_partition: int = 0
@@ -227,7 +229,14 @@ class SequencedLog:
         accepted: dict[str, list[m.ProduceRequest.TopicProduceData.PartitionProduceData]] = {}
         for topic in request.topic_data:
             for p in topic.partition_data:
-                (batch,) = decode_batches(bytes(p.records))
+                try:
+                    (batch,) = decode_batches(bytes(p.records))
+                except ValueError as exc:
+                    if self.unreadable_error is None:
+                        raise
+                    refused[(topic.name, p.index)] = PartitionResponse(
+                        index=p.index, error_code=self.unreadable_error, error_message=str(exc), base_offset=-1)
+                    continue
                 code, message = self._check((topic.name, p.index), batch)
                 self.seen.append((p.index, batch.producer_id, batch.producer_epoch, batch.base_sequence,
                                   batch.record_count, code))
@@ -621,6 +630,93 @@ def test_a_single_record_too_large_fails(fake_broker, make_core) -> None:
     assert type(batch.error) is RecordTooLargeError
     assert batch.error.name == "MESSAGE_TOO_LARGE"
     assert core.metrics.batch_splits == 0
+
+
+def partitions_of(request: m.ProduceRequest) -> list[int]:
+    return [p.index for topic in request.topic_data for p in topic.partition_data]
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_a_batch_of_garbage_too_large_fails_alone_and_the_response_goes_on(fake_broker, make_core,
+                                                                         idempotent: bool) -> None:
+    """Its client sealed bytes that are no records; the broker finds the batch too large. Splitting it
+    fails: that batch fails with CORRUPT_MESSAGE, its buffer goes back, the other batch of the same
+    response is delivered, and the partition goes on."""
+    broker = fake_broker(1, topics={TOPIC: 2})
+    log = SequencedLog(broker, unreadable_error=MESSAGE_TOO_LARGE).install()
+    fresh_producer_ids(broker)
+    core = make_core(broker, enable_idempotence=idempotent)
+    deliveries = Deliveries(TOPIC)
+    # The drain starts at partition 0 next: the garbage comes first in the request, and in its response.
+    warm_up(core, deliveries, partition=0)
+    garbage = ProducerBatch(TopicPartition(TOPIC, 0), memoryview(bytearray(range(256)) * 4), 5,
+                            base_timestamp=0, max_timestamp=0, created_ms=monotonic_ms(),
+                            on_complete=deliveries.reports.append, release=lambda: deliveries.releases.update(["bad"]),
+                            origin="bad")
+    (good,) = new_batches(deliveries, partition=1)
+    broker.pause()
+    core.append(garbage)
+    core.append(good)
+    run_until(core, lambda: core.client.in_flight_request_count(1) == 1)
+    broker.resume()
+    assert core.flush(5000)
+
+    assert partitions_of(broker.requests_of(PRODUCE)[-1][1]) == [0, 1]
+    assert garbage.final_state is FinalState.FAILED
+    assert type(garbage.error) is InvalidRecordError
+    assert (garbage.error.code, garbage.error.name, garbage.error.retriable) == (CORRUPT_MESSAGE, "CORRUPT_MESSAGE",
+                                                                                False)
+    assert "do not parse" in garbage.error.message
+    assert deliveries.releases["bad"] == 1
+    assert deliveries.reports.count(garbage) == 1
+    assert core.metrics.batch_splits == 0 and core.metrics.batches_failed == 1
+    assert good.final_state is FinalState.SUCCEEDED
+    assert log_values(broker, 1) == values_of(good, deliveries)
+
+    # The loop goes on, and so does the partition of the garbage (idempotent: from sequence 0 under a
+    # new producer id, since the broker never had the garbage's sequences).
+    after = new_batches(deliveries, partition=0)[0]
+    core.append(after)
+    assert core.flush(5000)
+    assert after.final_state is FinalState.SUCCEEDED
+    assert log_values(broker, 0)[1:] == values_of(after, deliveries)
+    if idempotent:
+        assert core.transaction_manager.producer_id_resets == 1
+        assert log.seen[-1][1:4] == (1001, 0, 0)
+
+
+def test_an_error_settling_one_batch_does_not_leave_the_rest_of_the_response(fake_broker, make_core,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    broker = fake_broker(1, topics={TOPIC: 3})
+    core = make_core(broker)
+    deliveries = Deliveries(TOPIC)
+    warm_up(core, deliveries)
+    failures = itertools.count()
+
+    def release_once_broken() -> None:
+        if next(failures) == 0:
+            raise RuntimeError("a broken release")
+
+    batches = [new_batches(deliveries, partition=p)[0] for p in range(3)]
+    for batch in batches:
+        batch.release = release_once_broken
+    broker.pause()
+    for batch in batches:
+        core.append(batch)
+    run_until(core, lambda: core.client.in_flight_request_count(1) == 1)
+    broker.resume()
+    with caplog.at_level("ERROR"):
+        assert core.flush(5000)
+
+    assert sorted(partitions_of(broker.requests_of(PRODUCE)[-1][1])) == [0, 1, 2]
+    # The first settled raised after its report: reported once, as delivered; the others settled after it.
+    assert [b.final_state for b in batches] == [FinalState.SUCCEEDED] * 3
+    assert all(deliveries.reports.count(b) == 1 for b in batches)
+    assert "a broken release" in caplog.text
+    assert next(failures) == 3
+    (after,) = new_batches(deliveries)
+    core.append(after)
+    assert core.flush(5000) and after.final_state is FinalState.SUCCEEDED
 
 
 # -- 5. retries exhausted --------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from client_stub.contract.records import BATCH_HEADER_SIZE, decode_records
-from client_stub.errors import KafkaError, KafkaTimeoutError, for_code
+from client_stub.errors import InvalidRecordError, KafkaError, KafkaTimeoutError, for_code
 from service.producer import batch as batch_module
 from service.producer.batch import FinalState, ProducerBatch, TopicPartition
 from service.protocol.compression import CompressionType
@@ -320,6 +320,27 @@ def test_sequence_wraps() -> None:
     assert batch.last_sequence == 0
     parts = batch.split(1)
     assert [p.base_sequence for p in parts] == [2**31 - 2, 2**31 - 1, 0]
+
+
+@pytest.mark.parametrize("records", [
+    pytest.param(bytes(range(200)), id="garbage"),
+    pytest.param(encode_records(record_specs(3), into_memoryview=False)[:-1], id="cut-short"),
+    pytest.param(encode_records(record_specs(3), into_memoryview=False) + b"\0", id="trailing-byte"),
+    pytest.param(encode_records(record_specs(2), into_memoryview=False), id="fewer-than-sealed"),
+    # A timestamp delta no header's maxTimestamp can hold, from a base timestamp near the end of int64.
+    pytest.param(encode_records([(2**62, None, b"v", []), (0, None, b"w", [])], into_memoryview=False),
+                 id="timestamp-out-of-range"),
+])
+def test_split_of_records_that_do_not_parse_fails_with_corrupt_message(records: bytes) -> None:
+    batch = ProducerBatch(T0, memoryview(bytearray(records)), 3, base_timestamp=2**62, max_timestamp=2**62,
+                          created_ms=0)
+    with pytest.raises(InvalidRecordError) as raised:
+        batch.split(1)
+    error = raised.value
+    assert (error.code, error.name, error.retriable) == (2, "CORRUPT_MESSAGE", False)
+    assert str(batch) in error.message
+    # Nothing changed: the batch can still fail through its normal path.
+    assert batch.records_size == len(records) and batch.final_state is None
 
 
 # -- delivery timeout ----------------------------------------------------------------------------
