@@ -148,6 +148,9 @@ class IoThread:
         self._memory: socket.socket | None = None
         # The welcome of the session a daemon that is gone held, offered to the next one.
         self._lost_welcome: ipc.Welcome | None = None
+        # The lost session's memory connection, open until the session is taken back or forgotten: a daemon
+        # that ended the session itself keeps what it had of it until this process is gone, or until then.
+        self._lost_memory: socket.socket | None = None
         self._poller: zmq.Poller | None = None
         self._hello_sent = 0.0  # time.monotonic() when the HELLO awaiting its WELCOME was sent
         self._hello_id = 0  # the last HELLO's
@@ -387,7 +390,7 @@ class IoThread:
         if lost is None or self._segment_fd is None:
             return None
         now = time.monotonic()
-        return ipc.Resume(lost.daemon_id, lost.block_size, lost.block_count,
+        return ipc.Resume(lost.daemon_id, lost.client_id, lost.block_size, lost.block_count,
                           [list(notice) for notice in self._accumulator.resume_notices(now)])
 
     def _drain(self, sock: zmq.Socket) -> None:
@@ -409,7 +412,7 @@ class IoThread:
                 self._grants.forget()
                 self._outbox.clear()
                 self._lost_welcome, self.welcome = self.welcome, None
-            self._close_memory()
+            self._hold_memory()
         self._say_hello(sock)
 
     def _welcomed(self, sock: zmq.Socket, welcome: ipc.Welcome) -> None:
@@ -450,9 +453,16 @@ class IoThread:
                 self.segment = Segment(fd, Layout(welcome.block_size, welcome.block_count))
             elif self._lost_welcome is not None:
                 sealed = self._accumulator.sealed.values()
-                log.warning("the kafka-sidecar daemon took back %d unreported batch(es) of the lost session "
-                            "(%d record(s), sent again)", len(sealed), sum(b.record_count - b.reported for b in sealed))
+                records = sum(b.record_count - b.reported for b in sealed)
+                if self._lost_welcome.daemon_id == welcome.daemon_id:
+                    # It ended the session (this process was silent, or read too slowly) and kept what it had.
+                    log.warning("the kafka-sidecar daemon gave back the session it ended, with %d unreported "
+                                "batch(es) (%d record(s))", len(sealed), records)
+                else:
+                    log.warning("the kafka-sidecar daemon took back %d unreported batch(es) of the lost session "
+                                "(%d record(s), sent again)", len(sealed), records)
             self._lost_welcome = None
+            self._close_lost_memory()
             self._memory = conn
             assert self._poller is not None
             self._poller.register(conn.fileno(), zmq.POLLIN)
@@ -485,6 +495,7 @@ class IoThread:
         self._grants.forget()
         self.welcome = None
         self._lost_welcome = None
+        self._close_lost_memory()
         self._close_segment()
         if lost:
             log.error("%d record(s) handed to the lost session are failed as unknown", len(lost))
@@ -504,12 +515,25 @@ class IoThread:
             self._appender.count_done(pending)
             self._cond.notify_all()
 
+    def _hold_memory(self) -> None:
+        """Keep the lost session's memory connection open, out of the poll (see ``_lost_memory``)."""
+        if self._memory is not None:
+            if self._poller is not None:
+                self._poller.unregister(self._memory.fileno())
+            self._lost_memory, self._memory = self._memory, None
+
     def _close_memory(self) -> None:
         if self._memory is not None:
             if self._poller is not None:
                 self._poller.unregister(self._memory.fileno())
             self._memory.close()
             self._memory = None
+        self._close_lost_memory()
+
+    def _close_lost_memory(self) -> None:
+        if self._lost_memory is not None:
+            self._lost_memory.close()
+            self._lost_memory = None
 
     def _close_segment(self) -> None:
         if self.segment is not None:

@@ -59,8 +59,12 @@ class ClientMemory:
     # warm. Entries of blocks since taken by a contiguous run may linger; ``state`` is the truth.
     stack: list[int] = field(default_factory=list)
     held: int = 0
-    # False once the client's session ended: its memory goes when its last sealed batch is sent.
+    # False once the client's session ended: its memory goes when its last sealed batch is sent, unless kept.
     attached: bool = True
+    # The session ended but the client may take it back (see detach): the mapping stays meanwhile.
+    kept: bool = False
+    # The segment's file (st_dev, st_ino): a client that takes its session back proves it with this file.
+    file_id: tuple[int, int] = (0, 0)
 
 
 class BlockError(ValueError):
@@ -163,31 +167,66 @@ class BufferPool:
         self._memory[client_id] = memory
         for block in owned:
             memory.state[block] = OWNED
-            memory.touched[block] = 1
-        memory.held = len(owned)
-        self._free_count -= len(owned)
-        self._resident += len(owned)
         # Whatever the client wrote into its other blocks is of no use now: their pages go back at once.
         for block in range(self.block_count):
             if not memory.state[block]:
                 self._give_back_pages(memory, block)
+        self._take(memory, owned)
+
+    def _take(self, memory: ClientMemory, owned: list[int]) -> None:
+        """Count blocks a client holds again (marked OWNED by the caller) against the pool."""
+        for block in owned:
+            if not memory.touched[block]:
+                memory.touched[block] = 1
+                self._resident += 1
+        memory.held += len(owned)
+        self._free_count -= len(owned)
         self._trim()
 
-    def _map(self, fd: int) -> ClientMemory:
-        return ClientMemory(Segment(fd, self.layout), bytearray(self.block_count), bytearray(self.block_count))
+    def reattach(self, client_id: int, fd: int, owned: list[int]) -> None:
+        """Give a client back the segment of its session that this pool kept (see :meth:`detach`), with the
+        blocks of batches it sealed that the daemon never got. ``fd`` must be that segment: holding it is
+        what proves the client's claim (a file's inode is not reused while the pool maps it). ValueError if
+        it is not, or if a block is not free; the caller keeps ``fd``."""
+        memory = self._memory.get(client_id)
+        if memory is None or not memory.kept:
+            raise ValueError(f"no segment of client {client_id} is kept")
+        stat = os.fstat(fd)
+        if (stat.st_dev, stat.st_ino) != memory.file_id:
+            raise ValueError("the segment handed over is not the one of the session")
+        if len(set(owned)) != len(owned) or not all(0 <= b < self.block_count and memory.state[b] == FREE
+                                                    for b in owned):
+            raise BlockError("the blocks of a session taken back must be distinct and free in its segment")
+        memory.attached, memory.kept = True, False
+        for block in owned:
+            memory.state[block] = OWNED
+        self._take(memory, owned)
 
-    def detach(self, client_id: int) -> int:
+    def _map(self, fd: int) -> ClientMemory:
+        stat = os.fstat(fd)
+        return ClientMemory(Segment(fd, self.layout), bytearray(self.block_count), bytearray(self.block_count),
+                            file_id=(stat.st_dev, stat.st_ino))
+
+    def detach(self, client_id: int, *, keep: bool = False) -> int:
         """The client's session ended: its unsealed blocks return to the pool (no other client can map them),
-        its requests are forgotten, and its segment goes once its sealed batches are sent. Returns the
-        blocks freed."""
+        its requests are forgotten, and its segment goes once its sealed batches are sent, or, if ``keep``,
+        once :meth:`forget` says the client will not take it back. Returns the blocks freed."""
         self.forget_waiters(client_id)
         memory = self._memory.get(client_id)
         if memory is None:
             return 0
-        memory.attached = False
+        memory.attached, memory.kept = False, keep
         blocks = [b for b in range(self.block_count) if memory.state[b] == OWNED]
         self.free(client_id, blocks)  # which drops the segment if nothing is left to send
         return len(blocks)
+
+    def forget(self, client_id: int) -> None:
+        """A kept segment will not be taken back: it goes once its sealed batches are sent."""
+        memory = self._memory.get(client_id)
+        if memory is not None and memory.kept:
+            memory.kept = False
+            if not memory.held:
+                self._drop(client_id)
 
     def _drop(self, client_id: int) -> None:
         memory = self._memory.pop(client_id)
@@ -384,7 +423,7 @@ class BufferPool:
         if len(self._cold) > 4 * self.block_count:
             self._cold = deque((c, b) for c, b in self._cold
                                if c in self._memory and self._memory[c].state[b] == FREE and self._memory[c].touched[b])
-        if not memory.attached and not memory.held:
+        if not memory.attached and not memory.kept and not memory.held:
             self._drop(client_id)
         return freed
 

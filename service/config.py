@@ -132,6 +132,10 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     # The sidecar's own settings.
     ConfigKey("sidecar.client.timeout.ms", int, 30000, 1000, INT_MAX,
               doc="a client silent this long is gone: its unsealed blocks return to the pool"),
+    ConfigKey("sidecar.client.reply.buffer.bytes", int, 8388608, 65536, LONG_MAX,
+              doc="replies a client does not read fast enough wait in the daemon up to this many bytes (beside "
+                  "what ZeroMQ queues for it); past them its session ends, its sealed batches still sent and their "
+                  "reports kept for it until it connects again"),
     ConfigKey("sidecar.close.timeout.ms", int, 30000, 0, INT_MAX,
               doc="on shutdown, how long to go on sending what is queued"),
     ConfigKey("sidecar.socket.group", _to_group, None,

@@ -42,7 +42,8 @@ class SidecarDaemon:
             memory, block_size, config["max.request.size"]))
         try:
             self.front = SidecarFront(self.core, self.pool, endpoint,
-                                      client_timeout_ms=config["sidecar.client.timeout.ms"], socket_mode=mode,
+                                      client_timeout_ms=config["sidecar.client.timeout.ms"],
+                                      reply_buffer_bytes=config["sidecar.client.reply.buffer.bytes"], socket_mode=mode,
                                       socket_group=group)
         except BaseException:
             self.pool.close()

@@ -16,12 +16,14 @@ waiting requests per client, and :data:`MAX_TOPICS_PER_CLIENT`.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import secrets
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +67,17 @@ _MESSAGE_OVERHEAD = 4096
 _NOTICE_SIZE = 400
 # How often to repeat SEAL_NOW while the pool stays exhausted.
 _SEAL_NOW_INTERVAL_MS = 50
+# ZeroMQ queues at most this many messages for one client; past them, its replies wait in its session, up
+# to sidecar.client.reply.buffer.bytes, and past that its session ends. So the memory a client that does not
+# read holds is bounded: this many messages of at most _MAX_REPLY_SIZE bytes, and the session's buffer.
+_SEND_HWM = 256
+# Reports in one DELIVERY, and the characters of an ERROR's text (which quotes what was refused): the two
+# messages whose size a client can make grow; every other reply is a few dozen bytes, or a TOPIC's few KB.
+_REPORTS_PER_DELIVERY = 256
+_MAX_ERROR_TEXT = 400
+_MAX_REPLY_SIZE = 16384
+# While replies wait, the loop tries them again this often (ZeroMQ has no event for a client that reads).
+_RETRY_WAITING_MS = 10
 # pyzmq's flags are enum.Flag members, whose | runs Python code: once per message here, so plain ints.
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)
@@ -87,8 +100,18 @@ class ClientSession:
     connection: socket.socket | None = None
     # Whether the client waits on through a topic's retriable metadata error (older clients fail at once).
     retriable_topic_errors: bool = False
+    uid: int = -1
     reports: list[ipc.DeliveryReport] = field(default_factory=list)
     topics: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # Batches it sealed that are not wholly reported: batch id -> records not reported yet.
+    unreported: dict[int, int] = field(default_factory=dict)
+    # Replies ZeroMQ would not queue (the client reads slower than the daemon answers), in order, encoded.
+    waiting: deque[tuple[ipc.Message, bytes]] = field(default_factory=deque)
+    waiting_bytes: int = 0
+
+    def describe(self) -> str:
+        """The client as a log line names it: the kernel's pid and uid (once known), and its own name."""
+        return f"client {self.client_id} (pid {self.pid}, uid {self.uid}, {self.name!r})"
 
 
 class EndpointInUseError(RuntimeError):
@@ -100,11 +123,13 @@ class SidecarFront:
     clients' liveness over the memory socket."""
 
     def __init__(self, core: ProducerCore, pool: BufferPool, endpoint: str, *, client_timeout_ms: int = 30000,
-                 context: zmq.Context | None = None, socket_mode: int = 0o660, socket_group: int | None = None) -> None:
+                 reply_buffer_bytes: int = 8 << 20, context: zmq.Context | None = None, socket_mode: int = 0o660,
+                 socket_group: int | None = None) -> None:
         self.core = core
         self.pool = pool
         self.endpoint = endpoint
         self.client_timeout_ms = client_timeout_ms
+        self.reply_buffer_bytes = reply_buffer_bytes
         self.clock: Callable[[], int] = core.clock
         self.daemon_id = secrets.token_hex(8)
         self._context = context or zmq.Context()
@@ -123,6 +148,9 @@ class SidecarFront:
         core.selector.register_external(self.memory.listener)
         self.sessions: dict[bytes, ClientSession] = {}
         self._by_id: dict[int, ClientSession] = {}
+        # Sessions this daemon ended while their clients may live (see _end_session): their reports are kept
+        # for them until they take the session back, or their processes are gone.
+        self._ended: dict[int, ClientSession] = {}
         self._by_token: dict[bytes, ClientSession] = {}
         # Connections to the memory socket: those awaiting their token (until when), those of sessions.
         self._handshakes: dict[socket.socket, int] = {}
@@ -133,6 +161,10 @@ class SidecarFront:
         self._seal_now_sent_ms = 0
         self._last_complaint = 0.0
         self.messages_refused = 0
+        # Answers to a socket without a session that ZeroMQ would not take (its reader is slow or gone).
+        self.replies_dropped = 0
+        # Sessions ended because their clients did not read their replies, or their sockets went.
+        self.sessions_ended_unread = 0
 
     # -- socket ----------------------------------------------------------------------------------
 
@@ -144,7 +176,10 @@ class SidecarFront:
         sock = self._context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
+        # A reply that cannot be queued raises (EAGAIN at the high-water mark, EHOSTUNREACH for a client whose
+        # socket is gone) instead of vanishing: it then waits in its session, or the session ends.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_size)
         try:
             if path is None:
@@ -178,19 +213,78 @@ class SidecarFront:
             Path(self.endpoint[len("ipc://"):]).unlink(missing_ok=True)
         self._unlock()
 
-    def _send(self, session: ClientSession | bytes, message: ipc.Message) -> None:
-        identity = session if isinstance(session, bytes) else session.identity
+    def _send(self, to: ClientSession | bytes, message: ipc.Message) -> None:
+        """Send a message to a client. A session gets every message, in order, or its session ends (see
+        :meth:`_hold`); an answer to a socket without a session is dropped, and counted, if ZeroMQ will not
+        take it."""
         payload = ipc.encode(message)
+        if isinstance(to, bytes):
+            if self._route(to, payload) is not True:
+                self.replies_dropped += 1
+            return
+        if self.sessions.get(to.identity) is not to:
+            # Its session ended while a handler or the loop still held it: reports are kept if it is.
+            if isinstance(message, ipc.Delivery) and self._ended.get(to.client_id) is to:
+                to.reports.extend(message.reports)
+            return
+        if to.waiting:
+            self._hold(to, message, payload)
+            return
+        sent = self._route(to.identity, payload)
+        if sent is False:
+            self._hold(to, message, payload)
+        elif sent is None:
+            to.waiting.append((message, payload))  # for _end_session to keep, if it is a report
+            self._end_unread(to, "its socket is gone")
+
+    def _route(self, identity: bytes, payload: bytes) -> bool | None:
+        """Hand a message to ZeroMQ: True, or False if the client's queue is full, None if its socket is gone."""
         try:
             # send_multipart() without its per-frame type checks and flag arithmetic.
             self.socket.send(identity, _NOBLOCK | _SNDMORE)
             self.socket.send(payload, _NOBLOCK)
         except zmq.Again:
-            log.debug("client queue full, dropped a %s message", type(message).__name__)
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EHOSTUNREACH:
+                raise
+            return None
+        return True
+
+    def _hold(self, session: ClientSession, message: ipc.Message, payload: bytes) -> None:
+        """Keep a reply ZeroMQ would not queue until the client reads; past sidecar.client.reply.buffer.bytes,
+        end its session."""
+        session.waiting.append((message, payload))
+        session.waiting_bytes += len(payload)
+        if session.waiting_bytes > self.reply_buffer_bytes:
+            self._end_unread(session, f"{session.waiting_bytes} bytes of replies wait for it, past "
+                                      f"sidecar.client.reply.buffer.bytes ({self.reply_buffer_bytes})")
+
+    def _send_waiting(self, session: ClientSession) -> None:
+        """Hand ZeroMQ what waits for a client, in order, while it takes it."""
+        waiting = session.waiting
+        while waiting:
+            message, payload = waiting[0]
+            sent = self._route(session.identity, payload)
+            if sent is None:
+                self._end_unread(session, "its socket is gone")
+                return
+            if not sent:
+                return
+            waiting.popleft()
+            session.waiting_bytes -= len(payload)
+
+    def _end_unread(self, session: ClientSession, reason: str) -> None:
+        self.sessions_ended_unread += 1
+        log.warning("%s does not read its replies: %s; ending its session (its sealed batches are still sent, "
+                    "their reports kept for it until it connects again)", session.describe(), reason)
+        self._end_session(session, keep=True)
 
     def _complain(self, identity: bytes, message: str, code: str = ipc.ERROR_REFUSED) -> None:
         self._count_refusal(message)
-        self._send(identity, ipc.Error(code, message))
+        if len(message) > _MAX_ERROR_TEXT:
+            message = message[:_MAX_ERROR_TEXT - 3] + "..."
+        self._send(self.sessions.get(identity, identity), ipc.Error(code, message))
 
     def _count_refusal(self, message: str) -> None:
         self.messages_refused += 1
@@ -221,8 +315,12 @@ class SidecarFront:
                 self._memory_handshake(sock)
             elif sock in self._by_connection and hung_up(sock):
                 session = self._by_connection[sock]
-                log.warning("client %s: process %s is gone: ending its session", session.client_id, session.pid)
-                self._end_session(session)
+                if self._ended.get(session.client_id) is session:
+                    log.info("%s, whose session was kept for it, is gone", session.describe())
+                    self._forget_kept(session)
+                else:
+                    log.warning("%s is gone: ending its session", session.describe())
+                    self._end_session(session)
 
     def handle_readable(self) -> None:
         """Handle the messages waiting on the socket, up to MAX_MESSAGES_PER_ITERATION (ZeroMQ's poll says
@@ -284,7 +382,11 @@ class SidecarFront:
                                 retriable_topic_errors=message.options.retriable_topic_errors is True)
         if message.options.resume is not None:
             session.resume = self._resumable(message.options.resume)
-        self._next_client_id += 1
+        if session.resume is not None and session.resume.daemon_id == self.daemon_id:
+            # Its own session, if the memory handshake proves it (see _attach); else this session ends.
+            session.client_id = session.resume.client_id
+        else:
+            self._next_client_id += 1
         self.sessions[identity] = session
         self._by_id[session.client_id] = session
         self._by_token[session.token] = session
@@ -305,9 +407,11 @@ class SidecarFront:
             reason = f"a resumed session has the fields {', '.join(ipc.Resume._fields)}"
         else:
             resume = ipc.Resume._make(raw)
-            if resume.daemon_id == self.daemon_id:
-                # This daemon ended the session itself, and sends (or sent) what it had of it.
-                reason = "its session was this daemon's, which ended it"
+            if resume.daemon_id == self.daemon_id and resume.client_id not in self._ended:
+                # This daemon ended the session itself, and sent what it had of it, or has forgotten it.
+                reason = "its session was this daemon's, which ended it and kept nothing of it"
+            elif resume.daemon_id == self.daemon_id and resume.client_id in self._by_id:
+                reason = "another client is taking that session back"
             elif (resume.block_size, resume.block_count) != (self.pool.block_size, self.pool.block_count):
                 reason = (f"its segment has {resume.block_count} blocks of {resume.block_size} bytes, this "
                           f"daemon's pool {self.pool.block_count} of {self.pool.block_size}")
@@ -347,13 +451,12 @@ class SidecarFront:
             self._by_connection[conn] = session
             session.connection = conn
             # The kernel's word for the process, whatever the client said in its HELLO.
-            session.pid, uid, _ = memory_socket.peer_credentials(conn)
+            session.pid, session.uid, _ = memory_socket.peer_credentials(conn)
             memory_socket.answer(conn, segment)
         finally:
             for fd in [*fds, *([] if segment is None else [segment])]:
                 os.close(fd)
-        log.info("client %s connected: pid %s (uid %s) %s%s", session.client_id, session.pid, uid, session.name,
-                 ", resuming its session" if session.resume is not None else "")
+        log.info("%s connected%s", session.describe(), ", resuming its session" if session.resume is not None else "")
         if session.resume is not None:
             self._seal_notices(session, session.resume.sealed)
             session.resume = None
@@ -366,6 +469,13 @@ class SidecarFront:
             return self.pool.attach(session.client_id)
         if len(fds) != 1:
             raise ValueError("a resumed session hands over its segment")
+        ended = self._ended.get(session.client_id) if session.resume.daemon_id == self.daemon_id else None
+        if ended is not None:
+            # A session this daemon ended: of the batches the client says it sealed, those it got (in flight,
+            # or reported to the session and kept) are not sealed again.
+            known = {*ended.unreported, *(report.batch_id for report in ended.reports)}
+            session.resume = session.resume._replace(sealed=[
+                notice for notice in session.resume.sealed if _notice_fields(notice).get("batch_id") not in known])
         # The blocks of its sealed batches are the client's again, up to what a client may hold. Each notice
         # is checked when it is sealed (a bad one, or one past the limit, fails its batch only): here its
         # blocks count if it names them plainly, once.
@@ -379,7 +489,15 @@ class SidecarFront:
             if len(owned) + len(blocks) > self.pool.max_blocks_per_client:
                 break
             owned.update(blocks)
-        self.pool.adopt(session.client_id, fds[0], list(owned))
+        if ended is None:
+            self.pool.adopt(session.client_id, fds[0], list(owned))
+        else:
+            # Holding the segment proves the claim: then the reports kept, and those to come, are its.
+            self.pool.reattach(session.client_id, fds[0], list(owned))
+            del self._ended[session.client_id]
+            if ended.connection is not None:
+                self._close_connection(ended.connection)
+            session.reports, session.unreported = ended.reports, ended.unreported
         return None
 
     def _blocks(self, session: ClientSession, message: ipc.Blocks) -> None:
@@ -453,6 +571,7 @@ class SidecarFront:
         if length + BATCH_HEADER_SIZE > self.core.config["max.request.size"]:
             raise ValueError(f"a batch of {length} bytes (and its header) is larger than max.request.size")
         view = self.pool.seal(session.client_id, first, count, length)
+        session.unreported[batch_id] = records
         client_id, blocks = session.client_id, range(first, first + count)
         return ProducerBatch(TopicPartition(topic, partition), view, records, base_timestamp=base_ts,
                              max_timestamp=max_ts, created_ms=now - ago, on_complete=self._batch_done,
@@ -499,22 +618,49 @@ class SidecarFront:
         ipc.Heartbeat: _heartbeat, ipc.Goodbye: _goodbye,
     }
 
-    def _end_session(self, session: ClientSession) -> None:
+    def _end_session(self, session: ClientSession, *, keep: bool = False) -> None:
         """Forget a client: its unsealed blocks return to the pool; its sealed batches still go.
 
         Only the pool's count gets the blocks back: they are in the client's own segment, which no other
         client can be given, so a client that is still alive (stopped, starved) and writes into them when
-        it wakes up harms nobody else.
+        it wakes up harms nobody else. With ``keep`` (the client may live: it was silent, or did not read),
+        the reports of its batches are kept for it, and its segment, which it hands over to take the
+        session back when it reads the end of its memory connection: the daemon shuts down its own side
+        only, and keeps all this until the client closes the other, when its process is gone.
         """
-        self.sessions.pop(session.identity, None)
+        if self.sessions.get(session.identity) is not session:
+            return  # ended already
+        del self.sessions[session.identity]
         self._by_id.pop(session.client_id, None)
         self._by_token.pop(session.token, None)
+        keep = keep and session.connection is not None
+        if session.connection is not None:
+            if keep:
+                # The client reads the end of the stream; the daemon, the end of its process (see _forget_kept).
+                session.connection.shutdown(socket.SHUT_WR)
+            else:
+                self._close_connection(session.connection)
+                session.connection = None
+        if session.client_id in self._ended:
+            return  # it claimed a session kept for its client, and did not prove it: that one stays kept
+        if keep:
+            # What waits for it: its reports are kept (the rest, grants and errors, mean nothing past its end).
+            session.reports[:0] = [report for message, _ in session.waiting if isinstance(message, ipc.Delivery)
+                                   for report in message.reports]
+            self._ended[session.client_id] = session
+        session.waiting.clear()
+        session.waiting_bytes = 0
+        reclaimed = self.pool.detach(session.client_id, keep=keep)
+        if reclaimed:
+            log.info("reclaimed %d unsealed block(s) of client %s", reclaimed, session.client_id)
+
+    def _forget_kept(self, session: ClientSession) -> None:
+        """A kept session's client is gone (or took another): its segment goes once its batches are sent."""
+        del self._ended[session.client_id]
         if session.connection is not None:
             self._close_connection(session.connection)
             session.connection = None
-        reclaimed = self.pool.detach(session.client_id)
-        if reclaimed:
-            log.info("reclaimed %d unsealed block(s) of client %s", reclaimed, session.client_id)
+        self.pool.forget(session.client_id)
 
     def _close_connection(self, conn: socket.socket) -> None:
         self._handshakes.pop(conn, None)
@@ -528,15 +674,23 @@ class SidecarFront:
         return {"block_count": self.pool.block_count, "free_blocks": self.pool.free_blocks,
                 "sessions": len(self.sessions),
                 "clients": [[s.client_id, s.pid, held.get(s.client_id, 0)] for s in self.sessions.values()],
-                "held": [[client_id, count] for client_id, count in held.items()]}
+                "held": [[client_id, count] for client_id, count in held.items()],
+                "sessions_kept": len(self._ended),
+                "reply_buffer_bytes": sum(s.waiting_bytes for s in self.sessions.values()),
+                "messages_refused": self.messages_refused, "replies_dropped": self.replies_dropped,
+                "sessions_ended_unread": self.sessions_ended_unread}
 
     # -- outgoing --------------------------------------------------------------------------------
 
     def _batch_done(self, batch: ProducerBatch) -> None:
         client_id, batch_id = batch.origin
-        session = self._by_id.get(client_id)
+        # A kept session first: a session claiming it is not its client until it proves so.
+        session = self._ended.get(client_id) or self._by_id.get(client_id)
         if session is None:
             return  # the client is gone; its records were still delivered (or failed) for it
+        left = session.unreported.pop(batch_id, 0) - batch.record_count
+        if left > 0:
+            session.unreported[batch_id] = left  # a part of a batch that was split
         session.reports.append(ipc.DeliveryReport(batch_id, batch.origin_index, batch.record_count, batch.base_offset,
                                                   batch.log_append_time_ms, ipc.error_to_wire(batch.error)))
 
@@ -561,17 +715,21 @@ class SidecarFront:
             # Everyone holds what the pool lacks; a client at its limit waits only for its own blocks.
             exhausted = self.pool.exhausted
             at_limit = self.pool.clients_at_limit()
-            for session in self.sessions.values():
+            for session in list(self.sessions.values()):
                 if exhausted or session.client_id in at_limit:
                     self._send(session, ipc.SealNow())
         for session in list(self.sessions.values()):
-            if session.reports:
-                reports, session.reports = session.reports, []
-                self._send(session, ipc.Delivery(reports))
+            if session.waiting:
+                self._send_waiting(session)
+            reports = session.reports
+            if reports:
+                session.reports = []
+                for start in range(0, len(reports), _REPORTS_PER_DELIVERY):
+                    self._send(session, ipc.Delivery(reports[start:start + _REPORTS_PER_DELIVERY]))
             if now - session.last_seen_ms > self.client_timeout_ms:
-                log.warning("client %s (pid %s) silent for %d ms: ending its session", session.client_id,
-                            session.pid, now - session.last_seen_ms)
-                self._end_session(session)
+                # Stopped (SIGSTOP, a debugger) or starved, perhaps, rather than dead: what it sealed is kept.
+                log.warning("%s silent for %d ms: ending its session", session.describe(), now - session.last_seen_ms)
+                self._end_session(session, keep=True)
         for conn, until in list(self._handshakes.items()):
             if until <= now:
                 self._close_connection(conn)
@@ -580,8 +738,8 @@ class SidecarFront:
             self.core.selector.register_external(self.memory.listener)
         if self.core.metadata.update_version != self._metadata_version:
             self._metadata_version = self.core.metadata.update_version
-            for session in self.sessions.values():
-                for topic in session.topics:
+            for session in list(self.sessions.values()):
+                for topic in list(session.topics):
                     self._push_topic(session, topic)
 
     def next_timer_ms(self) -> int:
@@ -595,6 +753,8 @@ class SidecarFront:
             due.append(self._accept_paused_until - now)
         due.append(min((s.last_seen_ms + self.client_timeout_ms - now for s in self.sessions.values()),
                        default=self.client_timeout_ms))
+        if any(s.waiting for s in self.sessions.values()):
+            due.append(_RETRY_WAITING_MS)
         return max(min(due), 0)
 
     def _push_topic(self, session: ClientSession, topic: str) -> None:

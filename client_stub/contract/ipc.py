@@ -80,11 +80,13 @@ class HelloOptions(NamedTuple):
 
 
 class Resume(NamedTuple):
-    """A session of a daemon that is gone, handed to its successor: the batches the client sealed that
-    were not reported (``sealed``, SealNotice rows in the order sealed), in its segment of
-    ``block_size`` x ``block_count``."""
+    """A lost session, handed to the next daemon, or to the same one if it ended the session while the
+    client lived (it read its replies too slowly, or was silent too long): the batches the client sealed
+    that were not reported (``sealed``, SealNotice rows in the order sealed), in its segment of
+    ``block_size`` x ``block_count``; ``client_id`` was the session's."""
 
     daemon_id: str
+    client_id: int
     block_size: int
     block_count: int
     sealed: list[Any]

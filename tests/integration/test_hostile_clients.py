@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import threading
 import time
 
@@ -10,8 +13,11 @@ import zmq
 
 from client_stub import Producer
 from service.tools.readback import read_topic
+from tests.support import workers
 
 pytestmark = pytest.mark.broker
+
+SPAWN = multiprocessing.get_context("spawn")
 
 
 def peak_resident_mb(pid: int) -> float:
@@ -62,3 +68,35 @@ def test_a_300_mib_frame_is_dropped_before_it_is_read(broker, topic_factory, sid
     values = {r.value for r in read_topic(broker.bootstrap, topic, expected=len(delivered) + 1)}
     assert values == {b"warm"} | {b"good-%d" % n for n in range(len(delivered))}
 
+
+def test_a_client_stopped_past_the_client_timeout_gets_every_report_when_it_continues(broker, topic_factory, sidecar,
+                                                                                     tmp_path) -> None:
+    # SIGSTOP (a debugger, a paused container): the daemon takes it for silent and ends its session, keeping
+    # the reports of what it sealed; when it continues, it takes the session back. Each record once.
+    topic = topic_factory(3)
+    daemon = sidecar(broker.bootstrap, settings={"sidecar.client.timeout.ms": 1000})
+    results, client_log = tmp_path / "results.jsonl", tmp_path / "client.log"
+    client = SPAWN.Process(target=workers.produce_paced,
+                           args=(daemon.endpoint, topic, 0, 20_000, str(results), 6.0, str(client_log)))
+    client.start()
+    try:
+        time.sleep(2.5)
+        assert client.pid is not None and client.is_alive()
+        os.kill(client.pid, signal.SIGSTOP)
+        time.sleep(3.0)
+        assert daemon.stats()["sessions_kept"] == 1, daemon.log_tail()
+        os.kill(client.pid, signal.SIGCONT)
+        client.join(120)
+        assert client.exitcode == 0
+    finally:
+        if client.is_alive():
+            client.kill()
+            client.join()
+    assert "silent for" in daemon.log_tail(200)
+    assert "gave back the session it ended" in client_log.read_text()
+    rows = workers.read_results(results)
+    assert [r for r in rows if "error" in r] == []
+    read = read_topic(broker.bootstrap, topic, expected=20_000)
+    ids = [dict(r.headers)["id"] for r in read]
+    assert sorted(ids) == sorted(f"0:{n}".encode() for n in range(20_000))  # each once
+    assert daemon.stats()["sessions_kept"] == 0 and daemon.is_running()

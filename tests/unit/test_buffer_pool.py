@@ -602,6 +602,77 @@ def test_a_batch_view_outlives_its_dropped_segment(bare_pool: BufferPool) -> Non
     assert not mapped(inode)
 
 
+def test_a_kept_segment_stays_mapped_until_forgotten(bare_pool: BufferPool) -> None:
+    fd = bare_pool.attach(A)
+    inode = os.fstat(fd).st_ino
+    os.close(fd)
+    assert bare_pool.request(A, 1, 2, True, 0) == [0, 1]
+    bare_pool.seal(A, 0, 1, 10).release()
+    assert bare_pool.detach(A, keep=True) == 1
+    assert bare_pool.free(A, [0]) == 1
+    # Nothing is held, and the segment is still mapped: its client may take it back.
+    assert mapped(inode) and bare_pool.held() == {A: 0} and bare_pool.free_blocks == BLOCKS
+    with pytest.raises(BlockError, match="has no segment"):
+        bare_pool.request(A, 2, 1, False, 0)
+    bare_pool.forget(A)
+    assert not mapped(inode) and bare_pool.held() == {}
+
+
+def test_a_kept_segment_forgotten_while_a_batch_is_held_goes_with_the_batch(bare_pool: BufferPool) -> None:
+    attach(bare_pool, A)
+    assert bare_pool.request(A, 1, 1, True, 0) == [0]
+    bare_pool.seal(A, 0, 1, 10).release()
+    bare_pool.detach(A, keep=True)
+    bare_pool.forget(A)
+    assert bare_pool.held() == {A: 1}
+    bare_pool.free(A, [0])
+    assert bare_pool.held() == {}
+
+
+def test_reattach_gives_the_kept_segment_back_with_the_blocks_named(bare_pool: BufferPool) -> None:
+    fd = bare_pool.attach(A)
+    client = Segment(fd, bare_pool.layout)
+    try:
+        assert bare_pool.request(A, 1, 3, True, 0) == [0, 1, 2]
+        bare_pool.seal(A, 0, 1, 10).release()  # in flight when the session ends
+        client.buf[BLOCK:BLOCK + 5] = b"later"  # block 1: sealed by the client, the daemon never got it
+        bare_pool.detach(A, keep=True)
+        assert bare_pool.free_blocks == BLOCKS - 1
+        bare_pool.reattach(A, fd, [1])
+        assert states(bare_pool, A)[:3] == [SEALED, OWNED, FREE]
+        assert bare_pool.held() == {A: 2} and bare_pool.free_blocks == BLOCKS - 2
+        view = bare_pool.seal(A, 1, 1, 5)
+        assert bytes(view) == b"later"
+        view.release()
+        # A live session again: granted, and dropped only when detached without keeping.
+        assert bare_pool.request(A, 2, 1, False, 0) == [2]
+    finally:
+        client.close()
+        os.close(fd)
+
+
+def test_reattach_needs_the_same_segment_and_free_blocks(bare_pool: BufferPool) -> None:
+    fd = bare_pool.attach(A)
+    other = create_segment(bare_pool.layout, "another")
+    try:
+        assert bare_pool.request(A, 1, 2, True, 0) == [0, 1]
+        bare_pool.seal(A, 0, 1, 10).release()
+        with pytest.raises(ValueError, match="no segment of client 1 is kept"):
+            bare_pool.reattach(A, fd, [])  # its session has not ended
+        bare_pool.detach(A, keep=True)
+        with pytest.raises(ValueError, match="not the one of the session"):
+            bare_pool.reattach(A, other, [])
+        for blocks in ([0], [1, 1], [BLOCKS]):
+            with pytest.raises(BlockError, match="distinct and free"):
+                bare_pool.reattach(A, fd, blocks)
+        assert bare_pool.held() == {A: 1} and bare_pool.free_blocks == BLOCKS - 1
+        bare_pool.reattach(A, fd, [1])
+        assert bare_pool.held() == {A: 2}
+    finally:
+        os.close(fd)
+        os.close(other)
+
+
 # -- adopt ----------------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from client_stub.contract import PROTOCOL_VERSION, ipc
 
 SETTINGS = ipc.WelcomeSettings(max_request_size=1048576, linger_ms=5, max_block_ms=60000,
                                delivery_timeout_ms=120000, buffer_memory=32 << 20, heartbeat_interval_ms=3000)
-RESUME = ipc.Resume("f00d", 16384, 2048,
+RESUME = ipc.Resume("f00d", 3, 16384, 2048,
                     [ipc.SealNotice(9, 0, 2, "orders", 3, 10, 5000, 1_700_000_000_000, 1_700_000_000_010, 40)])
 TYPED = [
     ipc.Hello(PROTOCOL_VERSION, 1234, "gunicorn worker", ipc.HelloOptions(linger_ms=5, partitioner="murmur2_random",
@@ -72,10 +72,10 @@ def test_handshake_maps_are_by_name() -> None:
 
 
 def test_a_resumed_session_travels_in_the_hello_options_as_a_list() -> None:
-    hello = ipc.Hello(PROTOCOL_VERSION, 1234, "w", ipc.HelloOptions(resume=[*RESUME[:3], [list(RESUME.sealed[0])]]))
+    hello = ipc.Hello(PROTOCOL_VERSION, 1234, "w", ipc.HelloOptions(resume=[*RESUME[:4], [list(RESUME.sealed[0])]]))
     back = ipc.decode(ipc.encode(hello))
     resume = ipc.Resume._make(back.options.resume)
-    assert resume[:3] == RESUME[:3]
+    assert resume[:4] == RESUME[:4]
     assert [ipc.SealNotice._make(row) for row in resume.sealed] == RESUME.sealed
 
 

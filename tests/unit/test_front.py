@@ -64,10 +64,12 @@ class Client:
     """An application process as the daemon sees it: a DEALER socket, and once it said HELLO, its connection
     to the memory socket and its segment (mapped here, as the client maps it)."""
 
-    def __init__(self, env: Env) -> None:
+    def __init__(self, env: Env, receive_hwm: int | None = None) -> None:
         self.env = env
         self.sock = env.context.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if receive_hwm is not None:
+            self.sock.setsockopt(zmq.RCVHWM, receive_hwm)
         self.sock.connect(env.endpoint)
         self.client_id = 0
         self.next_request = 1
@@ -182,7 +184,7 @@ def _ended(conn: socket.socket) -> bool:
 
 
 class Env:
-    def __init__(self, max_blocks_per_client: int | None = None) -> None:
+    def __init__(self, max_blocks_per_client: int | None = None, reply_buffer_bytes: int = 8 << 20) -> None:
         self.clock = FakeClock()
         self.core = ProducerCore(ProducerConfig({"bootstrap.servers": "127.0.0.1:9",
                                                  "max.request.size": MAX_REQUEST_SIZE}), clock=self.clock)
@@ -190,12 +192,13 @@ class Env:
         self.context = zmq.Context()
         self.endpoint = f"inproc://front-{uuid.uuid4().hex}"
         self.front = SidecarFront(self.core, self.pool, self.endpoint, client_timeout_ms=TIMEOUT_MS,
-                                  context=self.context)
+                                  reply_buffer_bytes=reply_buffer_bytes, context=self.context)
         self.clients: list[Client] = []
         self.sockets: list[socket.socket] = []
 
-    def client(self) -> Client:
-        client = Client(self)
+    def client(self, receive_hwm: int | None = None) -> Client:
+        """A client; one with a ``receive_hwm`` of 1 makes the daemon's replies wait as soon as it does not read."""
+        client = Client(self, receive_hwm)
         self.clients.append(client)
         return client
 
@@ -513,8 +516,10 @@ def test_stats_report_what_the_pool_holds(env: Env) -> None:
     probe = env.client()
     probe.send(ipc.Stats.TYPE)
     env.pump()
+    counts = {"sessions_kept": 0, "reply_buffer_bytes": 0, "messages_refused": 0, "replies_dropped": 0,
+              "sessions_ended_unread": 0}
     assert probe.recv() == [ipc.StatsReport.TYPE, {"block_count": BLOCKS, "free_blocks": BLOCKS, "sessions": 0,
-                                                   "clients": [], "held": []}]
+                                                   "clients": [], "held": [], **counts}]
     a, b, c = env.client(), env.client(), env.client()
     a_id, b_id = a.hello(), b.hello()
     c_id = c.hello(pid=4242, handshake=False)  # no segment yet: it holds nothing, its pid is the HELLO's
@@ -528,7 +533,8 @@ def test_stats_report_what_the_pool_holds(env: Env) -> None:
     kind, report = probe.recv()
     assert kind == ipc.StatsReport.TYPE
     assert report == {"block_count": BLOCKS, "free_blocks": BLOCKS - 4, "sessions": 2,
-                      "clients": [[a_id, os.getpid(), 3], [c_id, 4242, 0]], "held": [[a_id, 3], [b_id, 1]]}
+                      "clients": [[a_id, os.getpid(), 3], [c_id, 4242, 0]], "held": [[a_id, 3], [b_id, 1]],
+                      **counts}
     # Asking is no session.
     assert len(env.front.sessions) == 2
 
@@ -911,9 +917,10 @@ def _seal_two_keep_two(env: Env, client: Client) -> tuple[list[int], list[int]]:
     return run[:2], run[2:]
 
 
-def _check_ended(env: Env, client_id: int, sealed: list[int], unsealed: list[int]) -> None:
+def _check_ended(env: Env, client_id: int, sealed: list[int], unsealed: list[int], kept: bool = False) -> None:
     """The session is gone; its unsealed blocks are back in the pool at once, its sealed batch still goes
-    (from its segment), and the segment is dropped with the last batch."""
+    (from its segment), and the segment is dropped with the last batch (unless ``kept`` for a client that may
+    take the session back)."""
     assert client_id not in {s.client_id for s in env.front.sessions.values()}
     assert all(env.state(client_id, b) == FREE for b in unsealed)
     assert all(env.state(client_id, b) == SEALED for b in sealed)
@@ -923,7 +930,10 @@ def _check_ended(env: Env, client_id: int, sealed: list[int], unsealed: list[int
     assert batch.origin[0] == client_id  # still sent for the client that went
     batch.done(7, -1, None)
     assert env.pool.free_blocks == BLOCKS
-    assert client_id not in env.pool.held()
+    if kept:
+        assert env.pool.held()[client_id] == 0 and env.front.stats()["sessions_kept"] == 1
+    else:
+        assert client_id not in env.pool.held()
 
 
 def test_goodbye_reclaims_unsealed_blocks_and_keeps_sealed_batches(env: Env) -> None:
@@ -1036,12 +1046,26 @@ def test_silent_client_is_ended_after_the_timeout(env: Env) -> None:
     env.clock.advance(1)
     env.front.after_iteration()
     assert [s.client_id for s in env.front.sessions.values()] == [chatty_id]
-    # The daemon closed its memory connection: the client, if it wakes, learns its session is over.
+    # The daemon shut down its side of the memory connection: the client, if it wakes, learns its session is over.
     assert client.memory_ended() and not chatty.memory_ended()
     client.send(ipc.Heartbeat.TYPE)
     env.pump()
     assert client.error_with_code() == (ipc.ERROR_UNKNOWN_CLIENT, "unknown client: send HELLO first")
-    _check_ended(env, client_id, sealed, unsealed)
+    _check_ended(env, client_id, sealed, unsealed, kept=True)
+    # Stopped rather than dead, perhaps: what it had is kept until its process is gone.
+    env.front.after_iteration()
+    env.clock.advance(10 * TIMEOUT_MS)
+    chatty.send(ipc.Heartbeat.TYPE)
+    env.pump()
+    env.front.after_iteration()
+    assert env.front.stats()["sessions_kept"] == 1
+    kept = env.front._ended[client_id].connection
+    assert client.memory is not None and kept is not None
+    client.memory.close()  # the process is gone
+    client.memory = None
+    env.front.handle_ready([kept])
+    assert env.front.stats()["sessions_kept"] == 0 and client_id not in env.pool.held()
+    assert client.quiet()
 
 
 def test_silent_clients_blocks_return_to_the_pool_at_once(env: Env) -> None:
@@ -1060,10 +1084,10 @@ def test_silent_clients_blocks_return_to_the_pool_at_once(env: Env) -> None:
     env.pump()
     env.front.after_iteration()
     assert other.recv() == [ipc.SealNow.TYPE]  # in the iteration that ended the silent session
-    assert env.pool.free_blocks == BLOCKS and silent_id not in env.pool.held()
+    assert env.pool.free_blocks == BLOCKS and env.pool.held() == {silent_id: 0, other_id: 0}  # its segment kept
     env.front.after_iteration()
     assert other.recv() == [ipc.Grant.TYPE, 1, [0, 1, 2]]
-    assert env.pool.held() == {other_id: 3}
+    assert env.pool.held() == {silent_id: 0, other_id: 3}
 
 
 def test_silent_clients_waiting_request_goes_with_its_session(env: Env) -> None:
@@ -1122,8 +1146,8 @@ def restarted_daemon(env: Env, **options: Any) -> Iterator[tuple[Client, Env, Cl
 
 
 def _resume(daemon_id: str, sealed: list[list[Any]], block_size: int = BLOCK,
-            block_count: int = BLOCKS) -> dict[str, Any]:
-    return {"resume": [daemon_id, block_size, block_count, sealed]}
+            block_count: int = BLOCKS, client_id: int = 1) -> dict[str, Any]:
+    return {"resume": [daemon_id, client_id, block_size, block_count, sealed]}
 
 
 def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) -> None:
@@ -1266,6 +1290,150 @@ def test_a_segment_handed_over_that_is_not_a_fit_is_refused(env: Env, tmp_path: 
 
 
 # -- pool pressure --------------------------------------------------------------------------------
+
+
+# -- replies a client does not read ----------------------------------------------------------------
+
+
+def _refused_requests(client: Client, count: int) -> None:
+    """``count`` BLOCKS requests the daemon refuses: each gets two replies, an ERROR and a GRANT_FAILED."""
+    for n in range(count):
+        client.send(ipc.Blocks.TYPE, 1000 + n, 0, False, 1000)
+    client.env.pump()
+
+
+def _read_all(env: Env, client: Client) -> list[list[Any]]:
+    """What the daemon sends the client while the client reads, the front retrying what waits."""
+    messages = []
+    while True:
+        while client.sock.poll(20):
+            messages.append(ipc.unpack(client.sock.recv()))
+        if not env.front.stats()["reply_buffer_bytes"]:
+            return messages
+        env.front.after_iteration()
+
+
+def test_replies_zeromq_will_not_queue_wait_for_the_client_in_order(env: Env) -> None:
+    client = env.client(receive_hwm=1)
+    client.hello()
+    _refused_requests(client, 300)  # 600 replies: more than ZeroMQ queues for one client
+    assert env.front.stats()["reply_buffer_bytes"] > 0
+    assert env.front.next_timer_ms() <= 10  # the loop comes back for them
+    messages = _read_all(env, client)
+    assert [m[1] for m in messages if m[0] == ipc.GrantFailed.TYPE] == list(range(1000, 1300))
+    assert sum(m[0] == ipc.Error.TYPE for m in messages) == 300
+    assert env.front.stats()["replies_dropped"] == 0 and len(env.front.sessions) == 1
+
+
+def test_an_error_quotes_at_most_a_few_hundred_characters_of_what_it_refuses(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    client.send(ipc.Blocks.TYPE, 1, "x" * 10_000, False, 1000)
+    env.pump()
+    text = client.error()
+    assert "count must be an integer" in text and len(text) <= 400
+
+
+def test_a_client_that_does_not_read_is_ended_past_its_reply_buffer_and_takes_its_session_back(
+        caplog: pytest.LogCaptureFixture) -> None:
+    env = Env(reply_buffer_bytes=65536)
+    try:
+        client, other = env.client(receive_hwm=1), env.client()
+        client_id = client.hello()
+        other.hello()
+        assert client.blocks(2, contiguous=True) == [0, 1]
+        assert client.segment is not None and client.fd is not None
+        client.segment.blocks(0)[:100] = b"a" * 100
+        client.seal(notice(batch_id=1, first=0))
+        with caplog.at_level(logging.WARNING, logger="service.front"):
+            for _ in range(20):
+                if not env.front.sessions.get(client.sock.getsockopt(zmq.ROUTING_ID)) and client.memory_ended():
+                    break
+                _refused_requests(client, 200)
+        # Its session ended, and the log says which process did not read; the other client is served.
+        assert client.memory_ended()
+        assert [s.client_id for s in env.front.sessions.values()] == [other.client_id]
+        assert f"client {client_id} (pid {os.getpid()}, uid {os.getuid()}" in caplog.text
+        assert "does not read its replies" in caplog.text
+        stats = env.front.stats()
+        assert (stats["sessions_ended_unread"], stats["sessions_kept"], stats["reply_buffer_bytes"]) == (1, 1, 0)
+        # Its block granted and unsealed is the pool's again; its sealed batch is sent, its report kept.
+        assert env.state(client_id, 1) == FREE and env.pool.held_by(client_id) == 1
+        [batch] = env.queued()
+        batch.done(41, -1, None)
+        env.front.after_iteration()
+        while client.sock.poll(20):
+            client.sock.recv()  # what ZeroMQ had queued for it before its session ended
+        # It sealed a second batch (in its block 1) when its session ended: the daemon never got it.
+        client.segment.blocks(1)[:100] = b"b" * 100
+        sealed = [notice(batch_id=1, first=0), notice(batch_id=2, first=1)]
+        assert client.hello(hand_over=client.fd, **_resume(env.front.daemon_id, sealed, client_id=client_id)) \
+            == client_id
+        assert client.welcome is not None and client.welcome.resumed
+        # Batch 1 is not sent again (its report is kept); batch 2 is sealed now, from the same segment.
+        assert [(b.origin, bytes(b.records)) for b in env.queued() if not b.is_done] == [((client_id, 2), b"b" * 100)]
+        env.front.after_iteration()
+        assert deliveries(client) == [[1, 0, 1, 41, -1, None]]
+        assert env.front.stats()["sessions_kept"] == 0 and env.pool.held_by(client_id) == 1
+    finally:
+        env.close()
+
+
+def test_a_kept_session_is_taken_back_only_with_its_segment(env: Env) -> None:
+    client, thief = env.client(), env.client()
+    client_id = client.hello()
+    thief.hello()
+    client.blocks(1)
+    client.seal(notice(batch_id=1, first=0))
+    env.clock.advance(TIMEOUT_MS + 1)
+    thief.send(ipc.Heartbeat.TYPE)
+    env.pump()
+    env.front.after_iteration()  # the silent client's session ends, kept
+    assert client.memory_ended()
+    env.queued()[0].done(5, -1, None)
+    resume = _resume(env.front.daemon_id, [notice(batch_id=1, first=0)], client_id=client_id)
+    other = create_segment(Layout(BLOCK, BLOCKS), "another segment")
+    try:
+        thief.send(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "thief", resume)
+        env.pump()
+        welcome = ipc.from_fields(thief.recv())
+        assert isinstance(welcome, ipc.Welcome) and welcome.resumed and welcome.client_id == client_id
+        conn, answer, _ = env.handshake(welcome.memory_token, other)
+        assert answer.startswith(ERR) and b"not the one of the session" in answer and _ended(conn)
+    finally:
+        os.close(other)
+    env.front.after_iteration()
+    assert thief.quiet()  # nothing of the session reached the thief
+    assert client.hello(hand_over=client.fd, **resume) == client_id
+    env.front.after_iteration()
+    assert deliveries(client) == [[1, 0, 1, 5, -1, None]]
+
+
+def test_a_client_whose_socket_is_gone_is_ended_and_keeps_its_reports(env: Env) -> None:
+    client = env.client()
+    client_id = client.hello()
+    client.blocks(1)
+    client.seal(notice(batch_id=1, first=0))
+    client.sock.close(linger=0)  # its memory connection stays: the process lives
+    env.front.socket.poll(50)  # the ROUTER learns that the socket is gone
+    env.queued()[0].done(3, -1, None)
+    env.front.after_iteration()
+    assert client.memory_ended() and env.front.sessions == {}
+    assert env.front.stats()["sessions_kept"] == 1 and env.front.stats()["replies_dropped"] == 0
+    client.sock = env.context.socket(zmq.DEALER)
+    client.sock.connect(env.endpoint)
+    client.hello(hand_over=client.fd, **_resume(env.front.daemon_id, [notice(batch_id=1)], client_id=client_id))
+    env.front.after_iteration()
+    assert deliveries(client) == [[1, 0, 1, 3, -1, None]]
+
+
+def test_an_answer_to_a_socket_without_a_session_that_zeromq_will_not_take_is_dropped_and_counted(env: Env) -> None:
+    stranger = env.client(receive_hwm=1)
+    for _ in range(400):
+        stranger.send(ipc.Heartbeat.TYPE)  # each refused: "send HELLO first"
+    env.pump()
+    assert env.front.stats()["replies_dropped"] > 0
+    assert env.front.stats()["messages_refused"] == 400
 
 
 def test_exhausted_pool_asks_everyone_to_seal(env: Env) -> None:
