@@ -9,11 +9,12 @@ waits in a FIFO until blocks come back or its timeout (the client's max_block_ms
 passes; while anyone waits the pool is exhausted, and the daemon asks clients to
 seal what they hold. Records larger than a block get a run of consecutive blocks.
 
-No client may take the pool from the others: a client holds at most
-``max_blocks_per_client`` blocks, granted or sealed (the daemon's default, from
-:func:`client_block_limit`, is half the pool), and has at most one request for
+No process may take the pool from the others: the clients of one process (its
+sessions, as the kernel names the process) hold at most ``max_blocks_per_process``
+blocks together, granted or sealed (the daemon's default, from
+:func:`client_block_limit`, is half the pool), and each has at most one request for
 spare blocks and one for a run waiting at a time. A request that would take its
-client past the limit waits for the client's own blocks to come back, without
+process past the limit waits for the process's own blocks to come back, without
 holding back the requests of others.
 """
 
@@ -48,10 +49,20 @@ class Waiter:
 
 
 @dataclass(eq=False, slots=True)
+class ProcessShare:
+    """The blocks the clients of one process hold together, and how many segments of it the pool maps."""
+
+    key: int
+    held: int = 0
+    segments: int = 0
+
+
+@dataclass(eq=False, slots=True)
 class ClientMemory:
     """One client's segment, mapped, and the state of each of its blocks."""
 
     segment: Segment
+    share: ProcessShare
     state: bytearray
     # Blocks whose pages may be resident: granted since the pool last gave their pages back.
     touched: bytearray
@@ -72,9 +83,9 @@ class BlockError(ValueError):
 
 
 def client_block_limit(total_bytes: int, block_size: int, max_request_size: int) -> int:
-    """The blocks one client may hold: half the pool, but at least a run for the largest batch allowed.
+    """The blocks one process may hold: half the pool, but at least a run for the largest batch allowed.
 
-    Half leaves the other clients together as much as the greediest one can take. A host
+    Half leaves the other processes together as much as the greediest one can take. A host
     with one busy producing process may want a larger buffer.memory than a Java producer's.
     """
     block_count = total_bytes // block_size
@@ -85,17 +96,19 @@ def client_block_limit(total_bytes: int, block_size: int, max_request_size: int)
 class BufferPool:
     """The count of blocks granted, each client's segment and blocks, and the FIFO of waiting requests."""
 
-    def __init__(self, total_bytes: int, block_size: int, *, max_blocks_per_client: int | None = None) -> None:
+    def __init__(self, total_bytes: int, block_size: int, *, max_blocks_per_process: int | None = None) -> None:
         block_count = total_bytes // block_size
         if block_count < 1:
             raise ValueError(f"buffer.memory ({total_bytes}) must hold at least one batch.size ({block_size}) block")
-        if max_blocks_per_client is not None and max_blocks_per_client < 1:
-            raise ValueError(f"a client must be allowed at least one block, not {max_blocks_per_client}")
+        if max_blocks_per_process is not None and max_blocks_per_process < 1:
+            raise ValueError(f"a process must be allowed at least one block, not {max_blocks_per_process}")
         # Each client's segment is as large as the pool: any client may be granted any share of it.
         # Only the pages written are memory; the rest is address space.
         self.layout = Layout(block_size, block_count)
-        self.max_blocks_per_client = min(max_blocks_per_client or block_count, block_count)
+        self.max_blocks_per_process = min(max_blocks_per_process or block_count, block_count)
         self._memory: dict[int, ClientMemory] = {}
+        # By process id; a client attached without one is a process of its own (keyed by its negated id).
+        self._processes: dict[int, ProcessShare] = {}
         # Blocks not granted; below zero when segments taken back after a restart hold more than the pool.
         self._free_count = block_count
         # Blocks of every segment that may hold resident pages, and the free ones among them, the longest
@@ -131,26 +144,32 @@ class BufferPool:
         """The blocks each client with a segment holds."""
         return {client_id: memory.held for client_id, memory in self._memory.items()}
 
+    def held_by_process(self, process: int) -> int:
+        """Blocks the clients of a process hold together."""
+        share = self._processes.get(process)
+        return 0 if share is None else share.held
+
     def clients_at_limit(self) -> set[int]:
-        """Clients with a request waiting for their own blocks: they hold as many as they may, or theirs are
-        in the way of the run they asked for."""
+        """Clients with a request waiting for their own blocks: their process holds as many as it may, or
+        theirs are in the way of the run they asked for."""
         return {w.client_id for w in self.waiters if self._waits_for_own(w)}
 
     # -- segments --------------------------------------------------------------------------------
 
-    def attach(self, client_id: int) -> int:
-        """A new segment for a client; returns its file descriptor, for the caller to hand over and close."""
+    def attach(self, client_id: int, process: int | None = None) -> int:
+        """A new segment for a client of ``process``; returns its file descriptor, for the caller to hand
+        over and close."""
         if client_id in self._memory:
             raise ValueError(f"client {client_id} has a segment already")
         fd = create_segment(self.layout, f"kafka-sidecar-client-{client_id}")
         try:
-            self._memory[client_id] = self._map(fd)
+            self._memory[client_id] = self._map(fd, client_id, process)
         except BaseException:
             os.close(fd)
             raise
         return fd
 
-    def adopt(self, client_id: int, fd: int, owned: list[int]) -> None:
+    def adopt(self, client_id: int, fd: int, owned: list[int], process: int | None = None) -> None:
         """Take a client's segment of a session whose daemon is gone, with the blocks it was granted.
 
         Counted against the pool even past its size (a restart with a smaller pool, or clients that
@@ -163,7 +182,7 @@ class BufferPool:
         check_segment(fd, self.layout)
         if len(set(owned)) != len(owned) or not all(0 <= b < self.block_count for b in owned):
             raise BlockError(f"the blocks of a resumed session must be distinct and in 0..{self.block_count - 1}")
-        memory = self._map(fd)
+        memory = self._map(fd, client_id, process)
         self._memory[client_id] = memory
         for block in owned:
             memory.state[block] = OWNED
@@ -180,6 +199,7 @@ class BufferPool:
                 memory.touched[block] = 1
                 self._resident += 1
         memory.held += len(owned)
+        memory.share.held += len(owned)
         self._free_count -= len(owned)
         self._trim()
 
@@ -202,9 +222,15 @@ class BufferPool:
             memory.state[block] = OWNED
         self._take(memory, owned)
 
-    def _map(self, fd: int) -> ClientMemory:
+    def _map(self, fd: int, client_id: int, process: int | None) -> ClientMemory:
         stat = os.fstat(fd)
-        return ClientMemory(Segment(fd, self.layout), bytearray(self.block_count), bytearray(self.block_count),
+        segment = Segment(fd, self.layout)
+        key = -client_id if process is None else process
+        share = self._processes.get(key)
+        if share is None:
+            share = self._processes[key] = ProcessShare(key)
+        share.segments += 1
+        return ClientMemory(segment, share, bytearray(self.block_count), bytearray(self.block_count),
                             file_id=(stat.st_dev, stat.st_ino))
 
     def detach(self, client_id: int, *, keep: bool = False) -> int:
@@ -230,6 +256,9 @@ class BufferPool:
 
     def _drop(self, client_id: int) -> None:
         memory = self._memory.pop(client_id)
+        memory.share.segments -= 1
+        if not memory.share.segments:
+            del self._processes[memory.share.key]
         self._resident -= sum(memory.touched)
         try:
             memory.segment.close()
@@ -252,9 +281,9 @@ class BufferPool:
             raise BlockError(f"client {client_id} has no segment")
         if count < 1 or count > self.block_count:
             raise BlockError(f"cannot grant {count} blocks: the pool has {self.block_count}")
-        if contiguous and count > self.max_blocks_per_client:
-            raise BlockError(f"cannot grant a run of {count} blocks: a client may hold "
-                             f"{self.max_blocks_per_client} of the pool's {self.block_count}")
+        if contiguous and count > self.max_blocks_per_process:
+            raise BlockError(f"cannot grant a run of {count} blocks: a process may hold "
+                             f"{self.max_blocks_per_process} of the pool's {self.block_count}")
         for other in self.waiters:
             if other.client_id == client_id and other.contiguous == contiguous:
                 raise BlockError(f"request {other.request_id} for {'a run of' if contiguous else 'spare'} blocks "
@@ -293,10 +322,11 @@ class BufferPool:
         self.waiters = deque(w for w in self.waiters if w.client_id != client_id)
 
     def _waits_for_own(self, waiter: Waiter) -> bool:
-        """Whether the request waits for blocks of its client's to come back, not for the pool's: the client
-        holds as many as it may, or its blocks break every run of its segment that the request could use."""
+        """Whether the request waits for blocks of its process's to come back, not for the pool's: the process
+        holds as many as it may, or its client's blocks break every run of its segment that the request could
+        use."""
         needed = waiter.count if waiter.contiguous else 1
-        if self.held_by(waiter.client_id) + needed > self.max_blocks_per_client:
+        if self._memory[waiter.client_id].share.held + needed > self.max_blocks_per_process:
             return True
         return (waiter.contiguous and self._free_count >= waiter.count
                 and self._memory[waiter.client_id].state.find(bytes(waiter.count)) < 0)
@@ -314,7 +344,7 @@ class BufferPool:
             blocks = list(range(first, first + waiter.count))
             state[first:first + waiter.count] = bytes([OWNED]) * waiter.count
         else:
-            count = min(waiter.count, self.max_blocks_per_client - memory.held, self._free_count)
+            count = min(waiter.count, self.max_blocks_per_process - memory.share.held, self._free_count)
             if count < 1:
                 return None
             blocks = []
@@ -330,6 +360,7 @@ class BufferPool:
                 state[block] = OWNED
                 blocks.append(block)
         memory.held += len(blocks)
+        memory.share.held += len(blocks)
         self._free_count -= len(blocks)
         touched = memory.touched
         for block in blocks:
@@ -417,6 +448,7 @@ class BufferPool:
             self._cold.append((client_id, block))
             freed += 1
         memory.held -= freed
+        memory.share.held -= freed
         self._free_count += freed
         if len(memory.stack) > 2 * self.block_count:
             memory.stack = [b for b in memory.stack if state[b] == FREE]

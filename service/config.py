@@ -136,6 +136,14 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
               doc="replies a client does not read fast enough wait in the daemon up to this many bytes (beside "
                   "what ZeroMQ queues for it); past them its session ends, its sealed batches still sent and their "
                   "reports kept for it until it connects again"),
+    ConfigKey("sidecar.process.max.sessions", int, 16, 1, INT_MAX,
+              doc="the sessions (Producer instances connected to the daemon) one process may have at once, those "
+                  "the daemon ended and keeps for it included; a process is what the kernel says it is"),
+    ConfigKey("sidecar.process.max.topics", int, 1000, 1, INT_MAX,
+              doc="the topics the sessions of one process may produce to (each is in the daemon's metadata "
+                  "requests while followed)"),
+    ConfigKey("sidecar.process.max.unknown.topics", int, 100, 1, INT_MAX,
+              doc="of those, how many the cluster does not have (yet) one process may wait for at once"),
     ConfigKey("sidecar.close.timeout.ms", int, 30000, 0, INT_MAX,
               doc="on shutdown, how long to go on sending what is queued"),
     ConfigKey("sidecar.socket.group", _to_group, None,

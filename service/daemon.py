@@ -38,7 +38,7 @@ class SidecarDaemon:
         self.core = ProducerCore(config)
         memory, block_size = config["buffer.memory"], config["batch.size"]
         mode, group = config["sidecar.socket.mode"], config["sidecar.socket.group"]
-        self.pool = BufferPool(memory, block_size, max_blocks_per_client=client_block_limit(
+        self.pool = BufferPool(memory, block_size, max_blocks_per_process=client_block_limit(
             memory, block_size, config["max.request.size"]))
         try:
             self.front = SidecarFront(self.core, self.pool, endpoint,
@@ -67,9 +67,9 @@ class SidecarDaemon:
     def run(self) -> None:
         """Serve until :meth:`stop`, then deliver what is queued within close.timeout.ms and exit; raise what
         broke the loop, if anything did."""
-        log.info("kafka-sidecar serving %s for %s (BufferPool: %d blocks of %d bytes, at most %d per client)",
+        log.info("kafka-sidecar serving %s for %s (BufferPool: %d blocks of %d bytes, at most %d per process)",
                  self.endpoint, ",".join(self.config["bootstrap.servers"]), self.pool.block_count,
-                 self.pool.block_size, self.pool.max_blocks_per_client)
+                 self.pool.block_size, self.pool.max_blocks_per_process)
         # The loop makes short-lived objects by the thousand (batches, requests, reports) and
         # keeps few: a full collection over everything alive would stall every client's
         # deliveries. Start-up objects are frozen out of the collections; young ones are

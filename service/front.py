@@ -10,8 +10,10 @@ the batches it sealed that were not reported, which are sent again.
 Everything a client sends is checked before it touches the pool or the
 accumulator; a malformed or hostile message is logged (rate-limited) and
 answered with an error, and never affects another client. A well-formed but
-greedy client is held to its share: the BufferPool's limits on blocks and
-waiting requests per client, and :data:`MAX_TOPICS_PER_CLIENT`.
+greedy process is held to its share, whatever number of sessions it opens (the
+kernel names the process of each, at its memory handshake): the BufferPool's
+blocks, and the sidecar.process.max.* settings (sessions, topics, topics the
+cluster does not have).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 import secrets
 import socket
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +48,6 @@ log = logging.getLogger(__name__)
 
 # A client asks for at most this long for blocks (its max_block_ms is capped by it).
 MAX_BLOCK_WAIT_MS = 3_600_000
-# Topics one client may produce to: each is in the daemon's metadata requests for as long as it runs
-# (and with allow.auto.create.topics, asking for a topic creates it).
-MAX_TOPICS_PER_CLIENT = 1000
 # Errors caused by clients are logged at most this often (a flood must not flood the log).
 _LOG_INTERVAL_S = 5.0
 # A connection to the memory socket that has not sent its token within this long is closed.
@@ -69,13 +68,17 @@ _NOTICE_SIZE = 400
 _SEAL_NOW_INTERVAL_MS = 50
 # ZeroMQ queues at most this many messages for one client; past them, its replies wait in its session, up
 # to sidecar.client.reply.buffer.bytes, and past that its session ends. So the memory a client that does not
-# read holds is bounded: this many messages of at most _MAX_REPLY_SIZE bytes, and the session's buffer.
+# read holds is bounded: this many messages of a few KB at most (a DELIVERY of 256 reports is about 10 KB),
+# and the session's buffer.
 _SEND_HWM = 256
-# Reports in one DELIVERY, and the characters of an ERROR's text (which quotes what was refused): the two
-# messages whose size a client can make grow; every other reply is a few dozen bytes, or a TOPIC's few KB.
+# ZeroMQ reads at most this many messages of one client ahead of the loop (then it stops reading that client's
+# connection, whose sends wait): what a flooding client holds of the daemon's memory is this many messages of
+# at most max_message_size bytes, and a client's messages are handled within this many of its own.
+_RECEIVE_HWM = 100
+# Reports in one DELIVERY, and the characters of an error's text (which quotes what was refused): what a
+# client can make grow in a reply; every other reply is a few dozen bytes, or a TOPIC's few KB.
 _REPORTS_PER_DELIVERY = 256
 _MAX_ERROR_TEXT = 400
-_MAX_REPLY_SIZE = 16384
 # While replies wait, the loop tries them again this often (ZeroMQ has no event for a client that reads).
 _RETRY_WAITING_MS = 10
 # pyzmq's flags are enum.Flag members, whose | runs Python code: once per message here, so plain ints.
@@ -114,6 +117,15 @@ class ClientSession:
         return f"client {self.client_id} (pid {self.pid}, uid {self.uid}, {self.name!r})"
 
 
+@dataclass(eq=False, slots=True)
+class ProcessTopics:
+    """The topics the sessions of one process follow (each is in the daemon's metadata requests for as long as
+    one does), and those among them the cluster did not have when they were first asked for."""
+
+    following: Counter[str] = field(default_factory=Counter)
+    unknown: set[str] = field(default_factory=set)
+
+
 class EndpointInUseError(RuntimeError):
     """Another daemon already serves the endpoint."""
 
@@ -135,7 +147,7 @@ class SidecarFront:
         self._context = context or zmq.Context()
         self._own_context = context is None
         self._lock_file: int | None = None
-        self.max_message_size = max_message_size(pool.max_blocks_per_client)
+        self.max_message_size = max_message_size(pool.max_blocks_per_process)
         group = os.getegid() if socket_group is None else socket_group
         self.socket = self._bind(endpoint, socket_mode, group)
         try:
@@ -155,6 +167,7 @@ class SidecarFront:
         # Connections to the memory socket: those awaiting their token (until when), those of sessions.
         self._handshakes: dict[socket.socket, int] = {}
         self._by_connection: dict[socket.socket, ClientSession] = {}
+        self._process_topics: dict[int, ProcessTopics] = {}
         self._accept_paused_until: int | None = None
         self._next_client_id = 1
         self._metadata_version = -1
@@ -175,7 +188,7 @@ class SidecarFront:
             self._lock_file = _lock_endpoint(path)
         sock = self._context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, _RECEIVE_HWM)
         sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
         # A reply that cannot be queued raises (EAGAIN at the high-water mark, EHOSTUNREACH for a client whose
         # socket is gone) instead of vanishing: it then waits in its session, or the session ends.
@@ -282,9 +295,7 @@ class SidecarFront:
 
     def _complain(self, identity: bytes, message: str, code: str = ipc.ERROR_REFUSED) -> None:
         self._count_refusal(message)
-        if len(message) > _MAX_ERROR_TEXT:
-            message = message[:_MAX_ERROR_TEXT - 3] + "..."
-        self._send(self.sessions.get(identity, identity), ipc.Error(code, message))
+        self._send(self.sessions.get(identity, identity), ipc.Error(code, _brief(message)))
 
     def _count_refusal(self, message: str) -> None:
         self.messages_refused += 1
@@ -440,7 +451,10 @@ class SidecarFront:
                 memory_socket.refuse(conn, "unknown token: say HELLO first")
                 self._close_connection(conn)
                 return
+            # The kernel's word for the process, whatever the client said in its HELLO.
+            session.pid, session.uid, _ = memory_socket.peer_credentials(conn)
             try:
+                self._check_sessions(session.pid)
                 segment = self._attach(session, fds)
             except (ValueError, OSError) as exc:
                 memory_socket.refuse(conn, str(exc))
@@ -450,8 +464,6 @@ class SidecarFront:
             del self._handshakes[conn]
             self._by_connection[conn] = session
             session.connection = conn
-            # The kernel's word for the process, whatever the client said in its HELLO.
-            session.pid, session.uid, _ = memory_socket.peer_credentials(conn)
             memory_socket.answer(conn, segment)
         finally:
             for fd in [*fds, *([] if segment is None else [segment])]:
@@ -461,12 +473,18 @@ class SidecarFront:
             self._seal_notices(session, session.resume.sealed)
             session.resume = None
 
+    def _check_sessions(self, pid: int) -> None:
+        """ValueError if process ``pid`` has as many sessions as it may (those kept for it included)."""
+        limit = self.core.config["sidecar.process.max.sessions"]
+        if sum(s.pid == pid for s in self._by_connection.values()) >= limit:
+            raise ValueError(f"process {pid} has {limit} sessions, as many as sidecar.process.max.sessions allows")
+
     def _attach(self, session: ClientSession, fds: list[int]) -> int | None:
         """The new segment's file descriptor, or None once the segment of a resumed session is taken back."""
         if session.resume is None:
             if fds:
                 raise ValueError("a segment was handed over, but the session does not resume one")
-            return self.pool.attach(session.client_id)
+            return self.pool.attach(session.client_id, session.pid)
         if len(fds) != 1:
             raise ValueError("a resumed session hands over its segment")
         ended = self._ended.get(session.client_id) if session.resume.daemon_id == self.daemon_id else None
@@ -486,11 +504,11 @@ class SidecarFront:
             if not (_is_int(first) and _is_int(count) and first >= 0 and 0 < count <= self.pool.block_count - first):
                 continue
             blocks = dict.fromkeys(b for b in range(first, first + count) if b not in owned)
-            if len(owned) + len(blocks) > self.pool.max_blocks_per_client:
+            if len(owned) + len(blocks) > self.pool.max_blocks_per_process - self.pool.held_by_process(session.pid):
                 break
             owned.update(blocks)
         if ended is None:
-            self.pool.adopt(session.client_id, fds[0], list(owned))
+            self.pool.adopt(session.client_id, fds[0], list(owned), session.pid)
         else:
             # Holding the segment proves the claim: then the reports kept, and those to come, are its.
             self.pool.reattach(session.client_id, fds[0], list(owned))
@@ -512,7 +530,7 @@ class SidecarFront:
         except ValueError as exc:
             # The client waits for an answer to this request: it fails now rather than at its timeout.
             self._complain(session.identity, str(exc))
-            self._send(session, ipc.GrantFailed(request_id, f"the daemon refused the request: {exc}"))
+            self._send(session, ipc.GrantFailed(request_id, _brief(f"the daemon refused the request: {exc}")))
             return
         if blocks is not None:
             self._send(session, ipc.Grant(request_id, blocks))
@@ -544,7 +562,7 @@ class SidecarFront:
         batch_id, first, count = (fields.get(name) for name in ("batch_id", "first_block", "block_count"))
         if not _is_int(batch_id):
             return
-        error = InvalidRequestError(f"the daemon refused the batch: {exc}")
+        error = InvalidRequestError(_brief(f"the daemon refused the batch: {exc}"))
         session.reports.append(ipc.DeliveryReport.failed(batch_id, error))
         if _is_int(first) and _is_int(count):
             # The client counts a failed batch as finished: it neither writes to nor releases its blocks again.
@@ -590,7 +608,7 @@ class SidecarFront:
         except ValueError as exc:
             # The client's send() waits for this topic's metadata: it fails now rather than at its timeout.
             self._complain(session.identity, str(exc))
-            self._send(session, ipc.Topic(topic, None, [], ipc.error_to_wire(InvalidRequestError(str(exc)))))
+            self._send(session, ipc.Topic(topic, None, [], ipc.error_to_wire(InvalidRequestError(_brief(str(exc))))))
             return
         session.topics[topic] = ()  # the state it was last told: none, so it hears the current one now
         self.core.metadata.add_topic(topic, self.clock())
@@ -599,18 +617,36 @@ class SidecarFront:
         self._push_topic(session, topic)
 
     def _follow(self, session: ClientSession, topic: str) -> None:
-        """Count a topic among those the client produces to; ValueError past MAX_TOPICS_PER_CLIENT."""
-        if topic not in session.topics:
-            if len(session.topics) >= MAX_TOPICS_PER_CLIENT:
-                raise ValueError(f"topic {topic} refused: a client may produce to at most {MAX_TOPICS_PER_CLIENT} "
-                                 "topics")
-            session.topics[topic] = ()
+        """Count a topic among those the client's process produces to; ValueError past its limits."""
+        if topic in session.topics:
+            return
+        if session.connection is None:
+            raise ValueError(f"topic {topic} refused: a client follows topics after its memory handshake")
+        config = self.core.config
+        process = self._process_topics.get(session.pid)
+        if process is None:
+            process = self._process_topics[session.pid] = ProcessTopics()
+        if topic not in process.following:
+            if len(process.following) >= config["sidecar.process.max.topics"]:
+                raise ValueError(f"topic {topic} refused: a process may produce to at most "
+                                 f"{config['sidecar.process.max.topics']} topics (sidecar.process.max.topics)")
+            cluster = self.core.metadata.cluster
+            if cluster.partition_count(topic) is None:
+                # Each is in every metadata request, and may be created on the cluster: a few at a time.
+                process.unknown = {name for name in process.unknown if cluster.partition_count(name) is None}
+                if len(process.unknown) >= config["sidecar.process.max.unknown.topics"]:
+                    raise ValueError(f"topic {topic} refused: a process may wait for at most "
+                                     f"{config['sidecar.process.max.unknown.topics']} topics the cluster does not "
+                                     "have (sidecar.process.max.unknown.topics)")
+                process.unknown.add(topic)
+        process.following[topic] += 1
+        session.topics[topic] = ()
 
     def _heartbeat(self, session: ClientSession, message: ipc.Heartbeat) -> None:
         pass  # last_seen_ms is updated for every message
 
     def _goodbye(self, session: ClientSession, message: ipc.Goodbye) -> None:
-        log.info("client %s (pid %s) said goodbye", session.client_id, session.pid)
+        log.info("%s said goodbye", session.describe())
         self._end_session(session)
 
     _HANDLERS: dict[type[Any], Callable[[SidecarFront, ClientSession, Any], None]] = {
@@ -633,6 +669,7 @@ class SidecarFront:
         del self.sessions[session.identity]
         self._by_id.pop(session.client_id, None)
         self._by_token.pop(session.token, None)
+        self._unfollow(session)
         keep = keep and session.connection is not None
         if session.connection is not None:
             if keep:
@@ -653,6 +690,20 @@ class SidecarFront:
         reclaimed = self.pool.detach(session.client_id, keep=keep)
         if reclaimed:
             log.info("reclaimed %d unsealed block(s) of client %s", reclaimed, session.client_id)
+
+    def _unfollow(self, session: ClientSession) -> None:
+        """The session's topics count no more for its process."""
+        process = self._process_topics.get(session.pid)
+        if process is None or not session.topics:
+            return
+        process.following.subtract(session.topics.keys())
+        for topic in session.topics:
+            if process.following[topic] <= 0:
+                del process.following[topic]
+                process.unknown.discard(topic)
+        session.topics = {}
+        if not process.following:
+            del self._process_topics[session.pid]
 
     def _forget_kept(self, session: ClientSession) -> None:
         """A kept session's client is gone (or took another): its segment goes once its batches are sent."""
@@ -774,15 +825,20 @@ class SidecarFront:
         self._send(session, ipc.Topic(topic, count, list(state[1]), error))
 
 
-def max_message_size(max_blocks_per_client: int) -> int:
+def max_message_size(max_blocks_per_process: int) -> int:
     """The largest message the front reads: a SEAL or a resumed HELLO for every block a client may hold."""
-    return _MESSAGE_OVERHEAD + max_blocks_per_client * _NOTICE_SIZE
+    return _MESSAGE_OVERHEAD + max_blocks_per_process * _NOTICE_SIZE
 
 
 def _notice_fields(notice: Any) -> dict[str, Any]:
     """What can be read of a seal notice by field name, before it is checked (it may have too few fields,
     or fields of other types)."""
     return dict(zip(ipc.SealNotice._fields, notice, strict=False)) if isinstance(notice, list) else {}
+
+
+def _brief(text: str) -> str:
+    """An error's text as a client gets it: it quotes what was refused, which may be as large as a message."""
+    return text if len(text) <= _MAX_ERROR_TEXT else text[:_MAX_ERROR_TEXT - 3] + "..."
 
 
 def _is_int(value: Any) -> bool:

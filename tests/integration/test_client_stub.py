@@ -161,7 +161,7 @@ def test_a_parent_that_dies_is_seen_gone_while_its_forked_child_lives(broker, to
         # The child closed its copy of the parent's connection at the fork: the parent's end is the
         # connection's, long before sidecar.client.timeout.ms.
         assert wait_until(lambda: client not in [c for c, _, _ in daemon.stats()["clients"]], timeout=10)
-        assert f"process {parent_pid} is gone" in daemon.log_tail(50)
+        assert f"client {client} (pid {parent_pid}, " in daemon.log_tail(50) and "is gone" in daemon.log_tail(50)
         os.kill(child, 0)  # the child still lives
     finally:
         parent.kill()

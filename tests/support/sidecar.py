@@ -126,7 +126,7 @@ class SidecarProcess:
 
     def client_id_of(self, pid: int) -> int:
         """The client id the daemon last gave to process ``pid`` (from its log of connections)."""
-        ids = re.findall(rf"client (\d+) connected: pid {pid} ", self.log_path.read_text(errors="replace"))
+        ids = re.findall(rf"client (\d+) \(pid {pid}, [^\n]*\) connected", self.log_path.read_text(errors="replace"))
         if not ids:
             raise LookupError(f"process {pid} has not connected to the daemon:\n{self.log_tail()}")
         return int(ids[-1])

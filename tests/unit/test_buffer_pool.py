@@ -673,6 +673,27 @@ def test_reattach_needs_the_same_segment_and_free_blocks(bare_pool: BufferPool) 
         os.close(other)
 
 
+def test_the_clients_of_one_process_share_its_limit() -> None:
+    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=4)
+    try:
+        for client, process in ((A, 100), (B, 100), (C, 200)):
+            os.close(pool.attach(client, process))
+        assert len(pool.request(A, 1, 3, False, 0) or []) == 3
+        assert len(pool.request(B, 1, 3, False, 0) or []) == 1  # its process's share is taken
+        # B waits for its process's blocks, without holding back another process.
+        assert pool.request(B, 2, 1, False, 1000) is None and pool.clients_at_limit() == {B}
+        assert len(pool.request(C, 1, 4, False, 0) or []) == 4
+        assert (pool.held_by_process(100), pool.held_by_process(200)) == (4, 4)
+        pool.give_back(A, [pool._memory[A].state.find(bytes([OWNED]))])
+        assert [(w.client_id, len(blocks)) for w, blocks in pool.serve_waiters()] == [(B, 1)]
+        # A process's share goes with its last segment.
+        for client in (A, B):
+            pool.detach(client)
+        assert pool.held_by_process(100) == 0 and 100 not in pool._processes
+    finally:
+        pool.close()
+
+
 # -- adopt ----------------------------------------------------------------------------------------
 
 
@@ -727,7 +748,7 @@ def test_adopt_counts_blocks_past_the_pool_size(bare_pool: BufferPool) -> None:
 
 
 def test_adopt_past_the_limit_holds_back_only_its_client() -> None:
-    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_client=5)
+    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=5)
     try:
         fd = create_segment(pool.layout, "resumed")
         try:
@@ -849,7 +870,7 @@ def test_random_use_and_abuse_keeps_the_books(seed: int) -> None:
     books stay exact, a client's segment goes once it is detached and its last batch is sent."""
     rng = random.Random(seed)
     limit = 5
-    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_client=limit)
+    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=limit)
     live = [A, B, C]  # the clients whose session goes on
     gone: list[int] = []  # the clients detached
     next_client = C + 1
@@ -941,7 +962,7 @@ def test_random_use_and_abuse_keeps_the_books(seed: int) -> None:
 @pytest.fixture
 def capped() -> Iterator[BufferPool]:
     """A pool of which a client may hold at most 5 blocks, with clients A, B and C attached."""
-    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_client=5)
+    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=5)
     try:
         attach(pool, A, B, C)
         yield pool
@@ -980,7 +1001,7 @@ def test_a_client_at_its_limit_waits_behind_nobody(capped: BufferPool) -> None:
 
 
 def test_a_run_larger_than_the_limit_is_refused(capped: BufferPool) -> None:
-    with pytest.raises(BlockError, match="a run of 6 blocks: a client may hold 5 of the pool's 8"):
+    with pytest.raises(BlockError, match="a run of 6 blocks: a process may hold 5 of the pool's 8"):
         capped.request(A, 1, 6, True, 1000)
     assert not capped.waiters and capped.free_blocks == BLOCKS
 
@@ -1013,7 +1034,7 @@ def test_client_block_limit(memory: int, batch: int, max_request: int, limit: in
 
 def test_limit_must_allow_a_block() -> None:
     with pytest.raises(ValueError, match="at least one block"):
-        BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_client=0)
+        BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=0)
 
 
 def test_states_follow_every_change(pool: BufferPool) -> None:

@@ -31,7 +31,6 @@ from service.config import ProducerConfig
 from service.daemon import SidecarDaemon
 from service.front import (
     MAX_MESSAGES_PER_ITERATION,
-    MAX_TOPICS_PER_CLIENT,
     ClientSession,
     SidecarFront,
     max_message_size,
@@ -64,8 +63,10 @@ class Client:
     """An application process as the daemon sees it: a DEALER socket, and once it said HELLO, its connection
     to the memory socket and its segment (mapped here, as the client maps it)."""
 
-    def __init__(self, env: Env, receive_hwm: int | None = None) -> None:
+    def __init__(self, env: Env, receive_hwm: int | None = None, own_process: bool = True) -> None:
         self.env = env
+        # Whether the daemon sees it as a process of its own (else as the test's, as every other such client).
+        self.own_process = own_process
         self.sock = env.context.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         if receive_hwm is not None:
@@ -108,7 +109,7 @@ class Client:
     def handshake(self, hand_over: int | None = None) -> None:
         """The memory handshake of the last WELCOME, which must succeed."""
         assert self.welcome is not None
-        conn, answer, fds = self.env.handshake(self.welcome.memory_token, hand_over)
+        conn, answer, fds = self.env.handshake(self.welcome.memory_token, hand_over, self.own_process)
         assert answer == OK, answer
         self._retired += [self.segment, self.fd, self.memory]
         self.memory = conn
@@ -184,11 +185,14 @@ def _ended(conn: socket.socket) -> bool:
 
 
 class Env:
-    def __init__(self, max_blocks_per_client: int | None = None, reply_buffer_bytes: int = 8 << 20) -> None:
+    def __init__(self, max_blocks_per_process: int | None = None, reply_buffer_bytes: int = 8 << 20,
+                 **settings: Any) -> None:
+        """``settings``: more of the daemon's, by their names with _ for ."""
         self.clock = FakeClock()
-        self.core = ProducerCore(ProducerConfig({"bootstrap.servers": "127.0.0.1:9",
-                                                 "max.request.size": MAX_REQUEST_SIZE}), clock=self.clock)
-        self.pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_client=max_blocks_per_client)
+        config = {"bootstrap.servers": "127.0.0.1:9", "max.request.size": MAX_REQUEST_SIZE,
+                  **{name.replace("_", "."): value for name, value in settings.items()}}
+        self.core = ProducerCore(ProducerConfig(config), clock=self.clock)
+        self.pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=max_blocks_per_process)
         self.context = zmq.Context()
         self.endpoint = f"inproc://front-{uuid.uuid4().hex}"
         self.front = SidecarFront(self.core, self.pool, self.endpoint, client_timeout_ms=TIMEOUT_MS,
@@ -196,9 +200,11 @@ class Env:
         self.clients: list[Client] = []
         self.sockets: list[socket.socket] = []
 
-    def client(self, receive_hwm: int | None = None) -> Client:
-        """A client; one with a ``receive_hwm`` of 1 makes the daemon's replies wait as soon as it does not read."""
-        client = Client(self, receive_hwm)
+    def client(self, receive_hwm: int | None = None, own_process: bool = True) -> Client:
+        """A client; one with a ``receive_hwm`` of 1 makes the daemon's replies wait as soon as it does not read.
+        Each is a process of its own to the daemon, unless not ``own_process``: then the test's, as every other
+        such client."""
+        client = Client(self, receive_hwm, own_process)
         self.clients.append(client)
         return client
 
@@ -207,18 +213,35 @@ class Env:
         assert self.front.socket.poll(1000), "nothing reached the daemon"
         self.front.handle_readable()
 
-    def connect_memory(self) -> socket.socket:
-        """A connection to the memory socket, accepted by the front."""
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    def connect_memory(self, own_process: bool = False) -> socket.socket:
+        """A connection to the memory socket, accepted by the front; with ``own_process``, connected by a child
+        process that hands it over and exits (the kernel names the process that connected)."""
+        if own_process:
+            parent_end, child_end = socket.socketpair()
+            child = os.fork()
+            if child == 0:
+                try:
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+                        conn.connect(self.front.memory.path)
+                        socket.send_fds(child_end, [b"c"], [conn.fileno()])
+                finally:
+                    os._exit(0)
+            os.waitpid(child, 0)
+            with parent_end, child_end:
+                _, [fd], _, _ = socket.recv_fds(parent_end, 1, 1)
+            conn = socket.socket(fileno=fd)
+        else:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            conn.connect(self.front.memory.path)
         self.sockets.append(conn)
-        conn.connect(self.front.memory.path)
         self.front.handle_ready([self.front.memory.listener])
         return conn
 
-    def handshake(self, token: bytes, fd: int | None = None) -> tuple[socket.socket, bytes, list[int]]:
+    def handshake(self, token: bytes, fd: int | None = None,
+                  own_process: bool = False) -> tuple[socket.socket, bytes, list[int]]:
         """A client's half of the memory handshake as shared_memory.connect does it, with the front's half
         driven in between: the connection, the answer and the file descriptors that came with it."""
-        conn = self.connect_memory()
+        conn = self.connect_memory(own_process)
         if fd is None:
             conn.send(token)
         else:
@@ -425,7 +448,7 @@ def test_blocks_are_refused_until_the_memory_handshake(env: Env) -> None:
     assert f"client {client_id} has no segment" in client.error()
     assert client.recv()[:2] == [ipc.GrantFailed.TYPE, 1]
     client.seal(notice(batch_id=4))
-    assert "has no segment" in client.error()
+    assert "after its memory handshake" in client.error()
     assert env.pool.free_blocks == BLOCKS and env.pool.held() == {}
     client.handshake()
     assert client.blocks(2) == [0, 1]
@@ -533,7 +556,7 @@ def test_stats_report_what_the_pool_holds(env: Env) -> None:
     kind, report = probe.recv()
     assert kind == ipc.StatsReport.TYPE
     assert report == {"block_count": BLOCKS, "free_blocks": BLOCKS - 4, "sessions": 2,
-                      "clients": [[a_id, os.getpid(), 3], [c_id, 4242, 0]], "held": [[a_id, 3], [b_id, 1]],
+                      "clients": [[a_id, env.session(a_id).pid, 3], [c_id, 4242, 0]], "held": [[a_id, 3], [b_id, 1]],
                       **counts}
     # Asking is no session.
     assert len(env.front.sessions) == 2
@@ -595,7 +618,7 @@ def test_one_waiting_request_of_each_kind_per_client(env: Env) -> None:
 
 
 def test_a_client_at_its_limit_is_asked_to_seal_and_the_others_are_served() -> None:
-    env = Env(max_blocks_per_client=4)
+    env = Env(max_blocks_per_process=4)
     try:
         a, b = env.client(), env.client()
         a_id = a.hello()
@@ -619,13 +642,13 @@ def test_a_client_at_its_limit_is_asked_to_seal_and_the_others_are_served() -> N
 
 
 def test_a_run_larger_than_a_client_may_hold_fails_at_once() -> None:
-    env = Env(max_blocks_per_client=4)
+    env = Env(max_blocks_per_process=4)
     try:
         client = env.client()
         client.hello()
         client.send(ipc.Blocks.TYPE, 3, 5, True, 60_000)
         env.pump()
-        assert "a client may hold 4 of the pool's 8" in client.error()
+        assert "a process may hold 4 of the pool's 8" in client.error()
         assert client.recv()[:2] == [ipc.GrantFailed.TYPE, 3]
         assert not env.pool.waiters
     finally:
@@ -982,7 +1005,7 @@ def test_a_client_that_sends_on_its_memory_connection_is_ended(env: Env) -> None
 
 
 def test_a_resume_holding_more_than_a_client_may_takes_back_what_it_may(env: Env) -> None:
-    with restarted_daemon(env, max_blocks_per_client=2) as (old, restarted, client):
+    with restarted_daemon(env, max_blocks_per_process=2) as (old, restarted, client):
         sealed = [notice(batch_id=n, first=n) for n in range(4)]
         client_id = client.hello(hand_over=old.fd, **_resume(env.front.daemon_id, sealed))
         assert restarted.pool.held_by(client_id) == 2
@@ -1345,6 +1368,7 @@ def test_a_client_that_does_not_read_is_ended_past_its_reply_buffer_and_takes_it
         assert client.segment is not None and client.fd is not None
         client.segment.blocks(0)[:100] = b"a" * 100
         client.seal(notice(batch_id=1, first=0))
+        pid = env.session(client_id).pid
         with caplog.at_level(logging.WARNING, logger="service.front"):
             for _ in range(20):
                 if not env.front.sessions.get(client.sock.getsockopt(zmq.ROUTING_ID)) and client.memory_ended():
@@ -1353,7 +1377,7 @@ def test_a_client_that_does_not_read_is_ended_past_its_reply_buffer_and_takes_it
         # Its session ended, and the log says which process did not read; the other client is served.
         assert client.memory_ended()
         assert [s.client_id for s in env.front.sessions.values()] == [other.client_id]
-        assert f"client {client_id} (pid {os.getpid()}, uid {os.getuid()}" in caplog.text
+        assert f"client {client_id} (pid {pid}, uid {os.getuid()}" in caplog.text
         assert "does not read its replies" in caplog.text
         stats = env.front.stats()
         assert (stats["sessions_ended_unread"], stats["sessions_kept"], stats["reply_buffer_bytes"]) == (1, 1, 0)
@@ -1628,37 +1652,126 @@ def test_seal_of_a_partition_the_topic_does_not_have_is_refused(env: Env) -> Non
     assert env.state(client_id, 0) == FREE
 
 
-def test_a_client_produces_to_a_limited_number_of_topics(env: Env) -> None:
+@contextmanager
+def topic_limits(limit: int, unknown_limit: int | None = None) -> Iterator[Env]:
+    """A daemon whose processes may follow ``limit`` topics, ``unknown_limit`` the cluster does not have."""
+    env = Env(sidecar_process_max_topics=limit, sidecar_process_max_unknown_topics=unknown_limit or limit)
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def test_a_process_produces_to_a_limited_number_of_topics() -> None:
+    with topic_limits(5) as env:
+        client = env.client(own_process=False)
+        client.hello()
+        for n in range(5):
+            client.send(ipc.Metadata.TYPE, f"topic-{n}")
+        env.pump()
+        assert client.quiet()
+        client.send(ipc.Metadata.TYPE, "one-too-many")
+        env.pump()
+        assert "a process may produce to at most 5 topics (sidecar.process.max.topics)" in client.error()
+        # The client's send() waits for the topic: it learns at once that it will not come.
+        kind, topic, count, available, error = client.recv()
+        assert (kind, topic, count, available) == (ipc.Topic.TYPE, "one-too-many", None, [])
+        failure = ipc.error_from_wire(error)
+        assert isinstance(failure, errors.InvalidRequestError) and "at most" in str(failure)
+        assert "one-too-many" not in env.core.metadata.topics()
+        # Nor can a seal notice name another topic (it would enter the daemon's metadata too).
+        client.blocks(2, contiguous=True)
+        client.seal(notice(batch_id=1, first=0, topic="one-too-many"), notice(batch_id=2, first=1, topic="topic-3"))
+        assert "at most" in client.error()
+        assert env.queued("one-too-many") == [] and len(env.queued("topic-3")) == 1
+        # Asking again for a topic it has is no new topic; another session of the same process shares its
+        # topics (following one of them is none new); another process counts its own.
+        client.send(ipc.Metadata.TYPE, "topic-3")
+        env.pump()
+        assert client.quiet()
+        same, other = env.client(own_process=False), env.client()
+        same.hello()
+        other.hello()
+        same.send(ipc.Metadata.TYPE, "topic-4")
+        same.send(ipc.Metadata.TYPE, "one-too-many")
+        env.pump()
+        assert "at most 5 topics" in same.error()
+        other.send(ipc.Metadata.TYPE, "one-too-many")
+        env.pump()
+        assert other.quiet() and "one-too-many" in env.core.metadata.topics()
+        # A session that ends gives back the topics only it followed.
+        client.send(ipc.Goodbye.TYPE)
+        env.pump()
+        same.send(ipc.Metadata.TYPE, "a-new-one")
+        env.pump()
+        assert same.recv()[0] != ipc.Error.TYPE  # topic-0..3 went with the client; topic-4 stays the same's
+
+
+def test_a_process_waits_for_a_limited_number_of_topics_the_cluster_does_not_have() -> None:
+    with topic_limits(100, unknown_limit=3) as env:
+        client = env.client()
+        client.hello()
+        for name in ("a", "b", "c"):
+            client.send(ipc.Metadata.TYPE, name)
+        env.pump()
+        assert client.quiet()
+        client.send(ipc.Metadata.TYPE, "d")
+        env.pump()
+        assert "wait for at most 3 topics the cluster does not have" in client.error()
+        assert client.recv()[:3] == [ipc.Topic.TYPE, "d", None]  # its send() fails at once
+        # Once the cluster has one of them, another may be asked for.
+        env.core.metadata.update(metadata_response({"a": [0]}), env.clock())
+        env.front.after_iteration()
+        assert client.recv()[:3] == [ipc.Topic.TYPE, "a", 1]
+        client.send(ipc.Metadata.TYPE, "d")
+        env.pump()
+        assert client.quiet() and "d" in env.core.metadata.topics()
+
+
+def test_topics_are_followed_after_the_memory_handshake(env: Env) -> None:
     client = env.client()
-    client.hello()
-    for n in range(MAX_TOPICS_PER_CLIENT):
-        client.send(ipc.Metadata.TYPE, f"topic-{n}")
+    client.hello(handshake=False)
+    client.send(ipc.Metadata.TYPE, "t")
     env.pump()
-    assert client.quiet()
-    client.send(ipc.Metadata.TYPE, "one-too-many")
-    env.pump()
-    assert f"a client may produce to at most {MAX_TOPICS_PER_CLIENT} topics" in client.error()
-    # The client's send() waits for the topic: it learns at once that it will not come.
-    kind, topic, count, available, error = client.recv()
-    assert (kind, topic, count, available) == (ipc.Topic.TYPE, "one-too-many", None, [])
-    failure = ipc.error_from_wire(error)
-    assert isinstance(failure, errors.InvalidRequestError) and "at most" in str(failure)
-    assert "one-too-many" not in env.core.metadata.topics()
-    # Nor can a seal notice name another topic (it would enter the daemon's metadata too).
-    client.blocks(2, contiguous=True)
-    client.seal(notice(batch_id=1, first=0, topic="one-too-many"), notice(batch_id=2, first=1, topic="topic-7"))
-    assert "at most" in client.error()
-    assert env.queued("one-too-many") == [] and len(env.queued("topic-7")) == 1
-    assert "one-too-many" not in env.core.metadata.topics()
-    # Asking again for a topic it has is no new topic; another client counts its own.
-    client.send(ipc.Metadata.TYPE, "topic-7")
-    env.pump()
-    assert client.quiet()
-    other = env.client()
-    other.hello()
-    other.send(ipc.Metadata.TYPE, "one-too-many")
-    env.pump()
-    assert other.quiet() and "one-too-many" in env.core.metadata.topics()
+    assert "after its memory handshake" in client.error()
+    assert "t" not in env.core.metadata.topics()
+
+
+def test_a_process_has_a_limited_number_of_sessions() -> None:
+    env = Env(sidecar_process_max_sessions=2)
+    try:
+        first, second, third = (env.client(own_process=False) for _ in range(3))
+        elsewhere = env.client()
+        first.hello()
+        second.hello()
+        third.hello(handshake=False)
+        assert third.welcome is not None
+        conn, answer, _ = env.handshake(third.welcome.memory_token, own_process=False)
+        assert answer.startswith(ERR) and b"has 2 sessions, as many as sidecar.process.max.sessions" in answer
+        assert _ended(conn) and len(env.front.sessions) == 2
+        elsewhere.hello()  # another process
+        # A session that ends makes room.
+        first.send(ipc.Goodbye.TYPE)
+        env.pump()
+        third.hello()
+        assert len(env.front.sessions) == 3
+    finally:
+        env.close()
+
+
+def test_the_sessions_of_a_process_share_its_blocks() -> None:
+    env = Env(max_blocks_per_process=4)
+    try:
+        a, b, elsewhere = env.client(own_process=False), env.client(own_process=False), env.client()
+        a.hello()
+        b.hello()
+        elsewhere.hello()
+        assert len(a.blocks(3)) == 3
+        assert len(b.blocks(3)) == 1  # what is left of the process's share
+        assert len(elsewhere.blocks(3)) == 3  # another process has its own
+        assert env.pool.held_by_process(os.getpid()) == 4
+    finally:
+        env.close()
 
 
 # -- robustness -----------------------------------------------------------------------------------
@@ -1913,13 +2026,32 @@ def test_tcp_endpoint_in_use_is_an_error(env: Env) -> None:
 def test_one_turn_handles_a_bounded_number_of_messages(env: Env) -> None:
     # A client that floods the front does not keep the loop from the brokers and the other clients: each
     # turn takes at most MAX_MESSAGES_PER_ITERATION messages, the rest the next turn.
-    flood = env.client()
-    for _ in range(MAX_MESSAGES_PER_ITERATION + 500):
-        flood.sock.send(b"garbage")  # inproc: all of them are waiting before the front looks
+    floods = [env.client() for _ in range(3)]
+    for flood in floods:
+        for _ in range(500):
+            flood.sock.send(b"garbage")  # inproc: all of them are waiting before the front looks
     env.pump()
     assert env.front.messages_refused == MAX_MESSAGES_PER_ITERATION
     env.pump()
-    assert env.front.messages_refused == MAX_MESSAGES_PER_ITERATION + 500
+    assert env.front.messages_refused == 1500
+
+
+def test_a_client_sends_a_bounded_number_of_messages_ahead_of_the_front(env: Env) -> None:
+    # What the daemon holds of a flooding client's messages is bounded: past them, the client's sends wait.
+    flood = env.context.socket(zmq.DEALER)
+    try:
+        flood.setsockopt(zmq.SNDHWM, 1)
+        flood.connect(env.endpoint)
+        sent = 0
+        with pytest.raises(zmq.Again):
+            while True:
+                flood.send(b"garbage", zmq.NOBLOCK)
+                sent += 1
+        assert 100 <= sent <= 110  # inproc: the front's receive high-water mark, and the client's one
+        env.pump()
+        assert flood.poll(1000, zmq.POLLOUT)  # read: it may send again
+    finally:
+        flood.close(linger=0)
 
 
 def test_the_largest_message_is_what_a_client_may_hold_in_seal_notices(env: Env) -> None:
