@@ -50,7 +50,8 @@ log = logging.getLogger(__name__)
 MAX_BLOCK_WAIT_MS = 3_600_000
 # Errors caused by clients are logged at most this often (a flood must not flood the log).
 _LOG_INTERVAL_S = 5.0
-# A connection to the memory socket that has not sent its token within this long is closed.
+# A connection to the memory socket that has not sent its token within this long is closed, and a session
+# whose client has not made its memory handshake within this long after its WELCOME ends.
 _HANDSHAKE_TIMEOUT_MS = 10_000
 # After the memory socket could not accept a connection (out of file descriptors), it waits this long.
 _ACCEPT_PAUSE_MS = 1000
@@ -95,8 +96,9 @@ class ClientSession:
     pid: int
     name: str
     last_seen_ms: int
-    # Its segment comes over the memory socket with this token (once).
+    # Its segment comes over the memory socket with this token (once), by this time or the session ends.
     token: bytes = b""
+    handshake_deadline_ms: int = 0
     # A session of a daemon that is gone, to be taken back when the client hands over its segment.
     resume: ipc.Resume | None = None
     # Its connection to the memory socket, once it has its segment: the end of it is the end of the process.
@@ -388,8 +390,9 @@ class SidecarFront:
         _check_int(message.pid, "pid", 1, 2**32)
         if session is not None:
             self._end_session(session)
-        session = ClientSession(identity, self._next_client_id, message.pid, str(message.client_name)[:200],
-                                self.clock(), secrets.token_bytes(TOKEN_SIZE),
+        now = self.clock()
+        session = ClientSession(identity, self._next_client_id, message.pid, str(message.client_name)[:200], now,
+                                secrets.token_bytes(TOKEN_SIZE), now + _HANDSHAKE_TIMEOUT_MS,
                                 retriable_topic_errors=message.options.retriable_topic_errors is True)
         if message.options.resume is not None:
             session.resume = self._resumable(message.options.resume)
@@ -777,7 +780,12 @@ class SidecarFront:
                 session.reports = []
                 for start in range(0, len(reports), _REPORTS_PER_DELIVERY):
                     self._send(session, ipc.Delivery(reports[start:start + _REPORTS_PER_DELIVERY]))
-            if now - session.last_seen_ms > self.client_timeout_ms:
+            if session.connection is None and session.handshake_deadline_ms <= now:
+                # Unbounded otherwise: nothing limits the sessions of a socket that never proves a process.
+                log.warning("%s made no memory handshake in %d ms: ending its session", session.describe(),
+                            _HANDSHAKE_TIMEOUT_MS)
+                self._end_session(session)
+            elif now - session.last_seen_ms > self.client_timeout_ms:
                 # Stopped (SIGSTOP, a debugger) or starved, perhaps, rather than dead: what it sealed is kept.
                 log.warning("%s silent for %d ms: ending its session", session.describe(), now - session.last_seen_ms)
                 self._end_session(session, keep=True)
@@ -800,6 +808,7 @@ class SidecarFront:
         if self.pool.waiters:
             due.append(_SEAL_NOW_INTERVAL_MS)
         due += [until - now for until in self._handshakes.values()]
+        due += [s.handshake_deadline_ms - now for s in self.sessions.values() if s.connection is None]
         if self._accept_paused_until is not None:
             due.append(self._accept_paused_until - now)
         due.append(min((s.last_seen_ms + self.client_timeout_ms - now for s in self.sessions.values()),

@@ -501,6 +501,24 @@ def test_memory_connection_that_sends_no_token_is_closed_after_a_while(env: Env)
     assert _ended(conn) and not env.front._handshakes
 
 
+def test_a_session_without_its_memory_handshake_ends_after_a_while(env: Env) -> None:
+    # Sessions are bounded per process, and only a memory handshake says which process a session is.
+    client = env.client()
+    client.hello(handshake=False)
+    for _ in range(HANDSHAKE_TIMEOUT_MS // 1000 - 1):
+        env.clock.advance(1000)
+        client.send(ipc.Heartbeat.TYPE)  # not silent, but no handshake either
+        env.pump()
+        env.front.after_iteration()
+    assert len(env.front.sessions) == 1 and env.front.next_timer_ms() == 1000
+    env.clock.advance(1000)
+    env.front.after_iteration()
+    assert env.front.sessions == {}
+    assert client.welcome is not None
+    conn, answer, _ = env.handshake(client.welcome.memory_token)
+    assert answer.startswith(ERR) and b"unknown token" in answer
+
+
 def test_a_segment_handed_over_without_a_resume_is_refused(env: Env) -> None:
     client = env.client()
     client_id = client.hello(handshake=False)
