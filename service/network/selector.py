@@ -1,8 +1,8 @@
 """Selector: non-blocking broker connections with Kafka's size-prefixed framing.
 
 One :class:`KafkaChannel` per node id. Sends are lists of buffers written with
-``socket.sendmsg`` (so record bytes in shared memory reach the socket without a
-copy), resumed after partial writes; receives are reassembled from however the
+``socket.sendmsg`` (a batch's header and records reach the socket without being
+joined), resumed after partial writes; receives are reassembled from however the
 bytes arrive, one response over many reads or many responses in one read.
 
 The selector polls with a ``zmq.Poller``, which waits on plain sockets and

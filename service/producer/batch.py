@@ -1,7 +1,8 @@
 """ProducerBatch: one sealed batch of one partition, from hand-off to its final state.
 
 The records are already in Kafka's v2 record format, written by the
-application into a buffer the daemon does not copy (shared memory). The batch
+application into its shared memory; the daemon reads them once, into the copy
+it checksums and sends (see ProducerBatch for why). The batch
 adds what only the sender knows: producer id, epoch and sequence, attempts,
 compression, and the final outcome, which is set exactly once.
 
@@ -57,12 +58,11 @@ class ProducerBatch:
 
     ``records`` is a view of its client's shared memory, which that client can
     still write (carelessly or to harm) while the daemon holds the batch. The
-    rule for every read of it: bytes that are only copied, checksummed or
-    compressed (the CRC, the send, compression) may be anything; whatever parses
-    them reads them once into a private copy and parses the copy (rebase_records,
-    :meth:`split`), and records that do not parse fail this batch alone, with
-    CORRUPT_MESSAGE (InvalidRecordError) to its client, never another batch or
-    the loop.
+    rule for every read of it: read once, into a private copy, and use the copy
+    (the payload of :meth:`wire_pieces`, which the CRC covers and the socket
+    sends; rebase_records; :meth:`split`). Only a parse needs the bytes to be
+    records: one that does not parse fails this batch alone, with CORRUPT_MESSAGE
+    (InvalidRecordError) to its client, never another batch or the loop.
     """
 
     __slots__ = ("tp", "records", "record_count", "base_timestamp", "max_timestamp", "created_ms",
@@ -198,15 +198,17 @@ class ProducerBatch:
     def wire_pieces(self, compression: CompressionType, level: int | None) -> list[Buffer]:
         """The batch as ``[header, payload]`` for a ProduceRequest.
 
-        The payload is the record buffer itself when uncompressed; compressed, it
-        is computed once and kept for retries. The header is rebuilt only when the
-        producer state changes. A released batch has none: its buffer may hold
-        other records by now.
+        The payload is a copy of the records, compressed or not, made once and
+        kept for retries: the client may rewrite its shared memory between the CRC
+        and the send, and a broker would refuse (or, not checking CRCs, keep) a
+        batch whose bytes are not those its CRC covers. The copy costs a memcpy
+        per batch. The header is rebuilt only when the producer state changes. A
+        released batch has none: its buffer may hold other records by now.
         """
         if self._released:
             raise RuntimeError(f"{self} was released: it cannot be sent")
         if self._payload is None or self._payload[0] is not compression:
-            payload = self.records if compression is CompressionType.NONE else \
+            payload = bytes(self.records) if compression is CompressionType.NONE else \
                 compress(compression, self.records, level)
             self._payload = (compression, payload)
             self._header = None

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 
 import pytest
 import zmq
@@ -100,3 +101,33 @@ def test_a_client_stopped_past_the_client_timeout_gets_every_report_when_it_cont
     ids = [dict(r.headers)["id"] for r in read]
     assert sorted(ids) == sorted(f"0:{n}".encode() for n in range(20_000))  # each once
     assert daemon.stats()["sessions_kept"] == 0 and daemon.is_running()
+
+
+def test_a_client_rewriting_its_sealed_blocks_hurts_only_its_own_records(broker, topic_factory, sidecar) -> None:
+    """A client keeps rewriting the records it sealed while the daemon coalesces, checksums and sends them,
+    beside a well-behaved client on the same partitions: the daemon stays up, logs no exception, and every
+    well-behaved record is delivered; a consumer that checks CRCs reads the whole topic (Tansu checks no CRC:
+    a batch sent unlike its CRC would be kept, and stop every reader of its partition there)."""
+    partitions, count = 3, 20_000
+    topic = topic_factory(partitions)
+    daemon = sidecar(broker.bootstrap)
+    rewriting = SPAWN.Event()
+    hostile = SPAWN.Process(target=workers.rewrite_sealed_values, args=(daemon.endpoint, topic, partitions, rewriting))
+    hostile.start()
+    try:
+        assert rewriting.wait(30), "the hostile client never rewrote a sealed block"
+        with Producer(daemon.endpoint, linger_ms=1) as producer:
+            futures = [producer.send(topic, b"good-%d" % n, partition=n % partitions) for n in range(count)]
+            offsets = [f.result(60).offset for f in futures]
+        assert hostile.is_alive(), "the hostile client stopped before the end"
+    finally:
+        hostile.kill()
+        hostile.join()
+    assert daemon.is_running()
+    assert "Traceback" not in daemon.log_path.read_text(errors="replace")
+    assert all(offset >= 0 for offset in offsets)
+    values = [r.value for r in read_topic(broker.bootstrap, topic, expected=count, timeout=60)]
+    good = Counter(v for v in values if v.startswith(b"good-"))
+    assert good == Counter(b"good-%d" % n for n in range(count))
+    # The hostile client's records went too, as whatever they held when the daemon read them.
+    assert len(values) > count and all(len(v) == len(workers.HOSTILE_VALUE) for v in values if v not in good)

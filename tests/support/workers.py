@@ -11,7 +11,9 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import sys
+import threading
 import time
 from multiprocessing.queues import Queue
 from pathlib import Path
@@ -119,6 +121,49 @@ def seal_then_keep_writing(endpoint: str, topic: str, client: int, sealed: int) 
         n += 1
         if n % 1000 == 0:
             time.sleep(0.001)
+
+
+# A hostile client's values: a run of bytes that no record's framing can hold (0xAA continues a varint,
+# and a varint has at most 10 bytes), so that it finds its values in its own blocks by their bytes alone.
+HOSTILE_VALUE = b"\xaa" * 64
+
+
+def rewrite_sealed_values(endpoint: str, topic: str, partitions: int, rewriting: Any) -> None:
+    """Send records to every partition and, from a second thread, keep rewriting the values of those sealed
+    and not yet reported with other bytes, in a tight loop, until killed (SIGKILL). Every record stays
+    well-formed at every instant (no length changes), but no two reads of a sealed block need agree.
+
+    Sets ``rewriting`` (a multiprocessing Event) once the first sealed block has been rewritten.
+    """
+    producer = Producer(endpoint, linger_ms=1)
+    noise = [os.urandom(len(HOSTILE_VALUE)) for _ in range(64)]
+
+    def rewrite() -> None:
+        values: dict[int, list[int]] = {}  # batch id -> where its values start in its blocks
+        turn = 0
+        while True:
+            try:
+                # The producer's own state, read without its lock: what changes meanwhile is read next turn.
+                segment, sealed = producer._io.segment, list(producer._accumulator.sealed.values())
+                for batch in sealed:
+                    blocks = segment.blocks(batch.first_block, batch.block_count)
+                    if batch.batch_id not in values:
+                        values[batch.batch_id] = [m.start() for m in re.finditer(HOSTILE_VALUE, bytes(blocks))]
+                    for start in values[batch.batch_id]:
+                        blocks[start:start + len(HOSTILE_VALUE)] = noise[turn % len(noise)]
+                        turn += 1
+                if turn and not rewriting.is_set():
+                    rewriting.set()
+            except (AttributeError, RuntimeError, ValueError):
+                pass  # no segment yet or any more, the sealed batches changed as they were listed
+
+    threading.Thread(target=rewrite, daemon=True).start()
+    n = 0
+    while True:
+        futures = [producer.send(topic, HOSTILE_VALUE, partition=(n + i) % partitions) for i in range(200)]
+        n += len(futures)
+        for future in futures:
+            future.exception(60)  # its records carry whatever it wrote last: their outcomes are its business
 
 
 if __name__ == "__main__":

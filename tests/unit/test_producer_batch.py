@@ -154,15 +154,22 @@ def test_released_batch_gives_no_wire_pieces(outcomes: Outcomes, release: str) -
 # -- wire pieces ---------------------------------------------------------------------------------
 
 
-def test_wire_pieces_uncompressed_is_the_buffer_itself() -> None:
+def test_wire_pieces_uncompressed_is_one_copy_of_the_buffer() -> None:
     specs = record_specs(5)
     batch = make_batch(specs=specs, created_ms=5)
     batch.set_producer_state(1234, 3, 40)
     header, payload = batch.wire_pieces(CompressionType.NONE, None)
-    assert payload is batch.records
-    assert isinstance(payload, memoryview)
+    assert isinstance(payload, bytes) and payload == bytes(batch.records)
     assert len(header) == BATCH_HEADER_SIZE
-    assert batch.size_in_bytes == BATCH_HEADER_SIZE + payload.nbytes
+    assert batch.size_in_bytes == BATCH_HEADER_SIZE + len(payload)
+    # The client rewrites its memory after the CRC: what goes (now and on a retry) is what the CRC covers.
+    batch.records[:] = bytes(batch.records_size)
+    assert batch.wire_pieces(CompressionType.NONE, None)[1] is payload
+    batch.set_producer_state(1234, 3, 45)
+    header, again = batch.wire_pieces(CompressionType.NONE, None)
+    assert again is payload and decode([header, again]).crc_valid
+    batch.set_producer_state(1234, 3, 40)
+    header, payload = batch.wire_pieces(CompressionType.NONE, None)
 
     decoded = decode([header, payload])
     assert decoded.crc_valid
@@ -171,7 +178,7 @@ def test_wire_pieces_uncompressed_is_the_buffer_itself() -> None:
     assert decoded.record_count == 5 and decoded.last_offset_delta == 4
     assert decoded.base_timestamp == BASE_TS
     assert decoded.max_timestamp == BASE_TS + specs[-1][0]
-    assert decoded.batch_length == BATCH_HEADER_SIZE - 12 + payload.nbytes
+    assert decoded.batch_length == BATCH_HEADER_SIZE - 12 + len(payload)
     assert [(r.offset_delta, r.timestamp_delta, r.key, r.value) for r in decoded.records] == [
         (i, ts, k, v) for i, (ts, k, v, _) in enumerate(specs)]
 
@@ -587,8 +594,8 @@ def test_split_of_a_coalesced_batch_gives_back_its_parts_with_its_sequences() ->
     assert parts[-1].last_sequence == combined.last_sequence
     assert all(p.attempts == 1 and p.last_attempt_ms == 4321 for p in parts)
     for part in parts:
-        # Each goes as the client wrote it: its own buffer, offset deltas from 0, its own sequence.
-        assert part.wire_pieces(CompressionType.NONE, None)[1] is part.records
+        # Each goes as the client wrote it: its own records, offset deltas from 0, its own sequence.
+        assert part.wire_pieces(CompressionType.NONE, None)[1] == bytes(part.records)
         assert decode(part.wire_pieces(CompressionType.NONE, None)).base_sequence == part.base_sequence
         assert absolute(part) == [(BASE_TS + ts, k, v, [(hk.decode(), hv) for hk, hv in h])
                                   for ts, k, v, h in record_specs(part.record_count)]
