@@ -144,6 +144,9 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
                   "requests while followed)"),
     ConfigKey("sidecar.process.max.unknown.topics", int, 100, 1, INT_MAX,
               doc="of those, how many the cluster does not have (yet) one process may wait for at once"),
+    ConfigKey("sidecar.auto.create.topics.per.minute", int, 60, 0, INT_MAX,
+              doc="with allow.auto.create.topics, how many topics the cluster does not have the daemon asks it to "
+                  "create a minute, at most (a topic is first asked for without creation: only missing ones count)"),
     ConfigKey("sidecar.close.timeout.ms", int, 30000, 0, INT_MAX,
               doc="on shutdown, how long to go on sending what is queued"),
     ConfigKey("sidecar.socket.group", _to_group, None,

@@ -730,6 +730,7 @@ class SidecarFront:
                 "clients": [[s.client_id, s.pid, held.get(s.client_id, 0)] for s in self.sessions.values()],
                 "held": [[client_id, count] for client_id, count in held.items()],
                 "sessions_kept": len(self._ended),
+                "topics_awaiting_creation": len(self.core.metadata.awaiting_creation()),
                 "reply_buffer_bytes": sum(s.waiting_bytes for s in self.sessions.values()),
                 "messages_refused": self.messages_refused, "replies_dropped": self.replies_dropped,
                 "sessions_ended_unread": self.sessions_ended_unread}

@@ -7,18 +7,27 @@ leader, unknown topic, disconnect), and never more often than the refresh
 backoff allows. A new topic is fetched at once, past the backoff; as in Java's
 Metadata, one added while a refresh is out gets a refresh of its own after that
 one's answer (a request built before the topic was added did not ask for it).
+
+Unlike Java's, it creates topics sparingly: many processes share it, and one of
+them asking for names by the thousand would create them all on the cluster. A new
+topic is first asked for without auto-creation; one the cluster does not have is
+asked for with it (when allow.auto.create.topics is on) only as the creation rate
+(``auto_create_topics_per_minute``) allows, in the order they were asked for.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 
-from client_stub.errors import error_code
+from client_stub.errors import ERRORS_BY_NAME, error_code
 
 from ..protocol import messages as m
 
 log = logging.getLogger(__name__)
+
+UNKNOWN_TOPIC_OR_PARTITION = ERRORS_BY_NAME["UNKNOWN_TOPIC_OR_PARTITION"].code
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +107,20 @@ class Metadata:
 
     def __init__(self, bootstrap_servers: list[str], *, refresh_backoff_ms: int = 100,
                  metadata_max_age_ms: int = 300000, metadata_max_idle_ms: int = 300000,
-                 allow_auto_topic_creation: bool = True) -> None:
+                 allow_auto_topic_creation: bool = True, auto_create_topics_per_minute: int = 60) -> None:
         self.cluster = Cluster.bootstrap(bootstrap_servers)
         self.refresh_backoff_ms = refresh_backoff_ms
         self.metadata_max_age_ms = metadata_max_age_ms
         self.metadata_max_idle_ms = metadata_max_idle_ms
         self.allow_auto_topic_creation = allow_auto_topic_creation
+        self.auto_create_topics_per_minute = auto_create_topics_per_minute
+        # Topics never asked for without creation; those the cluster did not have, waiting for a creation
+        # (left out of requests meanwhile); when each creation of the last minute was asked for.
+        self._unprobed: set[str] = set()
+        self._absent: dict[str, None] = {}
+        self._creations: deque[int] = deque()
+        # The topics the request out asks for without creation (None: it may create).
+        self._probing: set[str] | None = None
         self.last_refresh_ms = 0
         self.last_successful_refresh_ms = 0
         self.update_version = 0
@@ -121,7 +138,13 @@ class Metadata:
         """Keep ``topic`` in the refreshes; a topic not seen before gets one at once (no refresh backoff)."""
         if topic not in self._topics:
             self._request_update_for_new_topics()
+            if self.allow_auto_topic_creation and self.cluster.partition_count(topic) is None:
+                self._unprobed.add(topic)
         self._topics[topic] = now + self.metadata_max_idle_ms
+
+    def awaiting_creation(self) -> list[str]:
+        """The topics the cluster did not have that wait for the creation rate, oldest first."""
+        return list(self._absent)
 
     def topics(self) -> list[str]:
         return list(self._topics)
@@ -130,6 +153,8 @@ class Metadata:
         for topic, expiry in list(self._topics.items()):
             if expiry <= now:
                 del self._topics[topic]
+                self._unprobed.discard(topic)
+                self._absent.pop(topic, None)
                 log.debug("topic %s not used for metadata.max.idle.ms, no longer fetched", topic)
 
     # -- refresh policy --------------------------------------------------------------------------
@@ -158,17 +183,45 @@ class Metadata:
             expire = 0
         else:
             expire = max(self.last_successful_refresh_ms + self.metadata_max_age_ms - now, 0)
+            if self._absent:
+                # A creation waits: the refresh that asks for it is due when the rate allows one.
+                expire = min(expire, self._next_creation_ms(now) - now)
         backoff = max(self.last_refresh_ms + self.refresh_backoff_ms - now, 0)
         return max(expire, backoff)
 
+    def _next_creation_ms(self, now: int) -> int:
+        """When the creation rate next allows a creation."""
+        while self._creations and self._creations[0] <= now - 60_000:
+            self._creations.popleft()
+        if len(self._creations) < self.auto_create_topics_per_minute:
+            return now
+        return self._creations[0] + 60_000
+
     def build_request(self, now: int) -> m.MetadataRequest:
-        """A request for every topic in use; pass :attr:`request_version`, read now, to :meth:`update`."""
+        """A request for every topic in use; pass :attr:`request_version`, read now, to :meth:`update`.
+
+        Without creation while new topics are to be asked for so; else with it (if allowed), for the topics
+        the cluster does not have that the creation rate admits now, and not the others.
+        """
         self._expire_topics(now)
-        topics = [m.MetadataRequest.MetadataRequestTopic(name=t) for t in sorted(self._topics)]
-        return m.MetadataRequest(topics=topics, allow_auto_topic_creation=self.allow_auto_topic_creation)
+        if self._unprobed:
+            self._probing = set(self._unprobed)
+            allow = False
+        else:
+            self._probing = None
+            allow = self.allow_auto_topic_creation
+            while self._absent and self._next_creation_ms(now) <= now:
+                topic = next(iter(self._absent))
+                del self._absent[topic]
+                self._creations.append(now)
+                log.info("asking the cluster to create topic %s", topic)
+        names = sorted(t for t in self._topics if t not in self._absent)
+        topics = [m.MetadataRequest.MetadataRequestTopic(name=t) for t in names]
+        return m.MetadataRequest(topics=topics, allow_auto_topic_creation=allow)
 
     def failed_update(self, now: int) -> None:
         self.last_refresh_ms = now
+        self._probing = None
 
     def update(self, response: m.MetadataResponse, now: int, request_version: int | None = None) -> NodeChanges:
         """Apply a metadata response; returns how the brokers changed.
@@ -179,6 +232,8 @@ class Metadata:
         self.last_refresh_ms = now
         self.last_successful_refresh_ms = now
         self._need_update = False
+        probed, self._probing = self._probing or set(), None
+        self._unprobed -= probed
         self._need_new_topics = request_version is not None and request_version < self.request_version
         self.update_version += 1
         old = self.cluster
@@ -187,6 +242,12 @@ class Metadata:
         topic_errors: dict[str, int] = {}
         for topic in response.topics:
             if topic.name is None:
+                continue
+            if topic.error_code == UNKNOWN_TOPIC_OR_PARTITION and topic.name in probed \
+                    and topic.name in self._topics:
+                # Asked for again, with creation, when the rate allows (see time_to_next_update).
+                self._absent[topic.name] = None
+                topic_errors[topic.name] = topic.error_code
                 continue
             if topic.error_code:
                 topic_errors[topic.name] = topic.error_code
@@ -209,6 +270,8 @@ class Metadata:
                 if p.leader_id < 0:
                     self._need_update = True
             partitions[topic.name] = parts
+        if self._absent and self._next_creation_ms(now) <= now:
+            self._need_update = True
         self.cluster = Cluster(nodes, partitions, topic_errors, response.cluster_id,
                                response.controller_id)
         if old.is_bootstrap:

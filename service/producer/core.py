@@ -38,7 +38,8 @@ class ProducerCore:
         self.metadata = Metadata(config["bootstrap.servers"], refresh_backoff_ms=config["retry.backoff.ms"],
                                  metadata_max_age_ms=config["metadata.max.age.ms"],
                                  metadata_max_idle_ms=config["metadata.max.idle.ms"],
-                                 allow_auto_topic_creation=config["allow.auto.create.topics"])
+                                 allow_auto_topic_creation=config["allow.auto.create.topics"],
+                                 auto_create_topics_per_minute=config["sidecar.auto.create.topics.per.minute"])
         self.selector = Selector(max_receive_size=config["receive.message.max.bytes"],
                                  send_buffer_bytes=config["send.buffer.bytes"],
                                  receive_buffer_bytes=config["receive.buffer.bytes"])

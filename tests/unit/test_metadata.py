@@ -182,7 +182,7 @@ def test_topics_not_used_for_max_idle_are_dropped() -> None:
     md.add_topic("a", NOW + 500)
     request = md.build_request(NOW + 999)
     assert [t.name for t in request.topics] == ["a", "b"]
-    assert request.allow_auto_topic_creation
+    assert not request.allow_auto_topic_creation  # new topics are asked for without creation first
     assert [t.name for t in md.build_request(NOW + 1000).topics] == ["a"]
     assert md.topics() == ["a"]
     md.add_topic("a", NOW + 1400)  # used again: kept longer
@@ -230,3 +230,59 @@ def test_a_refresh_requested_while_one_is_out_is_answered_by_it() -> None:
     md.request_update()  # a stale leader, a disconnect ...
     md.update(response(), NOW + 20, version)
     assert not md.update_requested
+
+
+# -- creating topics -----------------------------------------------------------------------------
+
+
+def test_a_new_topic_is_first_asked_for_without_creation_and_created_as_the_rate_allows() -> None:
+    md = metadata(auto_create_topics_per_minute=2)
+    for topic in ("exists", "a", "b", "c"):
+        md.add_topic(topic, NOW)
+    probe = md.build_request(NOW)
+    assert not probe.allow_auto_topic_creation and [t.name for t in probe.topics] == ["a", "b", "c", "exists"]
+    md.update(response(topics={"exists": [(0, 1, 0)]}, topic_errors=dict.fromkeys("abc", UNKNOWN_TOPIC_OR_PARTITION)),
+              NOW)
+    assert md.awaiting_creation() == ["a", "b", "c"]
+    assert md.cluster.topic_errors == dict.fromkeys("abc", UNKNOWN_TOPIC_OR_PARTITION)
+    # Two creations a minute: the first two missing topics, asked for in the order they came.
+    assert md.time_to_next_update(NOW + 100) == 0
+    create = md.build_request(NOW + 100)
+    assert create.allow_auto_topic_creation and [t.name for t in create.topics] == ["a", "b", "exists"]
+    assert md.awaiting_creation() == ["c"]
+    md.update(response(topics={"exists": [(0, 1, 0)], "a": [(0, 1, 0)], "b": [(0, 1, 0)]}), NOW + 150)
+    assert md.cluster.partition_count("a") == 1 and not md.update_requested
+    # The third when the first creation is a minute old.
+    assert md.time_to_next_update(NOW + 150) == 60_000 - 50
+    later = md.build_request(NOW + 60_100)
+    assert later.allow_auto_topic_creation and "c" in [t.name for t in later.topics]
+    assert md.awaiting_creation() == []
+
+
+def test_a_topic_the_cluster_has_is_not_counted_as_a_creation() -> None:
+    md = metadata(auto_create_topics_per_minute=0)
+    md.add_topic("exists", NOW)
+    md.build_request(NOW)
+    md.update(response(topics={"exists": [(0, 1, 0)]}), NOW)
+    request = md.build_request(NOW + 100)
+    assert request.allow_auto_topic_creation and [t.name for t in request.topics] == ["exists"]
+
+
+def test_without_auto_creation_nothing_waits_for_the_rate() -> None:
+    md = metadata(allow_auto_topic_creation=False)
+    md.add_topic("a", NOW)
+    md.build_request(NOW)
+    md.update(response(topic_errors={"a": UNKNOWN_TOPIC_OR_PARTITION}), NOW)
+    assert md.awaiting_creation() == []
+    request = md.build_request(NOW + 100)
+    assert not request.allow_auto_topic_creation and [t.name for t in request.topics] == ["a"]
+
+
+def test_a_failed_probe_is_made_again() -> None:
+    md = metadata()
+    md.add_topic("a", NOW)
+    assert not md.build_request(NOW).allow_auto_topic_creation
+    md.failed_update(NOW)
+    assert not md.build_request(NOW + 100).allow_auto_topic_creation
+    md.update(response(topic_errors={"a": UNKNOWN_TOPIC_OR_PARTITION}), NOW + 150)
+    assert md.awaiting_creation() == ["a"]
