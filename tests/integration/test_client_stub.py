@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from concurrent.futures import Future
 
 import confluent_kafka
@@ -32,7 +31,7 @@ from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTo
 from client_stub.fastpath import encode_record
 from service.tools.readback import ConsumedRecord, read_topic
 from tests.support import workers
-from tests.support.sidecar import SidecarProcess
+from tests.support.sidecar import SidecarProcess, wait_until
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")
@@ -592,16 +591,6 @@ def test_bad_input_gets_clear_errors(broker, topic_factory, sidecar) -> None:
         assert producer.send(topic, b"after", timestamp_ms=2**63 - 1).result(30).offset >= 0
     with pytest.raises(Exception, match="closed"):
         producer.send(topic, b"after close")
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 30) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` seconds have passed; returns whether it held."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_a_restarted_daemon_takes_back_what_the_client_held(broker, topic_factory, sidecar) -> None:

@@ -13,8 +13,10 @@ import pytest
 import zmq
 
 from client_stub import Producer
+from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
 from service.tools.readback import read_topic
 from tests.support import workers
+from tests.support.sidecar import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -30,34 +32,51 @@ def peak_resident_mb(pid: int) -> float:
     raise AssertionError("no VmHWM")
 
 
+class WellBehaved:
+    """A client that sends records in a thread beside a hostile one, all along, waiting for each thousand."""
+
+    def __init__(self, producer: Producer, topic: str) -> None:
+        self.producer, self.topic = producer, topic
+        self.delivered: list[int] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._send)
+
+    def __enter__(self) -> WellBehaved:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(60)
+
+    def _send(self) -> None:
+        n = 0
+        while not self._done.is_set():
+            futures = [self.producer.send(self.topic, b"good-%d" % m) for m in range(n, n + 1000)]
+            self.delivered.extend(f.result(30).offset for f in futures)
+            n += 1000
+
+    def check(self, bootstrap: str, *others: bytes) -> None:
+        """Every record it sent was delivered, and is in the topic (beside ``others``)."""
+        assert self.delivered and all(offset >= 0 for offset in self.delivered)
+        values = {r.value for r in read_topic(bootstrap, self.topic, expected=len(self.delivered) + len(others))}
+        assert values == set(others) | {b"good-%d" % n for n in range(len(self.delivered))}
+
+
 def test_a_300_mib_frame_is_dropped_before_it_is_read(broker, topic_factory, sidecar) -> None:
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap)
     context = zmq.Context()
     hostile = context.socket(zmq.DEALER)
     hostile.setsockopt(zmq.LINGER, 0)
-    delivered: list[int] = []
     try:
         with Producer(daemon.endpoint) as producer:
             producer.send(topic, b"warm").result(30)
             before = peak_resident_mb(daemon.pid)
-            done = threading.Event()
-
-            def well_behaved() -> None:
-                # Beside the hostile client, all along: every record delivered.
-                n = 0
-                while not done.is_set():
-                    futures = [producer.send(topic, b"good-%d" % m) for m in range(n, n + 1000)]
-                    delivered.extend(f.result(30).offset >= 0 for f in futures)
-                    n += 1000
-
-            sender = threading.Thread(target=well_behaved)
-            sender.start()
-            hostile.connect(daemon.endpoint)
-            hostile.send(bytes(300 << 20))
-            time.sleep(3)  # ZeroMQ streams it out; the daemon drops the connection at its header
-            done.set()
-            sender.join(60)
+            with WellBehaved(producer, topic) as good:
+                hostile.connect(daemon.endpoint)
+                hostile.send(bytes(300 << 20))
+                time.sleep(3)  # ZeroMQ streams it out; the daemon drops the connection at its header
             after = peak_resident_mb(daemon.pid)
         assert daemon.is_running()
     finally:
@@ -65,9 +84,50 @@ def test_a_300_mib_frame_is_dropped_before_it_is_read(broker, topic_factory, sid
         context.term()
     # The frame never came into the daemon's memory (its peak grew by less than a tenth of it).
     assert after - before < 30, (before, after)
-    assert delivered and all(delivered)
-    values = {r.value for r in read_topic(broker.bootstrap, topic, expected=len(delivered) + 1)}
-    assert values == {b"warm"} | {b"good-%d" % n for n in range(len(delivered))}
+    good.check(broker.bootstrap, b"warm")
+
+
+def test_a_client_that_never_reads_its_replies_costs_the_daemon_a_bounded_memory(broker, topic_factory,
+                                                                                   sidecar) -> None:
+    # 20 000 requests refused, each answered with an ERROR and a GRANT_FAILED quoting a 10 KB field, and not
+    # one read: the replies ZeroMQ will not queue wait in the session up to sidecar.client.reply.buffer.bytes
+    # (8 MiB), then the session ends, with a log line naming the process.
+    topic = topic_factory(3)
+    daemon = sidecar(broker.bootstrap)
+    context = zmq.Context()
+    hostile = context.socket(zmq.DEALER)
+    hostile.setsockopt(zmq.LINGER, 0)
+    memory = None
+    try:
+        hostile.connect(daemon.endpoint)
+        hostile.send(ipc.encode(ipc.Hello(PROTOCOL_VERSION, os.getpid(), "never reads", ipc.HelloOptions())))
+        assert hostile.poll(10_000)
+        welcome = ipc.decode(hostile.recv())
+        assert isinstance(welcome, ipc.Welcome)
+        memory, fd = shared_memory.connect(shared_memory.memory_socket_path(daemon.endpoint, welcome.daemon_id),
+                                           welcome.memory_token, 10.0)
+        assert fd is not None
+        os.close(fd)
+        with Producer(daemon.endpoint) as producer:
+            producer.send(topic, b"warm").result(30)
+            before = peak_resident_mb(daemon.pid)
+            with WellBehaved(producer, topic) as good:
+                for request_id in range(20_000):
+                    hostile.send(ipc.pack(ipc.Blocks.TYPE, request_id, "x" * 10_000, False, 1000))
+                assert wait_until(lambda: daemon.stats()["sessions_ended_unread"] == 1, timeout=60)
+            after = peak_resident_mb(daemon.pid)
+        stats = daemon.stats()
+        assert daemon.is_running()
+    finally:
+        hostile.close(0)
+        context.term()
+        if memory is not None:
+            memory.close()
+    assert stats["reply_buffer_bytes"] == 0 and stats["messages_refused"] >= 10_000
+    assert f"(pid {os.getpid()}, uid {os.getuid()}, 'never reads') does not read its replies" in daemon.log_tail(200)
+    # Bounded by the reply buffer and what ZeroMQ queues each way (340 MB before the bounds).
+    assert after - before < 40, (before, after)
+    good.check(broker.bootstrap, b"warm")
 
 
 def test_a_client_stopped_past_the_client_timeout_gets_every_report_when_it_continues(broker, topic_factory, sidecar,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -19,6 +20,16 @@ import zmq
 from client_stub.contract import ipc
 from service.tools.embedded import free_port
 from tests.support import users
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 30) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds have passed; returns whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 class SidecarProcess:
