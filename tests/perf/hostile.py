@@ -11,12 +11,12 @@ client runs beside it in a process of its own, from the moment the well-behaved 
 warm-up records are delivered until the measurement ends:
 
   big-frame       a DEALER sends one 300 MiB frame (the daemon's ZMQ_MAXMSGSIZE drops it)
-  unread-replies  HELLO, then 20 000 BLOCKS with a 10 KiB string as request_id, each refused
+  unread-replies  a session, then 20 000 BLOCKS with a 10 KiB string as request_id, each refused
                   with an ERROR that quotes it; the replies are never read
   two-sockets     one process, two sessions, each asking for the pool's every block and
-                  holding what it gets (a session may hold half the pool)
-  metadata-flood  HELLO, then METADATA for 5 000 topics that do not exist (the broker
-                  creates the topics asked for)
+                  holding what it gets (a process may hold half the pool)
+  metadata-flood  a session, then METADATA for 5 000 topics that do not exist (the broker
+                  creates the topics the daemon asks it to)
   garbage-loop    a DEALER sending garbage (random bytes, other msgpack, wrong types, extra
                   frames) as fast as the daemon takes it
   garbage-seal    a session sealing batches of random bytes (not Kafka records) into the
@@ -222,12 +222,12 @@ def big_frame(endpoint: str, topic: str, stop: Any) -> dict[str, Any]:
 
 
 def unread_replies(endpoint: str, topic: str, stop: Any) -> dict[str, Any]:
-    from client_stub.contract import PROTOCOL_VERSION, ipc
+    from client_stub.contract import ipc
 
     client = RawClient(endpoint, stop)
     try:
-        client.send(*_hello_fields(PROTOCOL_VERSION))
-        field = "x" * UNREAD_FIELD_BYTES  # the ERROR of each quotes it: ~10 KiB a reply
+        os.close(client.attach(client.hello()))  # a session of a process, as a real client's
+        field = "x" * UNREAD_FIELD_BYTES  # each ERROR quotes it (the daemon cuts the quote to 400 characters)
         sent = 0
         while sent < UNREAD_MESSAGES and client.send(ipc.Blocks.TYPE, field, 1, False, 0):
             sent += 1
@@ -280,7 +280,7 @@ def metadata_flood(endpoint: str, topic: str, stop: Any) -> dict[str, Any]:
 
     client = RawClient(endpoint, stop)
     try:
-        client.hello()
+        os.close(client.attach(client.hello()))  # topics are followed by sessions that made their handshake
         prefix = f"flood-{uuid.uuid4().hex[:8]}"
         asked = 0
         answers: Counter[str] = Counter()
