@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import random
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from collections import Counter
 
 import pytest
 import zmq
+from confluent_kafka.admin import AdminClient
 
 from client_stub import Producer
 from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
@@ -63,6 +69,19 @@ class WellBehaved:
         assert values == set(others) | {b"good-%d" % n for n in range(len(self.delivered))}
 
 
+def _session(sock: zmq.Socket, endpoint: str, name: str) -> socket.socket:
+    """A session of this process by hand (HELLO, WELCOME, the memory handshake); its memory connection."""
+    sock.send(ipc.encode(ipc.Hello(PROTOCOL_VERSION, os.getpid(), name, ipc.HelloOptions())))
+    assert sock.poll(10_000)
+    welcome = ipc.decode(sock.recv())
+    assert isinstance(welcome, ipc.Welcome)
+    memory, fd = shared_memory.connect(shared_memory.memory_socket_path(endpoint, welcome.daemon_id),
+                                       welcome.memory_token, 10.0)
+    assert fd is not None
+    os.close(fd)
+    return memory
+
+
 def test_a_300_mib_frame_is_dropped_before_it_is_read(broker, topic_factory, sidecar) -> None:
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap)
@@ -100,14 +119,7 @@ def test_a_client_that_never_reads_its_replies_costs_the_daemon_a_bounded_memory
     memory = None
     try:
         hostile.connect(daemon.endpoint)
-        hostile.send(ipc.encode(ipc.Hello(PROTOCOL_VERSION, os.getpid(), "never reads", ipc.HelloOptions())))
-        assert hostile.poll(10_000)
-        welcome = ipc.decode(hostile.recv())
-        assert isinstance(welcome, ipc.Welcome)
-        memory, fd = shared_memory.connect(shared_memory.memory_socket_path(daemon.endpoint, welcome.daemon_id),
-                                           welcome.memory_token, 10.0)
-        assert fd is not None
-        os.close(fd)
+        memory = _session(hostile, daemon.endpoint, "never reads")
         with Producer(daemon.endpoint) as producer:
             producer.send(topic, b"warm").result(30)
             before = peak_resident_mb(daemon.pid)
@@ -126,6 +138,126 @@ def test_a_client_that_never_reads_its_replies_costs_the_daemon_a_bounded_memory
     assert stats["reply_buffer_bytes"] == 0 and stats["messages_refused"] >= 10_000
     assert f"(pid {os.getpid()}, uid {os.getuid()}, 'never reads') does not read its replies" in daemon.log_tail(200)
     # Bounded by the reply buffer and what ZeroMQ queues each way (340 MB before the bounds).
+    assert after - before < 40, (before, after)
+    good.check(broker.bootstrap, b"warm")
+
+
+TWO_SESSIONS_TAKING_THE_POOL = """
+import os, sys, time
+import zmq
+from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
+endpoint = sys.argv[1]
+context = zmq.Context()
+held = []
+for n in range(2):
+    sock = context.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    sock.send(ipc.encode(ipc.Hello(PROTOCOL_VERSION, os.getpid(), f"greedy-{n}", ipc.HelloOptions())))
+    welcome = ipc.decode(sock.recv())
+    path = shared_memory.memory_socket_path(endpoint, welcome.daemon_id)
+    conn, fd = shared_memory.connect(path, welcome.memory_token, 10.0)
+    sock.send(ipc.pack(ipc.Blocks.TYPE, 1, welcome.block_count, False, 3_600_000))
+    held.append((sock, conn))
+print("asked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_two_sessions_of_one_process_take_at_most_the_share_of_one(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(3)
+    daemon = sidecar(broker.bootstrap)
+    greedy = subprocess.Popen([sys.executable, "-c", TWO_SESSIONS_TAKING_THE_POOL, daemon.endpoint],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert greedy.stdout is not None and greedy.stdout.readline() == "asked\n"
+        pool = daemon.stats()
+        share = pool["block_count"] // 2  # client_block_limit: half the pool, for a process
+        assert wait_until(lambda: sum(held for _, pid, held in daemon.stats()["clients"] if pid == greedy.pid)
+                          == share, timeout=10)
+        with Producer(daemon.endpoint) as producer, WellBehaved(producer, topic) as good:
+            time.sleep(2)
+        held = [held for _, pid, held in daemon.stats()["clients"] if pid == greedy.pid]
+        assert len(held) == 2 and sum(held) == share, held
+        assert daemon.is_running()
+    finally:
+        greedy.kill()
+        greedy.wait()
+    good.check(broker.bootstrap)
+
+
+def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory, sidecar) -> None:
+    # 5 000 METADATA requests for names the cluster does not have, from one session that does not wait for
+    # answers: a process waits for at most 100 such names at once, and the cluster creates 5 a minute.
+    topic = topic_factory(3)
+    daemon = sidecar(broker.bootstrap, settings={"sidecar.auto.create.topics.per.minute": 5})
+    prefix = f"flood-{uuid.uuid4().hex[:8]}"
+    context = zmq.Context()
+    hostile = context.socket(zmq.DEALER)
+    hostile.setsockopt(zmq.LINGER, 0)
+    memory = None
+    refused = 0
+    try:
+        hostile.connect(daemon.endpoint)
+        memory = _session(hostile, daemon.endpoint, "flood")
+        with Producer(daemon.endpoint) as producer:
+            # Its topic known to the daemon first: this process's other session shares its limits.
+            producer.send(topic, b"warm").result(30)
+            good = WellBehaved(producer, topic)
+            with good:
+                for n in range(5000):
+                    hostile.send(ipc.pack(ipc.Metadata.TYPE, f"{prefix}-{n}"))
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    if hostile.poll(100):
+                        message = ipc.decode(hostile.recv())
+                        refused += isinstance(message, ipc.Topic) and message.error is not None and \
+                            "sidecar.process.max.unknown.topics" in str(ipc.error_from_wire(message.error))
+        stats = daemon.stats()
+        assert daemon.is_running()
+    finally:
+        hostile.close(0)
+        context.term()
+        if memory is not None:
+            memory.close()
+    # The first 100 wait; the others are refused, but for as many as were created meanwhile (their places
+    # among the 100 came free).
+    assert 4900 - 5 <= refused <= 4900
+    assert 0 < stats["topics_awaiting_creation"] <= 100
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, "allow.auto.create.topics": False})
+    created = [name for name in admin.list_topics(timeout=10).topics if name.startswith(prefix)]
+    assert 0 < len(created) <= 5, created  # the rate: 5 a minute (the test takes less than one)
+    good.check(broker.bootstrap, b"warm")
+
+
+def test_garbage_at_full_speed_costs_the_others_nothing_but_a_share_of_the_loop(broker, topic_factory,
+                                                                                 sidecar) -> None:
+    topic = topic_factory(3)
+    daemon = sidecar(broker.bootstrap)
+    context = zmq.Context()
+    hostile = context.socket(zmq.DEALER)
+    hostile.setsockopt(zmq.LINGER, 0)
+    rng = random.Random(25)
+    garbage = [rng.randbytes(rng.randrange(1, 300)) for _ in range(64)] + [
+        ipc.pack(999), ipc.pack(ipc.Blocks.TYPE, "one", -1, "no", None), ipc.pack(ipc.Seal.TYPE, "notices")]
+    sent = 0
+    try:
+        hostile.connect(daemon.endpoint)
+        with Producer(daemon.endpoint) as producer:
+            producer.send(topic, b"warm").result(30)
+            before = peak_resident_mb(daemon.pid)
+            with WellBehaved(producer, topic) as good:
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    for message in garbage:
+                        hostile.send(message)
+                        sent += 1
+            after = peak_resident_mb(daemon.pid)
+        stats = daemon.stats()
+        assert daemon.is_running()
+    finally:
+        hostile.close(0)
+        context.term()
+    assert stats["messages_refused"] >= sent // 2  # refused as they come (the rest is still on its way)
     assert after - before < 40, (before, after)
     good.check(broker.bootstrap, b"warm")
 
