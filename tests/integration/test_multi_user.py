@@ -139,7 +139,7 @@ def test_clients_of_other_users_in_the_group_keep_their_sessions(broker, topic_f
         assert report["uid"] == host_users[name].uid
         assert report == {**report, "left": 0, "error_count": 0, "delivered": count, "distinct": count}, report
         # The daemon knows each client's user from the kernel, not from what the client says.
-        assert f"(uid {host_users[name].uid})" in log
+        assert f", uid {host_users[name].uid}, " in log
     # The daemon, another user, took neither client for dead: each kept its one session to the end.
     assert "is gone: ending its session" not in log and "silent for" not in log, log
     assert len(re.findall(r"client \d+ \(pid \d+, .*\) connected", log)) == 2
