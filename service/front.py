@@ -60,6 +60,10 @@ _CLOSE_LINGER_MS = 1000
 # The most client messages one loop iteration handles: the brokers' sockets, timers and reports are
 # served between two such turns, however fast any client sends.
 MAX_MESSAGES_PER_ITERATION = 1000
+# And the most of one client's: ZeroMQ reads its clients in turn, a message of each, so once one client has had
+# this many every other that has sent something has had as many, and the loop turns (a flooding client
+# costs the others a turn of this many of its messages at most).
+MAX_MESSAGES_PER_CLIENT_PER_ITERATION = 64
 # The largest message a client has reason to send is a SEAL or a resumed HELLO naming every block it may
 # hold, a notice (its topic name of at most 249 characters, nine integers) for each; ZeroMQ drops the
 # connection of a peer that sends a larger one before it is read into memory.
@@ -336,8 +340,10 @@ class SidecarFront:
                     self._end_session(session)
 
     def handle_readable(self) -> None:
-        """Handle the messages waiting on the socket, up to MAX_MESSAGES_PER_ITERATION (ZeroMQ's poll says
-        the socket is readable again while some are left)."""
+        """Handle the messages waiting on the socket, up to MAX_MESSAGES_PER_ITERATION, and up to
+        MAX_MESSAGES_PER_CLIENT_PER_ITERATION of one client (ZeroMQ's poll says the socket is readable again
+        while some are left)."""
+        handled: dict[bytes, int] = {}
         for _ in range(MAX_MESSAGES_PER_ITERATION):
             try:
                 # Frames, not bytes: a frame says whether more follow without a getsockopt(RCVMORE),
@@ -354,6 +360,10 @@ class SidecarFront:
             except Exception:
                 # A bug met by one client's message must not take the daemon down for all.
                 log.exception("error handling a client message")
+            count = handled.get(frames[0], 0) + 1
+            if count >= MAX_MESSAGES_PER_CLIENT_PER_ITERATION:
+                return
+            handled[frames[0]] = count
 
     def _dispatch(self, frames: list[bytes]) -> None:
         identity = frames[0]

@@ -30,6 +30,7 @@ from service.buffer_pool import FREE, OWNED, SEALED, BufferPool
 from service.config import ProducerConfig
 from service.daemon import SidecarDaemon
 from service.front import (
+    MAX_MESSAGES_PER_CLIENT_PER_ITERATION,
     MAX_MESSAGES_PER_ITERATION,
     ClientSession,
     SidecarFront,
@@ -2042,16 +2043,30 @@ def test_tcp_endpoint_in_use_is_an_error(env: Env) -> None:
 
 
 def test_one_turn_handles_a_bounded_number_of_messages(env: Env) -> None:
-    # A client that floods the front does not keep the loop from the brokers and the other clients: each
-    # turn takes at most MAX_MESSAGES_PER_ITERATION messages, the rest the next turn.
-    floods = [env.client() for _ in range(3)]
-    for flood in floods:
-        for _ in range(500):
-            flood.sock.send(b"garbage")  # inproc: all of them are waiting before the front looks
+    # Many clients' messages: each turn takes at most MAX_MESSAGES_PER_ITERATION, the rest the next turn.
+    clients = [env.client() for _ in range(20)]
+    for client in clients:
+        for _ in range(60):
+            client.sock.send(b"garbage")  # inproc: all of them are waiting before the front looks
     env.pump()
     assert env.front.messages_refused == MAX_MESSAGES_PER_ITERATION
     env.pump()
-    assert env.front.messages_refused == 1500
+    assert env.front.messages_refused == 1200
+
+
+def test_a_flooding_client_gets_a_bounded_share_of_a_turn(env: Env) -> None:
+    # A client that floods the front does not keep the loop from the brokers and the other clients: its
+    # messages and theirs are read in turn, and the turn ends after MAX_MESSAGES_PER_CLIENT_PER_ITERATION of its.
+    flood, quiet = env.client(), env.client()
+    quiet.hello()
+    for _ in range(500):
+        flood.sock.send(b"garbage")
+    quiet.send(ipc.Metadata.TYPE, "t")
+    env.pump()
+    assert env.front.messages_refused == MAX_MESSAGES_PER_CLIENT_PER_ITERATION
+    assert "t" in env.core.metadata.topics()  # the quiet client's message was handled in the same turn
+    env.pump()
+    assert env.front.messages_refused == 2 * MAX_MESSAGES_PER_CLIENT_PER_ITERATION
 
 
 def test_a_client_sends_a_bounded_number_of_messages_ahead_of_the_front(env: Env) -> None:
