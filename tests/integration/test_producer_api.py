@@ -252,8 +252,9 @@ def test_pool_pressure_makes_a_lingering_client_seal(proxied_broker, sidecar) ->
 
 
 def test_a_client_at_its_share_of_the_pool_seals_and_goes_on(proxied_broker, sidecar) -> None:
-    """A client may hold half the pool (max.request.size needs no more here): a lingering client
-    that has it is asked to seal and goes on, and another client is served meanwhile."""
+    """A process may hold half the pool (max.request.size needs no more here): a lingering client
+    that has it is asked to seal and goes on, and another client of the process is served as its blocks
+    come back."""
     tansu, proxy = proxied_broker
     tansu.create_topic("share", 8)
     daemon = sidecar(proxy.address, settings={"buffer.memory": 8 * 16384, "batch.size": 16384,
@@ -262,7 +263,7 @@ def test_a_client_at_its_share_of_the_pool_seals_and_goes_on(proxied_broker, sid
         held = [greedy.send("share", b"greedy-%d" % p, partition=p) for p in range(8)]
         assert other.send("share", b"other", partition=0).result(30).offset >= 0
         assert [f.result(30).partition for f in held] == list(range(8))
-    assert "at most 4 per client" in daemon.log_tail(400)
+    assert "at most 4 per process" in daemon.log_tail(400)
     values = sorted(r.value for r in read_topic(proxy.address, "share", expected=9))
     assert values == sorted([b"other"] + [b"greedy-%d" % p for p in range(8)])
 
