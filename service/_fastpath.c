@@ -3,7 +3,9 @@
  *
  * rebase_records(), with which the daemon coalesces small batches of one partition into one
  * (ProducerBatch.coalesce in service/producer/batch.py): the records a client wrote, re-encoded with
- * the offset and timestamp deltas of the batch that holds them all. Its pure-Python twin is
+ * the offset and timestamp deltas of the batch that holds them all. copy_records(), with which it
+ * reads every other batch before its first send (ProducerBatch.read_records): one private copy,
+ * checked as rebase_records checks, so that no malformed batch reaches a broker. Its pure-Python twin is
  * service/_fastpath_py.py; service.fastpath chooses between the two at import, as
  * client_stub.fastpath chooses the client's.
  */
@@ -108,6 +110,22 @@ static int parse_record(const unsigned char *data, Py_ssize_t end, Py_ssize_t *p
     return 1;
 }
 
+/* The next of ``count`` records at *pos (record ``n``), into *record: 1 if there is one; 0 after the last,
+   if the records were exactly ``count`` and end at ``len``; else -1, with a ValueError naming the record
+   and the byte where they stop. */
+static int next_record(const unsigned char *data, Py_ssize_t len, Py_ssize_t count, Py_ssize_t n, Py_ssize_t *pos,
+                       ParsedRecord *record) {
+    if (*pos < len && n < count && parse_record(data, len, pos, record)) {
+        return 1;
+    }
+    if (n != count || *pos != len) {
+        PyErr_Format(PyExc_ValueError, "not %zd well-formed records (record %zd, byte %zd of %zd)", count, n, *pos,
+                     len);
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(rebase_records_doc,
 "rebase_records(records, record_count, first_offset_delta, timestamp_shift) -> bytes\n\n"
 "The records of one batch, re-encoded for another that holds them from ``first_offset_delta`` on,\n"
@@ -134,10 +152,8 @@ static PyObject *rebase_records(PyObject *module, PyObject *args) {
     Py_ssize_t pos = 0, size = 0, n = 0;
     ParsedRecord record;
     int64_t shifted, offset;
-    while (pos < src.len && n < count) {
-        if (!parse_record(data, src.len, &pos, &record)) {
-            break;
-        }
+    int found;
+    while ((found = next_record(data, src.len, count, n, &pos, &record)) > 0) {
         if (__builtin_add_overflow(record.timestamp_delta, (int64_t)shift, &shifted) ||
             __builtin_add_overflow((int64_t)first_offset, (int64_t)n, &offset)) {
             PyErr_Format(PyExc_ValueError, "record %zd: its timestamp or offset delta is out of range", n);
@@ -147,9 +163,7 @@ static PyObject *rebase_records(PyObject *module, PyObject *args) {
         size += varint_size(body) + body;
         n++;
     }
-    if (n != count || pos != src.len) {
-        PyErr_Format(PyExc_ValueError, "not %zd well-formed records (record %zd, byte %zd of %zd)", count, n, pos,
-                     src.len);
+    if (found < 0) {
         goto done;
     }
     result = PyBytes_FromStringAndSize(NULL, size);
@@ -177,16 +191,49 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(copy_records_doc,
+"copy_records(records, record_count) -> bytes\n\n"
+"A copy of the records of one batch, read once. ValueError unless the copy is exactly ``record_count``\n"
+"well-formed records.");
+
+static PyObject *copy_records(PyObject *module, PyObject *args) {
+    Py_buffer src;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "y*n:copy_records", &src, &count)) {
+        return NULL;
+    }
+    /* The records lie in shared memory that their client can still write: what is checked is the copy
+       returned, which is what the daemon sends. */
+    PyObject *result = PyBytes_FromStringAndSize(NULL, src.len);
+    if (result != NULL) {
+        const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(result);
+        memcpy(PyBytes_AS_STRING(result), src.buf, (size_t)src.len);
+        Py_ssize_t pos = 0, n = 0;
+        ParsedRecord record;
+        int found;
+        while ((found = next_record(data, src.len, count, n, &pos, &record)) > 0) {
+            n++;
+        }
+        if (found < 0) {
+            Py_CLEAR(result);
+        }
+    }
+    PyBuffer_Release(&src);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"rebase_records", (PyCFunction)rebase_records, METH_VARARGS, rebase_records_doc},
+    {"copy_records", (PyCFunction)copy_records, METH_VARARGS, copy_records_doc},
     {NULL},
 };
 
 static struct PyModuleDef fastpath_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "service._fastpath",
-    .m_doc = "The daemon's per-record work in C: rebase_records(), for coalescing batches\n"
-             "(its pure-Python twin: service._fastpath_py; service.fastpath chooses).",
+    .m_doc = "The daemon's per-record work in C: rebase_records(), for coalescing batches, and\n"
+             "copy_records(), for reading the others (its pure-Python twin: service._fastpath_py;\n"
+             "service.fastpath chooses).",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -194,7 +241,7 @@ static struct PyModuleDef fastpath_module = {
 PyMODINIT_FUNC PyInit__fastpath(void) {
     PyObject *module = PyModule_Create(&fastpath_module);
 #ifdef Py_GIL_DISABLED
-    /* rebase_records() keeps no state, and reads its argument once, into a copy of its own. */
+    /* rebase_records() and copy_records() keep no state, and read their argument once, into a copy of their own. */
     if (module != NULL && PyUnstable_Module_SetGIL(module, Py_MOD_GIL_NOT_USED) < 0) {
         Py_CLEAR(module);
     }

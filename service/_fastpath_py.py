@@ -1,7 +1,8 @@
 """The daemon's per-record work in pure Python: the twin of the C extension ``service._fastpath``.
 
-rebase_records(), with which the daemon coalesces small batches of one partition into one, as
-``service/_fastpath.c`` does it (its comments are the specification), with the same errors. The
+rebase_records(), with which the daemon coalesces small batches of one partition into one, and
+copy_records(), with which it reads every other batch before its first send, as ``service/_fastpath.c``
+does them (its comments are the specification), with the same errors. The
 reference for the C code, and the daemon of machines where the extension could not be built;
 ``service.fastpath`` chooses between the two when first imported.
 """
@@ -9,11 +10,12 @@ reference for the C code, and the daemon of machines where the extension could n
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator
 from typing import Any
 
 from client_stub.contract.records import varint
 
-__all__ = ["rebase_records"]
+__all__ = ["copy_records", "rebase_records"]
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -82,32 +84,48 @@ def _int64(value: object) -> int:
     return value
 
 
+def _copy(records: Any, function: str) -> bytes:
+    """One private copy of ``records``, taken as the C argument parser takes a bytes-like object."""
+    try:
+        view = memoryview(records)
+    except TypeError:
+        raise TypeError(f"{function}() argument 1 must be bytes-like object, not {type(records).__name__}") \
+            from None
+    with view:
+        if not view.c_contiguous:
+            raise TypeError(f"{function}() argument 1 must be contiguous buffer, not memoryview")
+        return view.tobytes()
+
+
+def _records(data: bytes, count: int) -> Iterator[tuple[int, int, int, int]]:
+    """Each of the ``count`` records of ``data``, as _parse_record gives it; then ValueError (naming the record
+    and the byte where they stop) unless they were exactly ``count`` and end where ``data`` does."""
+    end = len(data)
+    pos = n = 0
+    while pos < end and n < count:
+        try:
+            record = _parse_record(data, end, pos)
+        except _Malformed:
+            break
+        yield record
+        pos = record[3]
+        n += 1
+    if n != count or pos != end:
+        raise ValueError(f"not {count} well-formed records (record {n}, byte {pos} of {end})")
+
+
 def rebase_records(records: Any, record_count: int, first_offset_delta: int, timestamp_shift: int) -> bytes:
     """The records of one batch, re-encoded for another that holds them from ``first_offset_delta`` on,
     with a base timestamp ``timestamp_shift`` ms lower. ValueError unless ``records`` is exactly
     ``record_count`` well-formed records."""
-    try:
-        view = memoryview(records)
-    except TypeError:
-        raise TypeError(f"rebase_records() argument 1 must be bytes-like object, not {type(records).__name__}") \
-            from None
     # The records lie in shared memory that their client can still write: one private copy is read, so
     # that what is checked is what is written.
-    with view:
-        if not view.c_contiguous:
-            raise TypeError("rebase_records() argument 1 must be contiguous buffer, not memoryview")
-        data = view.tobytes()
+    data = _copy(records, "rebase_records")
     count = _int64(record_count)
     first = _int64(first_offset_delta)
     shift = _int64(timestamp_shift)
-    end = len(data)
     pieces: list[bytes] = []
-    pos = n = 0
-    while pos < end and n < count:
-        try:
-            attributes, timestamp_delta, rest, body_end = _parse_record(data, end, pos)
-        except _Malformed:
-            break
+    for n, (attributes, timestamp_delta, rest, body_end) in enumerate(_records(data, count)):
         timestamp_delta += shift
         offset_delta = first + n
         if not _INT64_MIN <= timestamp_delta <= _INT64_MAX or offset_delta > _INT64_MAX:
@@ -115,8 +133,15 @@ def rebase_records(records: Any, record_count: int, first_offset_delta: int, tim
         body = b"".join((bytes((attributes,)), varint(timestamp_delta), varint(offset_delta), data[rest:body_end]))
         pieces.append(varint(len(body)))
         pieces.append(body)
-        pos = body_end
-        n += 1
-    if n != count or pos != end:
-        raise ValueError(f"not {count} well-formed records (record {n}, byte {pos} of {end})")
     return b"".join(pieces)
+
+
+def copy_records(records: Any, record_count: int) -> bytes:
+    """A copy of the records of one batch, read once. ValueError unless the copy is exactly ``record_count``
+    well-formed records."""
+    # The records lie in shared memory that their client can still write: what is checked is the copy
+    # returned, which is what the daemon sends.
+    data = _copy(records, "copy_records")
+    for _ in _records(data, _int64(record_count)):
+        pass
+    return data

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from client_stub.fastpath import load
 
-__all__ = ["IMPLEMENTATION", "rebase_records"]
+__all__ = ["IMPLEMENTATION", "copy_records", "rebase_records"]
 
 _module, IMPLEMENTATION = load("service._fastpath", "service._fastpath_py")
 
+copy_records = _module.copy_records
 rebase_records = _module.rebase_records

@@ -1,7 +1,9 @@
-"""rebase_records: the records of a batch, re-encoded for the coalesced batch that holds them.
+"""rebase_records: the records of a batch, re-encoded for the coalesced batch that holds them; and
+copy_records: the records of a batch that goes as it is, copied and checked.
 
-The daemon's (ProducerBatch.coalesce): every test runs against both twins (``fastpath``), the C
-extension ``service._fastpath`` and its pure-Python twin ``service._fastpath_py``.
+The daemon's (ProducerBatch.coalesce and ProducerBatch.read_records): every test runs against both
+twins (``fastpath``), the C extension ``service._fastpath`` and its pure-Python twin
+``service._fastpath_py``. Both functions refuse the same records, with the same error.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import mmap
 import multiprocessing
 import time
 from collections import Counter
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -56,6 +59,27 @@ def test_rebase_is_the_encoder_with_new_deltas(twin: ModuleType, recs, first: in
     assert twin.rebase_records(memoryview(bytearray(data)), len(recs), first, shift) == expected
 
 
+@pytest.mark.parametrize("twin", DAEMON)
+@settings(max_examples=100)
+@given(st.lists(rebased_records, max_size=8))
+def test_copy_is_the_records_as_they_are(twin: ModuleType, recs) -> None:
+    data = b"".join(encode_record(*rec) for rec in recs)
+    for records in (data, memoryview(bytearray(data)), bytearray(data)):
+        copy = twin.copy_records(records, len(recs))
+        assert type(copy) is bytes and copy == data
+
+
+def refused(fastpath: ModuleType, data: bytes, count: int) -> str:
+    """Both reads refuse ``data`` as ``count`` records, with the same error (naming the record and the byte
+    where the records stop): its message."""
+    with pytest.raises(ValueError, match="well-formed") as rebased:
+        fastpath.rebase_records(data, count, 0, 0)
+    with pytest.raises(ValueError, match="well-formed") as copied:
+        fastpath.copy_records(memoryview(bytearray(data)), count)
+    assert str(copied.value) == str(rebased.value)
+    return str(copied.value)
+
+
 def test_rebase_keeps_keys_values_headers_and_nulls(fastpath: ModuleType) -> None:
     # Offset deltas from 64 take two bytes (zig-zag 128): every record's length changes.
     data = KEYED + WITH_HEADERS + NULL_KEY + NULL_VALUE + EMPTY_VALUE + LONG_VALUE
@@ -77,8 +101,8 @@ def test_rebase_of_nothing_is_nothing(fastpath: ModuleType) -> None:
 @pytest.mark.parametrize("encoded", [KEYED, NULL_KEY, NULL_VALUE, EMPTY_VALUE, WITH_HEADERS, LONG_VALUE])
 def test_rebase_refuses_a_truncated_record(fastpath: ModuleType, encoded: bytes) -> None:
     for cut in range(len(encoded)):
-        with pytest.raises(ValueError, match="well-formed"):
-            fastpath.rebase_records(KEYED + encoded[:cut], 2, 0, 0)
+        assert refused(fastpath, KEYED + encoded[:cut], 2) == \
+            f"not 2 well-formed records (record 1, byte {len(KEYED)} of {len(KEYED) + cut})"
 
 
 @pytest.mark.parametrize(("data", "count"), [
@@ -89,8 +113,7 @@ def test_rebase_refuses_a_truncated_record(fastpath: ModuleType, encoded: bytes)
     pytest.param(KEYED, -1, id="a negative count"),
 ])
 def test_rebase_refuses_records_that_are_not_the_count(fastpath: ModuleType, data: bytes, count: int) -> None:
-    with pytest.raises(ValueError, match="well-formed"):
-        fastpath.rebase_records(data, count, 0, 0)
+    refused(fastpath, data, count)
 
 
 @pytest.mark.parametrize("data", [
@@ -108,10 +131,10 @@ def test_rebase_refuses_records_that_are_not_the_count(fastpath: ModuleType, dat
 def test_rebase_refuses_bad_lengths_inside_a_record(fastpath: ModuleType, data: bytes) -> None:
     with pytest.raises(ValueError):
         decode_records(data, 1)  # the decoder agrees that these are not records
-    with pytest.raises(ValueError, match="well-formed"):
-        fastpath.rebase_records(data, 1, 0, 0)
-    with pytest.raises(ValueError, match="well-formed"):
-        fastpath.rebase_records(KEYED + data, 2, 0, 0)  # nor after a good one
+    assert refused(fastpath, data, 1) == f"not 1 well-formed records (record 0, byte 0 of {len(data)})"
+    # Nor after a good one.
+    assert refused(fastpath, KEYED + data, 2) == \
+        f"not 2 well-formed records (record 1, byte {len(KEYED)} of {len(KEYED + data)})"
 
 
 @pytest.mark.parametrize("data", [
@@ -123,8 +146,7 @@ def test_rebase_refuses_lengths_below_null(fastpath: ModuleType, data: bytes) ->
     """Stricter than Java's reader (any negative length is null there): no client writes these, and
     such a batch is only left to go alone."""
     assert len(decode_records(data, 1)) == 1
-    with pytest.raises(ValueError, match="well-formed"):
-        fastpath.rebase_records(data, 1, 0, 0)
+    refused(fastpath, data, 1)
 
 
 def test_rebase_refuses_deltas_that_would_overflow(fastpath: ModuleType) -> None:
@@ -142,12 +164,12 @@ def _rewrite_until(shared: mmap.mmap, states: list[bytes], deadline: float) -> N
             shared[:len(state)] = state
 
 
-def test_rebase_of_records_their_client_rewrites_meanwhile_is_one_state_or_refused(fastpath: ModuleType) -> None:
-    # A client may rewrite a sealed block while the daemon coalesces it: one record with a long value,
-    # then two with short ones, over the same bytes. Each call reads one copy: what it returns is
+def test_reads_of_records_their_client_rewrites_meanwhile_are_one_state_or_refused(fastpath: ModuleType) -> None:
+    # A client may rewrite a sealed block while the daemon coalesces or copies it: one record with a long
+    # value, then two with short ones, over the same bytes. Each call reads one copy: what it returns is
     # well-formed records (their bytes may mix the two states: the client's own records, garbled by
-    # the client), or it refuses with ValueError; it never writes past what it sized, which crashed
-    # the daemon for every client of the host.
+    # the client), or it refuses with ValueError; rebase_records never writes past what it sized, which
+    # crashed the daemon for every client of the host.
     long_one = encode_record(0, 0, None, b"x" * 200)
     short_two = encode_record(0, 0, None, b"y" * 90) + encode_record(1, 0, None, b"z" * 100)
     length = max(len(long_one), len(short_two))
@@ -168,9 +190,16 @@ def test_rebase_of_records_their_client_rewrites_meanwhile_is_one_state_or_refus
                 else:
                     assert [r.offset_delta for r in decode_records(result, count)] == list(range(7, 7 + count))
                     outcomes["rebased"] += 1
+                try:
+                    copy = fastpath.copy_records(view, count)
+                except ValueError:
+                    outcomes["copy refused"] += 1
+                else:
+                    assert len(decode_records(copy, count)) == count
+                    outcomes["copied"] += 1
                 finally:
                     view.release()
-        assert outcomes["rebased"] and outcomes["refused"]
+        assert outcomes["rebased"] and outcomes["refused"] and outcomes["copied"] and outcomes["copy refused"]
     finally:
         writer.kill()
         writer.join()
@@ -182,9 +211,9 @@ def test_rebase_of_records_their_client_rewrites_meanwhile_is_one_state_or_refus
 C_FASTPATH = c_extension("service._fastpath")
 
 
-def _outcome(module: ModuleType, *args: object) -> object:
+def _outcome(function: Callable[..., bytes], *args: object) -> object:
     try:
-        return module.rebase_records(*args)
+        return function(*args)
     except (ValueError, OverflowError, TypeError) as exc:
         return type(exc), str(exc)
 
@@ -196,8 +225,10 @@ def _outcome(module: ModuleType, *args: object) -> object:
 def test_the_twins_rebase_alike_or_refuse_alike(recs, noise: bytes, cut: int, count_change: int, first: int,
                                                  shift: int) -> None:
     """Well-formed records, cut short or followed by noise, counted right or wrong: the same bytes or the same
-    error from both."""
+    error from both, rebased or copied."""
     data = b"".join(encode_record(*rec) for rec in recs)
     data = data[:len(data) - cut] + noise
-    args = (data, len(recs) + count_change, first, shift)
-    assert _outcome(_fastpath_py, *args) == _outcome(C_FASTPATH, *args)
+    count = len(recs) + count_change
+    args = (data, count, first, shift)
+    assert _outcome(_fastpath_py.rebase_records, *args) == _outcome(C_FASTPATH.rebase_records, *args)
+    assert _outcome(_fastpath_py.copy_records, data, count) == _outcome(C_FASTPATH.copy_records, data, count)
