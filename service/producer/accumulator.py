@@ -14,6 +14,11 @@ batch per partition: drain() coalesces the small batches queued at the head of
 a partition, never sent yet, into one of at most ``coalesce_bytes`` bytes of
 records (batch.size in the daemon, unless sidecar.coalesce.batches is off) that
 fits in a request.
+
+drain() reads a batch's records out of its client's memory before the batch
+takes a sequence (ProducerBatch.read_records): one that is not well-formed
+records leaves its queue unsent, in ``corrupt_batches``, for the sender to fail,
+and the next batch takes its place; no sequence is spent on it.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from client_stub.contract.records import BATCH_HEADER_SIZE
-from client_stub.errors import KafkaError
+from client_stub.errors import InvalidRecordError, KafkaError
 
 from ..network.connection_states import ExponentialBackoff
 from ..network.metadata import Cluster, Node
@@ -72,6 +77,9 @@ class RecordAccumulator:
         # Whether the last drain left batches behind on a partition it drained from, or stopped
         # at a full request: more may go to the same nodes at once.
         self.drain_left_batches = False
+        # The batches the last drain took out of their queues unsent, their records malformed, with their
+        # errors: the sender fails them.
+        self.corrupt_batches: list[tuple[ProducerBatch, InvalidRecordError]] = []
         # Every batch appended and not final yet, queued or in flight: what flush waits for.
         self.incomplete: set[ProducerBatch] = set()
         self.closed = False
@@ -206,6 +214,7 @@ class RecordAccumulator:
                     by_leader.setdefault(leader.id, []).append(tp)
         drained: dict[int, list[ProducerBatch]] = {}
         self.drain_left_batches = False
+        self.corrupt_batches = []
         for node in nodes:
             batches = self._drain_node(by_leader.get(node.id, []), node.id, max_size, now)
             if batches:
@@ -223,17 +232,16 @@ class RecordAccumulator:
         size = 0
         ready: list[ProducerBatch] = []
         tm = self.transaction_manager
+        # Never larger than a request may be (batch.size may exceed max.request.size).
+        coalesce_bytes = min(self.coalesce_bytes, max_size - BATCH_HEADER_SIZE)
         for i in range(len(partitions)):
             tp = partitions[(start + i) % len(partitions)]
             if tp in self._muted:
                 continue
             queue = self._batches[tp]
-            batch = queue[0]
-            if batch.last_attempt_ms + self._backoff_ms(batch) > now:
+            batch = self._sendable_head(queue, coalesce_bytes, now)
+            if batch is None:
                 continue
-            if self.coalesce_bytes and batch.coalescible and len(queue) > 1:
-                # Never larger than a request may be (batch.size may exceed max.request.size).
-                batch = self._coalesce(queue, min(self.coalesce_bytes, max_size - BATCH_HEADER_SIZE), now)
             if ready and size + batch.size_in_bytes > max_size:
                 # The first partition that did not fit goes first next time.
                 self._drain_start[node_id] = tp
@@ -252,6 +260,26 @@ class RecordAccumulator:
             size += batch.size_in_bytes
             ready.append(batch)
         return ready
+
+    def _sendable_head(self, queue: deque[ProducerBatch], coalesce_bytes: int, now: int) -> ProducerBatch | None:
+        """The head of ``queue`` if it is not backing off, coalesced with the batches behind it if they fit,
+        its records read. A batch whose records are malformed leaves the queue for ``corrupt_batches``, and
+        the next one is looked at in its place."""
+        while queue:
+            batch = queue[0]
+            if batch.last_attempt_ms + self._backoff_ms(batch) > now:
+                return None
+            if self.coalesce_bytes and batch.coalescible and len(queue) > 1:
+                batch = self._coalesce(queue, coalesce_bytes, now)
+            try:
+                batch.read_records()
+            except InvalidRecordError as exc:
+                queue.popleft()
+                self._backoffs.pop(batch, None)
+                self.corrupt_batches.append((batch, exc))
+                continue
+            return batch
+        return None
 
     # At most this many queued batches are looked at for one coalesced batch.
     _COALESCE_CANDIDATES = 256

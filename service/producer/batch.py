@@ -1,8 +1,8 @@
 """ProducerBatch: one sealed batch of one partition, from hand-off to its final state.
 
 The records are already in Kafka's v2 record format, written by the
-application into its shared memory; the daemon reads them once, into the copy
-it checksums and sends (see ProducerBatch for why). The batch
+application into its shared memory; the daemon reads them once, into a checked
+copy that it checksums and sends (see ProducerBatch for why). The batch
 adds what only the sender knows: producer id, epoch and sequence, attempts,
 compression, and the final outcome, which is set exactly once.
 
@@ -22,7 +22,7 @@ from client_stub.contract.records import BATCH_HEADER_SIZE, Buffer, decode_recor
 from client_stub.errors import ERRORS_BY_NAME, InvalidRecordError, KafkaError
 from client_stub.fastpath import encode_record
 
-from ..fastpath import rebase_records
+from ..fastpath import copy_records, rebase_records
 from ..protocol.compression import CompressionType, compress
 from ..protocol.record_batch import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, encode_batch_header
 
@@ -58,18 +58,21 @@ class ProducerBatch:
 
     ``records`` is a view of its client's shared memory, which that client can
     still write (carelessly or to harm) while the daemon holds the batch. The
-    rule for every read of it: read once, into a private copy, and use the copy
-    (the payload of :meth:`wire_pieces`, which the CRC covers and the socket
-    sends; rebase_records; :meth:`split`). Only a parse needs the bytes to be
-    records: one that does not parse fails this batch alone, with CORRUPT_MESSAGE
-    (InvalidRecordError) to its client, never another batch or the loop.
+    rule for every read of it: read once, into a private copy, and use the copy.
+    Coalescing reads it with rebase_records; a batch that goes as it is, with
+    :meth:`read_records`, before its first send: ``records`` becomes the copy,
+    checked to be ``record_count`` well-formed records, which the CRC covers and
+    the socket sends, on every attempt. Records that do not parse fail this batch
+    alone, with CORRUPT_MESSAGE (InvalidRecordError) to its client, never another
+    batch or the loop; checked before the batch has a sequence, they are never sent.
     """
 
     __slots__ = ("tp", "records", "record_count", "base_timestamp", "max_timestamp", "created_ms",
                  "on_complete", "release", "origin", "origin_index", "attempts", "last_attempt_ms",
                  "drained_ms", "producer_id", "producer_epoch", "base_sequence", "sequence_reset",
                  "final_state", "base_offset", "log_append_time_ms", "error", "in_flight",
-                 "_released", "_payload", "_header", "_header_key", "in_retry", "parts", "coalescible")
+                 "_released", "_payload", "_header", "_header_key", "in_retry", "parts", "coalescible",
+                 "records_read")
 
     def __init__(self, tp: TopicPartition, records: Buffer, record_count: int, *, base_timestamp: int,
                  max_timestamp: int, created_ms: int,
@@ -107,6 +110,8 @@ class ProducerBatch:
         self.parts: list[ProducerBatch] = []
         # Until it is first sent, a batch may be coalesced with the next ones of its partition.
         self.coalescible = True
+        # Whether ``records`` is the daemon's own, checked copy (see read_records).
+        self.records_read = False
 
     @classmethod
     def coalesce(cls, batches: Iterable[ProducerBatch], max_records_bytes: int) -> tuple[ProducerBatch | None, int]:
@@ -157,6 +162,7 @@ class ProducerBatch:
                        created_ms=min(b.created_ms for b in parts), on_complete=_complete_parts)
         combined.parts = parts
         combined.coalescible = False
+        combined.records_read = True  # rebase_records wrote them
         return combined, len(parts)
 
     def __repr__(self) -> str:
@@ -195,20 +201,39 @@ class ProducerBatch:
 
     # -- sending ---------------------------------------------------------------------------------
 
+    def read_records(self) -> None:
+        """Make ``records`` a private copy of the client's, once, checked to be ``record_count``
+        well-formed records; raises InvalidRecordError (CORRUPT_MESSAGE) if they are not.
+
+        The drain calls it before the batch takes a sequence, so that a malformed batch fails
+        alone, unsent, and leaves no gap in its partition's sequences. Why a copy: the client may
+        rewrite its memory after the CRC is computed, and a broker would refuse (or, not checking
+        CRCs, keep) a batch whose bytes are not those its CRC covers. Why checked: a broker refuses
+        a malformed batch, which would cost its partition the sequences of every batch in flight
+        there (a new producer id, the other clients' batches renumbered and sent again), and one
+        that keeps it stops every CRC-checking reader of the partition there.
+        """
+        if self.records_read:
+            return
+        try:
+            self.records = copy_records(self.records, self.record_count)
+        except ValueError as exc:
+            raise corrupt_records(self, str(exc)) from None
+        self.records_read = True
+
     def wire_pieces(self, compression: CompressionType, level: int | None) -> list[Buffer]:
         """The batch as ``[header, payload]`` for a ProduceRequest.
 
-        The payload is a copy of the records, compressed or not, made once and
-        kept for retries: the client may rewrite its shared memory between the CRC
-        and the send, and a broker would refuse (or, not checking CRCs, keep) a
-        batch whose bytes are not those its CRC covers. The copy costs a memcpy
-        per batch. The header is rebuilt only when the producer state changes. A
-        released batch has none: its buffer may hold other records by now.
+        The payload is the records once read (:meth:`read_records`), compressed
+        once if compression is on, and kept for retries. The header is rebuilt
+        only when the producer state changes. A released batch has none: its
+        buffer may hold other records by now.
         """
         if self._released:
             raise RuntimeError(f"{self} was released: it cannot be sent")
         if self._payload is None or self._payload[0] is not compression:
-            payload = bytes(self.records) if compression is CompressionType.NONE else \
+            self.read_records()
+            payload = self.records if compression is CompressionType.NONE else \
                 compress(compression, self.records, level)
             self._payload = (compression, payload)
             self._header = None
@@ -280,6 +305,7 @@ class ProducerBatch:
             batch.attempts = self.attempts
             batch.last_attempt_ms = self.last_attempt_ms
             batch.coalescible = False  # or the parts would be put together again, as large as before
+            batch.records_read = True  # encoded here
             batches.append(batch)
             index += len(chunk)
         return batches

@@ -64,6 +64,8 @@ class SenderMetrics:
     batches_expired: int = 0
     records_expired: int = 0
     batches_aborted: int = 0
+    # Failed before they were sent: their records were not what their clients said (counted as failed too).
+    batches_corrupt: int = 0
     batch_splits: int = 0
     request_latency_ms: Stat = field(default_factory=Stat)
     queue_time_ms: Stat = field(default_factory=Stat)

@@ -45,6 +45,10 @@ REQUEST_TIMED_OUT = ERRORS_BY_NAME["REQUEST_TIMED_OUT"].code
 DUPLICATE_SEQUENCE_NUMBER = ERRORS_BY_NAME["DUPLICATE_SEQUENCE_NUMBER"].code
 UNKNOWN_SERVER_ERROR = ERRORS_BY_NAME["UNKNOWN_SERVER_ERROR"].code
 
+# Batches that fail unsent, their records malformed, are logged at most this often (a client may seal
+# garbage as fast as it can).
+CORRUPT_LOG_INTERVAL_MS = 5_000
+
 PartitionData = m.ProduceRequest.TopicProduceData.PartitionProduceData
 TopicData = m.ProduceRequest.TopicProduceData
 
@@ -82,6 +86,7 @@ class Sender:
         self._next_in_flight_expiry_ms = FOREVER
         self._init_producer_id_in_flight = False
         self._init_producer_id_retry_ms = 0
+        self._next_corrupt_log_ms = 0
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -149,6 +154,7 @@ class Sender:
             else:
                 not_ready_timeout = min(not_ready_timeout, self.client.connection_delay(node.id, now))
         drained = self.accumulator.drain(cluster, ready_nodes, self.max_request_size, now)
+        self._fail_corrupt(now)
         for batches in drained.values():
             for batch in batches:
                 self._in_flight_batches.setdefault(batch.tp, []).append(batch)
@@ -176,6 +182,17 @@ class Sender:
             if sendable:
                 self._send_produce_request(node_id, sendable, now)
         return max(poll_timeout, 0)
+
+    def _fail_corrupt(self, now: int) -> None:
+        """Fail the batches the drain found malformed, each alone, with its client's error. Unsent, a batch
+        drained for the first time spent no sequence; one with a sequence already (a part of a coalesced
+        batch the broker found too large, sent again alone) leaves a gap, as after any final refusal."""
+        for batch, error in self.accumulator.corrupt_batches:
+            self.metrics.batches_corrupt += 1
+            if now >= self._next_corrupt_log_ms:
+                self._next_corrupt_log_ms = now + CORRUPT_LOG_INTERVAL_MS
+                log.warning("%s fails unsent (%d so far): %s", batch, self.metrics.batches_corrupt, error)
+            self._fail_batch(batch, error, adjust_sequences=True)
 
     # -- expiry ----------------------------------------------------------------------------------
 
@@ -312,8 +329,9 @@ class Sender:
                 # Halves: a batch keeps splitting until its parts fit or are single records.
                 self.accumulator.split_and_reenqueue(batch, batch.records_size // 2, now)
             except InvalidRecordError as exc:
-                # Its client wrote records that do not parse. The broker refused the batch: its
-                # sequences are a gap, as after any final refusal.
+                # Its client wrote records the daemon cannot re-encode (well-framed, as read_records
+                # found them, but with a header key that is not UTF-8 or a timestamp out of range).
+                # The broker refused the batch: its sequences are a gap, as after any final refusal.
                 log.warning("%s fails: %s", batch, exc)
                 self._fail_batch(batch, exc, adjust_sequences=True)
                 return

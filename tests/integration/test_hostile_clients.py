@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 
 from client_stub import Producer
 from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
+from client_stub.errors import InvalidRecordError
 from service.tools.readback import read_topic
 from tests.support import workers
 from tests.support.sidecar import wait_until
@@ -323,3 +324,36 @@ def test_a_client_rewriting_its_sealed_blocks_hurts_only_its_own_records(broker,
     assert good == Counter(b"good-%d" % n for n in range(count))
     # The hostile client's records went too, as whatever they held when the daemon read them.
     assert len(values) > count and all(len(v) == len(workers.HOSTILE_VALUE) for v in values if v not in good)
+
+
+def test_a_client_sealing_garbage_fails_its_own_batches_alone(broker, topic_factory, sidecar) -> None:
+    """A client overwrites its records with bytes that are no records before it seals them, between the batches
+    of a well-behaved client on the same partitions. Each garbage batch fails alone, with CORRUPT_MESSAGE to its
+    client, before the daemon sends it: the well-behaved records are all delivered and read back with CRCs
+    checked (a broker refusing the garbage would have renumbered them; Tansu would have kept it, and stopped
+    every reader of its partition there), the daemon logs no exception, and every block comes back."""
+    partitions, count = 3, 6000
+    topic = topic_factory(partitions)
+    daemon = sidecar(broker.bootstrap)
+    with Producer(daemon.endpoint, linger_ms=1) as good, Producer(daemon.endpoint, linger_ms=3_600_000) as hostile:
+        futures = [good.send(topic, b"good-%d" % n, partition=n % partitions) for n in range(count // 2)]
+        garbage = [hostile.send(topic, workers.HOSTILE_VALUE, partition=n % partitions) for n in range(30)]
+        with hostile._lock:  # its open batches, one per partition, as its send() leaves them
+            segment, batches = hostile._io.segment, list(hostile._accumulator.open.values())
+            for batch in batches:
+                segment.blocks(batch.first_block, batch.block_count)[:batch.pos] = b"\xaa" * batch.pos
+        assert len(batches) == partitions
+        hostile.flush(timeout=0)  # seals them
+        futures += [good.send(topic, b"good-%d" % n, partition=n % partitions) for n in range(count // 2, count)]
+        offsets = [f.result(60).offset for f in futures]
+        errors = [f.exception(60) for f in garbage]
+    assert all(offset >= 0 for offset in offsets)
+    assert all(type(e) is InvalidRecordError and (e.code, e.name) == (2, "CORRUPT_MESSAGE") for e in errors), errors
+    assert all("not 10 well-formed records (record 0, byte 0 of" in e.message for e in errors), errors[0]
+    assert daemon.is_running()
+    assert "Traceback" not in daemon.log_path.read_text(errors="replace")
+    values = [r.value for r in read_topic(broker.bootstrap, topic, expected=count, timeout=60)]
+    assert sorted(values) == sorted(b"good-%d" % n for n in range(count))
+    assert wait_until(lambda: not daemon.held())
+    stats = daemon.stats()
+    assert stats["free_blocks"] == stats["block_count"], stats

@@ -36,7 +36,7 @@ from service.protocol import messages as m
 from service.protocol.api import encode_request
 from service.protocol.record_batch import RecordBatch, decode_batches
 from service.tools.embedded import free_port
-from tests.support.batches import Deliveries, SentRecord
+from tests.support.batches import Deliveries, SentRecord, encode_records
 from tests.support.broker_codec import RequestHeader
 from tests.support.core import JumpingClock, run_until
 from tests.support.fake_broker import CLOSE, FakeBroker, codec_api_versions, produce_response
@@ -637,11 +637,12 @@ def partitions_of(request: m.ProduceRequest) -> list[int]:
 
 
 @pytest.mark.parametrize("idempotent", [True, False])
-def test_a_batch_of_garbage_too_large_fails_alone_and_the_response_goes_on(fake_broker, make_core,
-                                                                         idempotent: bool) -> None:
-    """Its client sealed bytes that are no records; the broker finds the batch too large. Splitting it
-    fails: that batch fails with CORRUPT_MESSAGE, its buffer goes back, the other batch of the same
-    response is delivered, and the partition goes on."""
+def test_a_batch_that_cannot_be_split_fails_alone_and_the_response_goes_on(fake_broker, make_core,
+                                                                           idempotent: bool) -> None:
+    """Its client sealed records that Kafka's framing allows but the daemon cannot re-encode (header keys
+    that are not UTF-8: sent as they are, as a broker takes them); the broker finds the batch too large.
+    Splitting it fails: that batch fails with CORRUPT_MESSAGE, its buffer goes back, the other batch of
+    the same response is delivered, and the partition goes on."""
     broker = fake_broker(1, topics={TOPIC: 2})
     log = SequencedLog(broker, unreadable_error=MESSAGE_TOO_LARGE).install()
     fresh_producer_ids(broker)
@@ -649,7 +650,7 @@ def test_a_batch_of_garbage_too_large_fails_alone_and_the_response_goes_on(fake_
     deliveries = Deliveries(TOPIC)
     # The drain starts at partition 0 next: the garbage comes first in the request, and in its response.
     warm_up(core, deliveries, partition=0)
-    garbage = ProducerBatch(TopicPartition(TOPIC, 0), memoryview(bytearray(range(256)) * 4), 5,
+    garbage = ProducerBatch(TopicPartition(TOPIC, 0), encode_records([(0, None, b"v", [(b"\xff", b"x")])] * 5), 5,
                             base_timestamp=0, max_timestamp=0, created_ms=monotonic_ms(),
                             on_complete=deliveries.reports.append, release=lambda: deliveries.releases.update(["bad"]),
                             origin="bad")
@@ -683,6 +684,53 @@ def test_a_batch_of_garbage_too_large_fails_alone_and_the_response_goes_on(fake_
     if idempotent:
         assert core.transaction_manager.producer_id_resets == 1
         assert log.seen[-1][1:4] == (1001, 0, 0)
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_a_batch_of_garbage_is_never_sent_and_its_neighbours_keep_their_sequences(fake_broker, make_core,
+                                                                                idempotent: bool,
+                                                                                coalesce: bool) -> None:
+    """Its client sealed bytes that are no records, between well-formed batches of the same partition. The
+    daemon reads it before it takes a sequence: it fails alone with CORRUPT_MESSAGE, unsent, its buffer
+    back; the batches before and after it are delivered in order under the same producer id, with
+    consecutive sequences, and none is refused or retried (a broker refusing the garbage would have cost
+    the partition its sequences: a new producer id, the batches after it renumbered and sent again)."""
+    broker = fake_broker(1, topics={TOPIC: 1})
+    log = SequencedLog(broker).install()  # it fails on a batch it cannot decode
+    fresh_producer_ids(broker)
+    core = make_core(broker, enable_idempotence=idempotent, sidecar_coalesce_batches=coalesce)
+    deliveries = Deliveries(TOPIC)
+    warm_up(core, deliveries, partition=0)
+    before = new_batches(deliveries, partition=0, batches=2)
+    garbage = ProducerBatch(TopicPartition(TOPIC, 0), memoryview(bytearray(b"\xaa" * 1024)), 7,
+                            base_timestamp=0, max_timestamp=0, created_ms=monotonic_ms(),
+                            on_complete=deliveries.reports.append, release=lambda: deliveries.releases.update(["bad"]),
+                            origin="bad")
+    after = new_batches(deliveries, partition=0, batches=2)
+    for batch in (*before, garbage, *after):
+        core.append(batch)
+    assert core.flush(5000)
+
+    assert garbage.final_state is FinalState.FAILED and not garbage.has_sequence
+    assert type(garbage.error) is InvalidRecordError
+    assert (garbage.error.code, garbage.error.name, garbage.error.retriable) == (CORRUPT_MESSAGE, "CORRUPT_MESSAGE",
+                                                                                False)
+    assert "not 7 well-formed records (record 0, byte 0 of 1024)" in garbage.error.message
+    assert deliveries.releases["bad"] == 1 and deliveries.reports.count(garbage) == 1
+    assert core.metrics.batches_failed == core.metrics.batches_corrupt == 1
+    assert core.metrics.batches_retried == 0
+    assert all(b.final_state is FinalState.SUCCEEDED for b in before + after)
+    # What reached the broker: the warm-up and the well-formed batches, each once, in order.
+    sent = produce_batches(broker)
+    values = [v for b in before + after for v in values_of(b, deliveries)]
+    assert [r.value for b in sent[1:] for r in b.records] == values and log_values(broker)[1:] == values
+    assert len(sent) == (3 if coalesce else 5)
+    assert all(code == NONE for *_, code in log.seen)
+    if idempotent:
+        assert {(b.producer_id, b.producer_epoch) for b in sent} == {(1000, 0)}
+        assert [b.base_sequence for b in sent] == list(itertools.accumulate([0] + [b.record_count for b in sent[:-1]]))
+        assert core.transaction_manager.producer_id_resets == 0
 
 
 def test_an_error_settling_one_batch_does_not_leave_the_rest_of_the_response(fake_broker, make_core,

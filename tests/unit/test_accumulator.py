@@ -739,17 +739,32 @@ def test_a_retried_batch_is_never_coalesced(idempotent: bool) -> None:
         assert (first.base_sequence, sent.base_sequence) == (0, 3)
 
 
-def test_a_malformed_batch_goes_alone() -> None:
-    acc = coalescing()
+@pytest.mark.parametrize("idempotent", [True, False])
+@pytest.mark.parametrize("coalesce", [True, False])
+def test_a_malformed_batch_leaves_its_queue_unsent_and_spends_no_sequence(idempotent: bool, coalesce: bool) -> None:
+    tm = ready_tm() if idempotent else None
+    acc = coalescing(tm) if coalesce else accumulator(tm)
     cluster = make_cluster({T0: 1})
     good = append(acc, T0, 2)
     records = make_batch(T0).records
     bad = ProducerBatch(T0, records[:-1], 3, base_timestamp=0, max_timestamp=0, created_ms=0)
     acc.append(bad)
     later = append(acc, T0, 2)
-    drained = [drain_one(acc, cluster, now) for now in range(4)]
-    assert [b.parts for [b] in drained[:3]] == [good, [], later]
-    assert drained[1] == [bad] and drained[3] == []
+    drains: list[list[ProducerBatch]] = []
+    corrupt = []
+    while acc.has_undrained():
+        drains.append(drain_one(acc, cluster, 0))
+        corrupt += acc.corrupt_batches
+    # Not coalesced with its neighbours, and, its records read before it takes a sequence, not drained: the
+    # next batch takes its place in the same drain.
+    assert all(len(batches) == 1 for batches in drains)
+    sent = [b for [b] in drains]
+    assert [b.parts or [b] for b in sent] == ([good, later] if coalesce else [[b] for b in good + later])
+    [(batch, error)] = corrupt
+    assert batch is bad and not bad.has_sequence and not bad.is_done  # the sender fails it
+    assert (error.name, error.retriable) == ("CORRUPT_MESSAGE", False) and str(bad) in error.message
+    if idempotent:
+        assert [b.base_sequence for b in sent] == ([0, 6] if coalesce else [0, 3, 6, 9])
 
 
 

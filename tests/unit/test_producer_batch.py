@@ -157,13 +157,14 @@ def test_released_batch_gives_no_wire_pieces(outcomes: Outcomes, release: str) -
 def test_wire_pieces_uncompressed_is_one_copy_of_the_buffer() -> None:
     specs = record_specs(5)
     batch = make_batch(specs=specs, created_ms=5)
+    shared = batch.records
     batch.set_producer_state(1234, 3, 40)
     header, payload = batch.wire_pieces(CompressionType.NONE, None)
-    assert isinstance(payload, bytes) and payload == bytes(batch.records)
+    assert isinstance(payload, bytes) and payload == bytes(shared) and payload is batch.records
     assert len(header) == BATCH_HEADER_SIZE
     assert batch.size_in_bytes == BATCH_HEADER_SIZE + len(payload)
     # The client rewrites its memory after the CRC: what goes (now and on a retry) is what the CRC covers.
-    batch.records[:] = bytes(batch.records_size)
+    shared[:] = bytes(len(shared))
     assert batch.wire_pieces(CompressionType.NONE, None)[1] is payload
     batch.set_producer_state(1234, 3, 45)
     header, again = batch.wire_pieces(CompressionType.NONE, None)
@@ -236,6 +237,15 @@ def test_compressed_payload_computed_once(codec: CompressionType, monkeypatch: p
         assert decoded.base_sequence == sequence and decoded.record_count == 20
         assert [(r.key, r.value, r.headers) for r in decoded.records] == [
             (k, v, [(hk.decode(), hv) for hk, hv in h]) for _, k, v, h in specs]
+
+
+def test_compression_reads_the_checked_copy() -> None:
+    batch = make_batch(count=5)
+    shared = batch.records
+    batch.read_records()
+    shared[:] = bytes(len(shared))  # rewritten by its client after the daemon read it
+    decoded = decode(batch.wire_pieces(CompressionType.LZ4, None))
+    assert decoded.crc_valid and decoded.record_count == len(decoded.records) == 5
 
 
 def test_compression_change_recomputes_payload_and_header() -> None:
@@ -329,11 +339,18 @@ def test_sequence_wraps() -> None:
     assert [p.base_sequence for p in parts] == [2**31 - 2, 2**31 - 1, 0]
 
 
-@pytest.mark.parametrize("records", [
+# Three records, as a client seals them, that are not three well-formed records.
+MALFORMED = [
     pytest.param(bytes(range(200)), id="garbage"),
     pytest.param(encode_records(record_specs(3), into_memoryview=False)[:-1], id="cut-short"),
     pytest.param(encode_records(record_specs(3), into_memoryview=False) + b"\0", id="trailing-byte"),
     pytest.param(encode_records(record_specs(2), into_memoryview=False), id="fewer-than-sealed"),
+    pytest.param(encode_records(record_specs(4), into_memoryview=False), id="more-than-sealed"),
+]
+
+
+@pytest.mark.parametrize("records", [
+    *MALFORMED,
     # A timestamp delta no header's maxTimestamp can hold, from a base timestamp near the end of int64.
     pytest.param(encode_records([(2**62, None, b"v", []), (0, None, b"w", [])], into_memoryview=False),
                  id="timestamp-out-of-range"),
@@ -348,6 +365,29 @@ def test_split_of_records_that_do_not_parse_fails_with_corrupt_message(records: 
     assert str(batch) in error.message
     # Nothing changed: the batch can still fail through its normal path.
     assert batch.records_size == len(records) and batch.final_state is None
+
+
+@pytest.mark.parametrize("records", MALFORMED)
+@pytest.mark.parametrize("compression", [CompressionType.NONE, CompressionType.ZSTD])
+def test_records_that_do_not_parse_are_never_in_wire_pieces(records: bytes, compression: CompressionType) -> None:
+    batch = ProducerBatch(T0, memoryview(bytearray(records)), 3, base_timestamp=BASE_TS, max_timestamp=BASE_TS,
+                          created_ms=0)
+    for read in (batch.read_records, lambda: batch.wire_pieces(compression, None)):
+        with pytest.raises(InvalidRecordError) as raised:
+            read()
+        error = raised.value
+        assert (error.code, error.name, error.retriable) == (2, "CORRUPT_MESSAGE", False)
+        assert str(batch) in error.message and "well-formed" in error.message
+        assert not batch.records_read and batch.final_state is None
+
+
+def test_records_are_read_once() -> None:
+    batch = make_batch(count=3)
+    batch.read_records()
+    copy = batch.records
+    assert isinstance(copy, bytes) and batch.records_read
+    batch.read_records()
+    assert batch.records is copy
 
 
 # -- delivery timeout ----------------------------------------------------------------------------
