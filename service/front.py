@@ -743,7 +743,8 @@ class SidecarFront:
                 "topics_awaiting_creation": len(self.core.metadata.awaiting_creation()),
                 "reply_buffer_bytes": sum(s.waiting_bytes for s in self.sessions.values()),
                 "messages_refused": self.messages_refused, "replies_dropped": self.replies_dropped,
-                "sessions_ended_unread": self.sessions_ended_unread}
+                "sessions_ended_unread": self.sessions_ended_unread,
+                "batches_corrupt": self.core.metrics.batches_corrupt}
 
     # -- outgoing --------------------------------------------------------------------------------
 

@@ -356,4 +356,4 @@ def test_a_client_sealing_garbage_fails_its_own_batches_alone(broker, topic_fact
     assert sorted(values) == sorted(b"good-%d" % n for n in range(count))
     assert wait_until(lambda: not daemon.held())
     stats = daemon.stats()
-    assert stats["free_blocks"] == stats["block_count"], stats
+    assert stats["free_blocks"] == stats["block_count"] and stats["batches_corrupt"] == partitions, stats

@@ -559,7 +559,7 @@ def test_stats_report_what_the_pool_holds(env: Env) -> None:
     probe.send(ipc.Stats.TYPE)
     env.pump()
     counts = {"sessions_kept": 0, "topics_awaiting_creation": 0, "reply_buffer_bytes": 0, "messages_refused": 0,
-              "replies_dropped": 0, "sessions_ended_unread": 0}
+              "replies_dropped": 0, "sessions_ended_unread": 0, "batches_corrupt": 0}
     assert probe.recv() == [ipc.StatsReport.TYPE, {"block_count": BLOCKS, "free_blocks": BLOCKS, "sessions": 0,
                                                    "clients": [], "held": [], **counts}]
     a, b, c = env.client(), env.client(), env.client()
