@@ -384,7 +384,9 @@ class BufferPool:
         while self._resident > self._resident_limit and cold:
             client_id, block = cold.popleft()
             memory = self._memory.get(client_id)
-            if memory is not None and memory.touched[block] and memory.state[block] == FREE:
+            # A kept segment's free blocks may hold batches its client sealed when the session ended, which it
+            # offers back with the segment: their pages stay (they go when their client is).
+            if memory is not None and not memory.kept and memory.touched[block] and memory.state[block] == FREE:
                 self._give_back_pages(memory, block)
 
     def _give_back_pages(self, memory: ClientMemory, block: int) -> None:

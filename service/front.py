@@ -86,6 +86,10 @@ _REPORTS_PER_DELIVERY = 256
 _MAX_ERROR_TEXT = 400
 # While replies wait, the loop tries them again this often (ZeroMQ has no event for a client that reads).
 _RETRY_WAITING_MS = 10
+# Before its memory handshake a session is no process's, so none of the per-process limits holds it: these
+# many such sessions at most, each holding at most this many bytes of replies it does not read.
+_MAX_SESSIONS_AWAITING_HANDSHAKE = 1000
+_REPLY_BYTES_BEFORE_HANDSHAKE = 65536
 # pyzmq's flags are enum.Flag members, whose | runs Python code: once per message here, so plain ints.
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)
@@ -275,7 +279,10 @@ class SidecarFront:
         end its session."""
         session.waiting.append((message, payload))
         session.waiting_bytes += len(payload)
-        if session.waiting_bytes > self.reply_buffer_bytes:
+        if session.connection is None and session.waiting_bytes > _REPLY_BYTES_BEFORE_HANDSHAKE:
+            self._end_unread(session, f"{session.waiting_bytes} bytes of replies wait for it before its memory "
+                                      "handshake")
+        elif session.waiting_bytes > self.reply_buffer_bytes:
             self._end_unread(session, f"{session.waiting_bytes} bytes of replies wait for it, past "
                                       f"sidecar.client.reply.buffer.bytes ({self.reply_buffer_bytes})")
 
@@ -400,19 +407,22 @@ class SidecarFront:
         _check_int(message.pid, "pid", 1, 2**32)
         if session is not None:
             self._end_session(session)
+        if len(self._by_token) >= _MAX_SESSIONS_AWAITING_HANDSHAKE:
+            raise ValueError(f"{_MAX_SESSIONS_AWAITING_HANDSHAKE} sessions wait for their memory handshake: "
+                             "say HELLO again in a while")
         now = self.clock()
         session = ClientSession(identity, self._next_client_id, message.pid, str(message.client_name)[:200], now,
                                 secrets.token_bytes(TOKEN_SIZE), now + _HANDSHAKE_TIMEOUT_MS,
                                 retriable_topic_errors=message.options.retriable_topic_errors is True)
         if message.options.resume is not None:
             session.resume = self._resumable(message.options.resume)
-        if session.resume is not None and session.resume.daemon_id == self.daemon_id:
-            # Its own session, if the memory handshake proves it (see _attach); else this session ends.
-            session.client_id = session.resume.client_id
+        if self._claims(session):
+            # Its own session, if its memory handshake proves it first (see _attach); till then it is no client.
+            session.client_id = session.resume.client_id  # type: ignore[union-attr]
         else:
             self._next_client_id += 1
+            self._by_id[session.client_id] = session
         self.sessions[identity] = session
-        self._by_id[session.client_id] = session
         self._by_token[session.token] = session
         settings = ipc.WelcomeSettings(max_request_size=self.core.config["max.request.size"],
                                        linger_ms=self.core.config["linger.ms"],
@@ -434,8 +444,6 @@ class SidecarFront:
             if resume.daemon_id == self.daemon_id and resume.client_id not in self._ended:
                 # This daemon ended the session itself, and sent what it had of it, or has forgotten it.
                 reason = "its session was this daemon's, which ended it and kept nothing of it"
-            elif resume.daemon_id == self.daemon_id and resume.client_id in self._by_id:
-                reason = "another client is taking that session back"
             elif (resume.block_size, resume.block_count) != (self.pool.block_size, self.pool.block_count):
                 reason = (f"its segment has {resume.block_count} blocks of {resume.block_size} bytes, this "
                           f"daemon's pool {self.pool.block_count} of {self.pool.block_size}")
@@ -445,6 +453,10 @@ class SidecarFront:
                 return resume
         log.warning("a client's session cannot be resumed: %s; what it held is failed as unknown", reason)
         return None
+
+    def _claims(self, session: ClientSession) -> bool:
+        """Whether the session claims one this daemon ended and keeps, and has not proven it yet."""
+        return session.connection is None and session.resume is not None and session.resume.daemon_id == self.daemon_id
 
     def _memory_handshake(self, conn: socket.socket) -> None:
         """A client's token, and its segment if it resumes: its segment goes back, or is taken back."""
@@ -467,7 +479,7 @@ class SidecarFront:
             # The kernel's word for the process, whatever the client said in its HELLO.
             session.pid, session.uid, _ = memory_socket.peer_credentials(conn)
             try:
-                self._check_sessions(session.pid)
+                self._check_sessions(session)
                 segment = self._attach(session, fds)
             except (ValueError, OSError) as exc:
                 memory_socket.refuse(conn, str(exc))
@@ -486,11 +498,14 @@ class SidecarFront:
             self._seal_notices(session, session.resume.sealed)
             session.resume = None
 
-    def _check_sessions(self, pid: int) -> None:
-        """ValueError if process ``pid`` has as many sessions as it may (those kept for it included)."""
+    def _check_sessions(self, session: ClientSession) -> None:
+        """ValueError if the session's process has as many sessions as it may (those kept for it included, but
+        the one it takes back)."""
         limit = self.core.config["sidecar.process.max.sessions"]
-        if sum(s.pid == pid for s in self._by_connection.values()) >= limit:
-            raise ValueError(f"process {pid} has {limit} sessions, as many as sidecar.process.max.sessions allows")
+        claimed = self._ended.get(session.client_id) if self._claims(session) else None
+        if sum(s.pid == session.pid and s is not claimed for s in self._by_connection.values()) >= limit:
+            raise ValueError(f"process {session.pid} has {limit} sessions, as many as sidecar.process.max.sessions "
+                             "allows")
 
     def _attach(self, session: ClientSession, fds: list[int]) -> int | None:
         """The new segment's file descriptor, or None once the segment of a resumed session is taken back."""
@@ -500,8 +515,14 @@ class SidecarFront:
             return self.pool.attach(session.client_id, session.pid)
         if len(fds) != 1:
             raise ValueError("a resumed session hands over its segment")
-        ended = self._ended.get(session.client_id) if session.resume.daemon_id == self.daemon_id else None
-        if ended is not None:
+        ended = None
+        if session.resume.daemon_id == self.daemon_id:
+            ended = self._ended.get(session.client_id)
+            if ended is None:
+                raise ValueError("this daemon keeps that session no more: another took it back, or its process is "
+                                 "gone")
+            if ended.pid != session.pid:
+                raise ValueError(f"that session was process {ended.pid}'s")
             # A session this daemon ended: of the batches the client says it sealed, those it got (in flight,
             # or reported to the session and kept) are not sealed again.
             known = {*ended.unreported, *(report.batch_id for report in ended.reports)}
@@ -526,6 +547,7 @@ class SidecarFront:
             # Holding the segment proves the claim: then the reports kept, and those to come, are its.
             self.pool.reattach(session.client_id, fds[0], list(owned))
             del self._ended[session.client_id]
+            self._by_id[session.client_id] = session
             if ended.connection is not None:
                 self._close_connection(ended.connection)
             session.reports, session.unreported = ended.reports, ended.unreported
@@ -556,6 +578,8 @@ class SidecarFront:
     def _seal_notices(self, session: ClientSession, notices: list[Any]) -> None:
         now = self.clock()
         for notice in notices:
+            if self.sessions.get(session.identity) is not session:
+                return  # ended by a reply it did not take: the notices left are offered again when it comes back
             try:
                 batch = self._batch_from_notice(session, notice, now)
             except (ValueError, TypeError, BlockError) as exc:
@@ -633,8 +657,9 @@ class SidecarFront:
         """Count a topic among those the client's process produces to; ValueError past its limits."""
         if topic in session.topics:
             return
-        if session.connection is None:
-            raise ValueError(f"topic {topic} refused: a client follows topics after its memory handshake")
+        if session.connection is None or self.sessions.get(session.identity) is not session:
+            raise ValueError(f"topic {topic} refused: a client follows topics within a session, after its memory "
+                             "handshake")
         config = self.core.config
         process = self._process_topics.get(session.pid)
         if process is None:
@@ -680,8 +705,11 @@ class SidecarFront:
         if self.sessions.get(session.identity) is not session:
             return  # ended already
         del self.sessions[session.identity]
-        self._by_id.pop(session.client_id, None)
         self._by_token.pop(session.token, None)
+        if self._claims(session):
+            return  # it did not prove its claim: the session it claimed stays kept, or is another's now
+        if self._by_id.get(session.client_id) is session:
+            del self._by_id[session.client_id]
         self._unfollow(session)
         keep = keep and session.connection is not None
         if session.connection is not None:
@@ -691,8 +719,6 @@ class SidecarFront:
             else:
                 self._close_connection(session.connection)
                 session.connection = None
-        if session.client_id in self._ended:
-            return  # it claimed a session kept for its client, and did not prove it: that one stays kept
         if keep:
             # What waits for it: its reports are kept (the rest, grants and errors, mean nothing past its end).
             session.reports[:0] = [report for message, _ in session.waiting if isinstance(message, ipc.Delivery)
@@ -710,10 +736,15 @@ class SidecarFront:
         if process is None or not session.topics:
             return
         process.following.subtract(session.topics.keys())
+        cluster = self.core.metadata.cluster
         for topic in session.topics:
             if process.following[topic] <= 0:
                 del process.following[topic]
                 process.unknown.discard(topic)
+                if cluster.partition_count(topic) is None and \
+                        not any(topic in other.following for other in self._process_topics.values()):
+                    # Nobody waits for it: it takes no place among those to fetch and to create.
+                    self.core.metadata.remove_topic(topic)
         session.topics = {}
         if not process.following:
             del self._process_topics[session.pid]
@@ -771,9 +802,7 @@ class SidecarFront:
                                                     f"no {waiter.count} free block(s) of the BufferPool in time"))
         for waiter, blocks in self.pool.serve_waiters():
             session = self._by_id.get(waiter.client_id)
-            if session is None:
-                self.pool.free(waiter.client_id, blocks)
-            else:
+            if session is not None:  # else its session ended in this loop, and its blocks went back with it
                 self._send(session, ipc.Grant(waiter.request_id, blocks))
         # Sealed batches are always ready to send here: the pressure is for the clients, to seal what they hold.
         if self.pool.waiters and now - self._seal_now_sent_ms >= _SEAL_NOW_INTERVAL_MS:

@@ -114,13 +114,16 @@ class Metadata:
         self.metadata_max_idle_ms = metadata_max_idle_ms
         self.allow_auto_topic_creation = allow_auto_topic_creation
         self.auto_create_topics_per_minute = auto_create_topics_per_minute
+        # Whether the daemon ever asks the cluster to create a topic.
+        self._creating = allow_auto_topic_creation and auto_create_topics_per_minute > 0
         # Topics never asked for without creation; those the cluster did not have, waiting for a creation
         # (left out of requests meanwhile); when each creation of the last minute was asked for.
         self._unprobed: set[str] = set()
         self._absent: dict[str, None] = {}
         self._creations: deque[int] = deque()
-        # The topics the request out asks for without creation (None: it may create).
+        # The topics the request out asks for without creation (None: it may create); whether the last did.
         self._probing: set[str] | None = None
+        self._probed_last = False
         self.last_refresh_ms = 0
         self.last_successful_refresh_ms = 0
         self.update_version = 0
@@ -138,9 +141,16 @@ class Metadata:
         """Keep ``topic`` in the refreshes; a topic not seen before gets one at once (no refresh backoff)."""
         if topic not in self._topics:
             self._request_update_for_new_topics()
-            if self.allow_auto_topic_creation and self.cluster.partition_count(topic) is None:
+            if self._creating and self.cluster.partition_count(topic) is None:
                 self._unprobed.add(topic)
         self._topics[topic] = now + self.metadata_max_idle_ms
+
+    def remove_topic(self, topic: str) -> None:
+        """No producer wants ``topic`` any more (one the cluster does not have, say): it is not fetched, nor
+        created."""
+        self._topics.pop(topic, None)
+        self._unprobed.discard(topic)
+        self._absent.pop(topic, None)
 
     def awaiting_creation(self) -> list[str]:
         """The topics the cluster did not have that wait for the creation rate, oldest first."""
@@ -204,12 +214,15 @@ class Metadata:
         the cluster does not have that the creation rate admits now, and not the others.
         """
         self._expire_topics(now)
-        if self._unprobed:
+        # Probes and creations take turns while both wait: names that keep coming hold back no creation.
+        self._probed_last = bool(self._unprobed) and not (
+            self._probed_last and self._absent and self._next_creation_ms(now) <= now)
+        if self._probed_last:
             self._probing = set(self._unprobed)
             allow = False
         else:
             self._probing = None
-            allow = self.allow_auto_topic_creation
+            allow = self._creating
             while self._absent and self._next_creation_ms(now) <= now:
                 topic = next(iter(self._absent))
                 del self._absent[topic]

@@ -629,6 +629,31 @@ def test_a_kept_segment_forgotten_while_a_batch_is_held_goes_with_the_batch(bare
     assert bare_pool.held() == {}
 
 
+def test_a_kept_segments_free_blocks_keep_their_pages() -> None:
+    # What a client wrote into its blocks when its session ended, it offers back with the segment: the pages
+    # the pool gives back to stay within twice buffer.memory are others'.
+    pool = BufferPool(BLOCKS * BLOCK, BLOCK)
+    fd = pool.attach(A)
+    client = Segment(fd, pool.layout)
+    try:
+        assert pool.request(A, 1, 1, True, 0) == [0]
+        client.buf[:5] = b"HELLO"  # sealed by the client as its session ended; the daemon never got the seal
+        pool.detach(A, keep=True)
+        for other in range(B, B + 6):  # others churn through the pool, past the resident limit
+            os.close(pool.attach(other))
+            blocks = pool.request(other, 1, BLOCKS, False, 0) or []
+            pool.give_back(other, blocks)
+        assert bytes(client.buf[:5]) == b"HELLO"
+        pool.reattach(A, fd, [0])
+        view = pool.seal(A, 0, 1, 5)
+        assert bytes(view) == b"HELLO"
+        view.release()
+    finally:
+        client.close()
+        os.close(fd)
+        pool.close()
+
+
 def test_reattach_gives_the_kept_segment_back_with_the_blocks_named(bare_pool: BufferPool) -> None:
     fd = bare_pool.attach(A)
     client = Segment(fd, bare_pool.layout)

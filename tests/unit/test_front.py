@@ -26,6 +26,7 @@ import zmq
 from client_stub import errors
 from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
 from client_stub.contract.shared_memory import ERR, OK, Layout, Segment, create_segment
+from service import front as front_module
 from service.buffer_pool import FREE, OWNED, SEALED, BufferPool
 from service.config import ProducerConfig
 from service.daemon import SidecarDaemon
@@ -1382,7 +1383,7 @@ def test_a_client_that_does_not_read_is_ended_past_its_reply_buffer_and_takes_it
         caplog: pytest.LogCaptureFixture) -> None:
     env = Env(reply_buffer_bytes=65536)
     try:
-        client, other = env.client(receive_hwm=1), env.client()
+        client, other = env.client(receive_hwm=1, own_process=False), env.client()
         client_id = client.hello()
         other.hello()
         assert client.blocks(2, contiguous=True) == [0, 1]
@@ -1425,7 +1426,7 @@ def test_a_client_that_does_not_read_is_ended_past_its_reply_buffer_and_takes_it
 
 
 def test_a_kept_session_is_taken_back_only_with_its_segment(env: Env) -> None:
-    client, thief = env.client(), env.client()
+    client, thief = env.client(own_process=False), env.client(own_process=False)
     client_id = client.hello()
     thief.hello()
     client.blocks(1)
@@ -1454,8 +1455,70 @@ def test_a_kept_session_is_taken_back_only_with_its_segment(env: Env) -> None:
     assert deliveries(client) == [[1, 0, 1, 5, -1, None]]
 
 
+def _kept(env: Env, client: Client) -> int:
+    """A session of ``client`` with a batch sealed and reported, ended for silence and kept; its id."""
+    client_id = client.hello()
+    client.blocks(1)
+    client.seal(notice(batch_id=1, first=0))
+    env.clock.advance(TIMEOUT_MS + 1)
+    env.front.after_iteration()
+    assert client.memory_ended() and env.front.stats()["sessions_kept"] == 1
+    env.queued()[0].done(5, -1, None)
+    return client_id
+
+
+def test_a_pending_claim_does_not_keep_the_owner_from_its_session(env: Env) -> None:
+    client, thief = env.client(own_process=False), env.client(own_process=False)
+    client_id = _kept(env, client)
+    resume = _resume(env.front.daemon_id, [notice(batch_id=1, first=0)], client_id=client_id)
+    assert thief.hello(handshake=False, **resume) == client_id  # claimed, not proven
+    assert client.hello(hand_over=client.fd, **resume) == client_id  # the owner proves it first
+    env.front.after_iteration()
+    assert deliveries(client) == [[1, 0, 1, 5, -1, None]]
+    assert thief.welcome is not None
+    conn, answer, _ = env.handshake(thief.welcome.memory_token, client.fd, own_process=False)
+    assert answer.startswith(ERR) and b"keeps that session no more" in answer
+    # The thief's end touched nothing of the owner's.
+    assert [s.client_id for s in env.front.sessions.values()] == [client_id]
+    assert env.pool.held_by(client_id) == 0 and client.blocks(1) == [0]
+
+
+def test_a_session_is_taken_back_by_its_own_process_only(env: Env) -> None:
+    client, other = env.client(own_process=False), env.client()
+    client_id = _kept(env, client)
+    resume = _resume(env.front.daemon_id, [notice(batch_id=1, first=0)], client_id=client_id)
+    other.hello(handshake=False, **resume)
+    assert other.welcome is not None
+    conn, answer, _ = env.handshake(other.welcome.memory_token, client.fd, own_process=True)
+    assert answer.startswith(ERR) and b"was process" in answer
+    assert env.front.stats()["sessions_kept"] == 1
+
+
+def test_a_session_is_taken_back_at_the_limit_of_sessions_of_its_process() -> None:
+    env = Env(sidecar_process_max_sessions=1)
+    try:
+        client = env.client(own_process=False)
+        client_id = _kept(env, client)
+        resume = _resume(env.front.daemon_id, [notice(batch_id=1, first=0)], client_id=client_id)
+        assert client.hello(hand_over=client.fd, **resume) == client_id  # the kept one is the one taken back
+    finally:
+        env.close()
+
+
+def test_sessions_waiting_for_their_memory_handshake_are_bounded(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(front_module, "_MAX_SESSIONS_AWAITING_HANDSHAKE", 2)
+    first, second, third = env.client(), env.client(), env.client()
+    first.hello(handshake=False)
+    second.hello(handshake=False)
+    third.send(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "third", {})
+    env.pump()
+    assert "2 sessions wait for their memory handshake" in third.error()
+    first.handshake()
+    third.hello(handshake=False)  # room again
+
+
 def test_a_client_whose_socket_is_gone_is_ended_and_keeps_its_reports(env: Env) -> None:
-    client = env.client()
+    client = env.client(own_process=False)
     client_id = client.hello()
     client.blocks(1)
     client.seal(notice(batch_id=1, first=0))

@@ -260,12 +260,50 @@ def test_a_new_topic_is_first_asked_for_without_creation_and_created_as_the_rate
 
 
 def test_a_topic_the_cluster_has_is_not_counted_as_a_creation() -> None:
-    md = metadata(auto_create_topics_per_minute=0)
+    md = metadata(auto_create_topics_per_minute=1)
     md.add_topic("exists", NOW)
     md.build_request(NOW)
     md.update(response(topics={"exists": [(0, 1, 0)]}), NOW)
     request = md.build_request(NOW + 100)
     assert request.allow_auto_topic_creation and [t.name for t in request.topics] == ["exists"]
+    # The minute's one creation is still there for a topic the cluster does not have.
+    md.add_topic("missing", NOW + 200)
+    md.build_request(NOW + 200)
+    md.update(response(topics={"exists": [(0, 1, 0)]}, topic_errors={"missing": UNKNOWN_TOPIC_OR_PARTITION}),
+              NOW + 200)
+    assert "missing" in [t.name for t in md.build_request(NOW + 300).topics] and md.awaiting_creation() == []
+
+
+def test_a_rate_of_zero_creates_nothing() -> None:
+    md = metadata(auto_create_topics_per_minute=0)
+    md.add_topic("missing", NOW)
+    for at in (NOW, NOW + 100):
+        request = md.build_request(at)
+        assert not request.allow_auto_topic_creation and [t.name for t in request.topics] == ["missing"]
+        md.update(response(topic_errors={"missing": UNKNOWN_TOPIC_OR_PARTITION}), at)
+        assert md.awaiting_creation() == []
+        md.time_to_next_update(at)
+
+
+def test_probes_and_creations_take_turns_while_new_names_keep_coming() -> None:
+    md = metadata(auto_create_topics_per_minute=100)
+    md.add_topic("a", NOW)
+    md.build_request(NOW)
+    md.update(response(topic_errors={"a": UNKNOWN_TOPIC_OR_PARTITION}), NOW)
+    md.add_topic("b", NOW + 10)  # a new name before the creation of a
+    creation = md.build_request(NOW + 100)
+    assert creation.allow_auto_topic_creation and "a" in [t.name for t in creation.topics]
+    md.update(response(topics={"a": [(0, 1, 0)]}), NOW + 100)
+    assert not md.build_request(NOW + 200).allow_auto_topic_creation  # then b's probe
+
+
+def test_a_topic_nobody_wants_is_neither_fetched_nor_created() -> None:
+    md = metadata()
+    md.add_topic("a", NOW)
+    md.build_request(NOW)
+    md.update(response(topic_errors={"a": UNKNOWN_TOPIC_OR_PARTITION}), NOW)
+    md.remove_topic("a")
+    assert md.awaiting_creation() == [] and md.topics() == []
 
 
 def test_without_auto_creation_nothing_waits_for_the_rate() -> None:
