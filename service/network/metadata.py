@@ -228,7 +228,10 @@ class Metadata:
                 del self._absent[topic]
                 self._creations.append(now)
                 log.info("asking the cluster to create topic %s", topic)
-        names = sorted(t for t in self._topics if t not in self._absent)
+        # With creation, only the topics the cluster had or those the rate admits: not one waiting for a
+        # creation, nor a new one not asked for without creation yet.
+        left_out = self._absent if self._probing is not None else self._absent.keys() | self._unprobed
+        names = sorted(t for t in self._topics if t not in left_out)
         topics = [m.MetadataRequest.MetadataRequestTopic(name=t) for t in names]
         return m.MetadataRequest(topics=topics, allow_auto_topic_creation=allow)
 
