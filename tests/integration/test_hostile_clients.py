@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -28,6 +29,17 @@ from tests.support.sidecar import wait_until
 pytestmark = pytest.mark.broker
 
 SPAWN = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture
+def hostile() -> Iterator[zmq.Socket]:
+    """A DEALER of the test's, to speak to the daemon by hand (what no Producer would send); closed at the end."""
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    yield sock
+    sock.close(0)
+    context.term()
 
 
 def peak_resident_mb(pid: int) -> float:
@@ -83,40 +95,30 @@ def _session(sock: zmq.Socket, endpoint: str, name: str) -> socket.socket:
     return memory
 
 
-def test_a_300_mib_frame_is_dropped_before_it_is_read(broker, topic_factory, sidecar) -> None:
+def test_a_300_mib_frame_is_dropped_before_it_is_read(broker, topic_factory, sidecar, hostile) -> None:
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap)
-    context = zmq.Context()
-    hostile = context.socket(zmq.DEALER)
-    hostile.setsockopt(zmq.LINGER, 0)
-    try:
-        with Producer(daemon.endpoint) as producer:
-            producer.send(topic, b"warm").result(30)
-            before = peak_resident_mb(daemon.pid)
-            with WellBehaved(producer, topic) as good:
-                hostile.connect(daemon.endpoint)
-                hostile.send(bytes(300 << 20))
-                time.sleep(3)  # ZeroMQ streams it out; the daemon drops the connection at its header
-            after = peak_resident_mb(daemon.pid)
-        assert daemon.is_running()
-    finally:
-        hostile.close(0)
-        context.term()
+    with Producer(daemon.endpoint) as producer:
+        producer.send(topic, b"warm").result(30)
+        before = peak_resident_mb(daemon.pid)
+        with WellBehaved(producer, topic) as good:
+            hostile.connect(daemon.endpoint)
+            hostile.send(bytes(300 << 20))
+            time.sleep(3)  # ZeroMQ streams it out; the daemon drops the connection at its header
+        after = peak_resident_mb(daemon.pid)
+    assert daemon.is_running()
     # The frame never came into the daemon's memory (its peak grew by less than a tenth of it).
     assert after - before < 30, (before, after)
     good.check(broker.bootstrap, b"warm")
 
 
-def test_a_client_that_never_reads_its_replies_costs_the_daemon_a_bounded_memory(broker, topic_factory,
-                                                                                   sidecar) -> None:
+def test_a_client_that_never_reads_its_replies_costs_the_daemon_a_bounded_memory(broker, topic_factory, sidecar,
+                                                                                   hostile) -> None:
     # 20 000 requests refused, each answered with an ERROR and a GRANT_FAILED quoting a 10 KB field, and not
     # one read: the replies ZeroMQ will not queue wait in the session up to sidecar.client.reply.buffer.bytes
     # (8 MiB), then the session ends, with a log line naming the process.
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap)
-    context = zmq.Context()
-    hostile = context.socket(zmq.DEALER)
-    hostile.setsockopt(zmq.LINGER, 0)
     memory = None
     try:
         hostile.connect(daemon.endpoint)
@@ -132,8 +134,6 @@ def test_a_client_that_never_reads_its_replies_costs_the_daemon_a_bounded_memory
         stats = daemon.stats()
         assert daemon.is_running()
     finally:
-        hostile.close(0)
-        context.term()
         if memory is not None:
             memory.close()
     assert stats["reply_buffer_bytes"] == 0 and stats["messages_refused"] >= 10_000
@@ -186,15 +186,12 @@ def test_two_sessions_of_one_process_take_at_most_the_share_of_one(broker, topic
     good.check(broker.bootstrap)
 
 
-def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory, sidecar) -> None:
+def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory, sidecar, hostile) -> None:
     # 5 000 METADATA requests for names the cluster does not have, from one session that does not wait for
     # answers: a process waits for at most 100 such names at once, and the cluster creates 5 a minute.
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap, settings={"sidecar.auto.create.topics.per.minute": 5})
     prefix = f"flood-{uuid.uuid4().hex[:8]}"
-    context = zmq.Context()
-    hostile = context.socket(zmq.DEALER)
-    hostile.setsockopt(zmq.LINGER, 0)
     memory = None
     refused = 0
     try:
@@ -220,8 +217,6 @@ def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory
         stats = daemon.stats()
         assert daemon.is_running()
     finally:
-        hostile.close(0)
-        context.term()
         if memory is not None:
             memory.close()
     # The first 100 wait; the others are refused, but for as many as were created meanwhile (their places
@@ -234,34 +229,27 @@ def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory
     good.check(broker.bootstrap, b"warm")
 
 
-def test_garbage_at_full_speed_costs_the_others_nothing_but_a_share_of_the_loop(broker, topic_factory,
-                                                                                 sidecar) -> None:
+def test_garbage_at_full_speed_costs_the_others_nothing_but_a_share_of_the_loop(broker, topic_factory, sidecar,
+                                                                                 hostile) -> None:
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap)
-    context = zmq.Context()
-    hostile = context.socket(zmq.DEALER)
-    hostile.setsockopt(zmq.LINGER, 0)
     rng = random.Random(25)
     garbage = [rng.randbytes(rng.randrange(1, 300)) for _ in range(64)] + [
         ipc.pack(999), ipc.pack(ipc.Blocks.TYPE, "one", -1, "no", None), ipc.pack(ipc.Seal.TYPE, "notices")]
     sent = 0
-    try:
-        hostile.connect(daemon.endpoint)
-        with Producer(daemon.endpoint) as producer:
-            producer.send(topic, b"warm").result(30)
-            before = peak_resident_mb(daemon.pid)
-            with WellBehaved(producer, topic) as good:
-                deadline = time.monotonic() + 5
-                while time.monotonic() < deadline:
-                    for message in garbage:
-                        hostile.send(message)
-                        sent += 1
-            after = peak_resident_mb(daemon.pid)
-        stats = daemon.stats()
-        assert daemon.is_running()
-    finally:
-        hostile.close(0)
-        context.term()
+    hostile.connect(daemon.endpoint)
+    with Producer(daemon.endpoint) as producer:
+        producer.send(topic, b"warm").result(30)
+        before = peak_resident_mb(daemon.pid)
+        with WellBehaved(producer, topic) as good:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                for message in garbage:
+                    hostile.send(message)
+                    sent += 1
+        after = peak_resident_mb(daemon.pid)
+    stats = daemon.stats()
+    assert daemon.is_running()
     assert stats["messages_refused"] >= sent // 2  # refused as they come (the rest is still on its way)
     assert after - before < 40, (before, after)
     good.check(broker.bootstrap, b"warm")
