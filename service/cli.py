@@ -3,24 +3,55 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
+from typing import Any
 
 from client_stub.contract import ipc
 from client_stub.errors import ConfigError
 
+from . import log_format
 from .config import KEYS, ProducerConfig, parse_settings
+from .settings_sources import Sources, gather
+
+
+def _sources(args: argparse.Namespace) -> tuple[Sources, ProducerConfig]:
+    """The settings of --config, the environment and the command line, checked."""
+    command_line: dict[str, Any] = parse_settings(args.settings)
+    if getattr(args, "bootstrap_servers", None):
+        command_line["bootstrap.servers"] = args.bootstrap_servers
+    if getattr(args, "endpoint", None):
+        command_line["sidecar.endpoint"] = args.endpoint
+    sources = gather(args.config, os.environ, command_line)
+    return sources, ProducerConfig(sources.settings)
 
 
 def _run(args: argparse.Namespace) -> int:
     from .daemon import SidecarDaemon
 
-    settings = parse_settings(args.settings)
-    settings["bootstrap.servers"] = args.bootstrap_servers
-    daemon = SidecarDaemon(ProducerConfig(settings), args.endpoint)
+    sources, config = _sources(args)
+    log_format.configure(args.log_level or sources.log["level"], args.log_format or sources.log["format"])
+    daemon = SidecarDaemon(config, config["sidecar.endpoint"])
     daemon.install_signal_handlers()
     daemon.run()
     return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    sources, config = _sources(args)
+    for name in KEYS:
+        print(f"{name} = {_shown(name, config[name])}  # {sources.origin(name)}")
+    for key, value in sources.log.items():
+        print(f"log.{key} = {value}")
+    return 0
+
+
+def _shown(name: str, value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(value)
+    if name == "sidecar.socket.mode":
+        return f"{value:04o}"
+    return "" if value is None else str(value)
 
 
 def _quickstart(args: argparse.Namespace) -> int:
@@ -35,18 +66,33 @@ def _perf_test(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _add_settings(command: argparse.ArgumentParser, config_required: bool = False) -> None:
+    command.add_argument("--config", required=config_required, metavar="FILE",
+                         help="a TOML file: [producer], [sidecar] and [log] settings")
+    command.add_argument("-X", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                         help="a setting, e.g. -X linger.ms=10, over the file's and the environment's "
+                              "(see `kafka-sidecar settings`)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kafka-sidecar", description="A node-local Kafka producer sidecar.")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="default INFO (for run: the configuration's [log] level)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the sender daemon in the foreground")
-    run.add_argument("--bootstrap-servers", required=True, help="host:port[,host:port...] of the Kafka cluster")
-    run.add_argument("--endpoint", default=ipc.default_endpoint(),
-                     help=f"ZeroMQ endpoint to serve (default: ${ipc.ENDPOINT_ENV} or {ipc.DEFAULT_ENDPOINT})")
-    run.add_argument("-X", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                     help="a Kafka producer setting, e.g. -X linger.ms=10 (see `kafka-sidecar settings`)")
+    run.add_argument("--bootstrap-servers", help="host:port[,host:port...] of the Kafka cluster "
+                                                 "(else the configuration's bootstrap.servers)")
+    run.add_argument("--endpoint", help=f"ZeroMQ endpoint to serve (default: the configuration's sidecar.endpoint, "
+                                        f"${ipc.ENDPOINT_ENV} or {ipc.DEFAULT_ENDPOINT})")
+    _add_settings(run)
+    run.add_argument("--log-format", choices=["text", "json"],
+                     help="text, or one JSON object a line (default: the configuration's [log] format, text)")
     run.set_defaults(handler=_run)
+
+    check = commands.add_parser("check-config", help="check the settings and print them, with where each came from")
+    _add_settings(check, config_required=True)
+    check.set_defaults(handler=_check_config)
 
     quickstart = commands.add_parser("quickstart", help="run broker, daemon and producers on this machine")
     quickstart.add_argument("--processes", type=int, default=4, help="application processes (default 4)")
@@ -78,14 +124,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _list_settings(args: argparse.Namespace) -> int:
     for key in KEYS.values():
-        default = ",".join(key.default) if isinstance(key.default, list) else key.default
-        print(f"{key.name:40} {default!s:>12}  {key.doc}".rstrip())
+        print(f"{key.name:40} {_shown(key.name, key.default):>12}  {key.doc}".rstrip())
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_format.configure(args.log_level or "INFO", "text")
     try:
         return args.handler(args)
     except ConfigError as exc:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from client_stub.contract.ipc import DEFAULT_ENDPOINT
 from client_stub.errors import ConfigError
 
 from .protocol.compression import LEVEL_RANGES, CompressionType
@@ -130,6 +131,8 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     # librdkafka's name: Kafka's Java client has no cap on a response's size.
     ConfigKey("receive.message.max.bytes", int, 100000000, 1000, INT_MAX),
     # The sidecar's own settings.
+    ConfigKey("sidecar.endpoint", str, DEFAULT_ENDPOINT,
+              doc="the ZeroMQ endpoint the daemon serves (ipc://PATH, or tcp://127.0.0.1:PORT)"),
     ConfigKey("sidecar.client.timeout.ms", int, 30000, 1000, INT_MAX,
               doc="a client silent this long is gone: its unsealed blocks return to the pool"),
     ConfigKey("sidecar.client.reply.buffer.bytes", int, 8388608, 65536, LONG_MAX,
@@ -207,6 +210,9 @@ class ProducerConfig:
             v["delivery.timeout.ms"] = linger_and_request_timeout
         if v["reconnect.backoff.max.ms"] < v["reconnect.backoff.ms"]:
             raise ConfigError("reconnect.backoff.max.ms must not be below reconnect.backoff.ms")
+        if v["batch.size"] > v["buffer.memory"]:
+            raise ConfigError(f"batch.size ({v['batch.size']}) must not be above buffer.memory ({v['buffer.memory']}): "
+                              "the BufferPool holds at least one batch")
         self._check_idempotence()
 
     def _check_idempotence(self) -> None:

@@ -179,6 +179,12 @@ def test_reconnect_backoff_max_not_below_backoff() -> None:
     assert config(reconnect_backoff_ms=2000, reconnect_backoff_max_ms=2000)["reconnect.backoff.ms"] == 2000
 
 
+def test_batch_size_must_fit_in_the_buffer_memory() -> None:
+    with pytest.raises(ConfigError, match=r"batch.size \(65536\) must not be above buffer.memory \(16384\)"):
+        config(batch_size=65536, buffer_memory=16384)
+    assert config(batch_size=16384, buffer_memory=16384)["batch.size"] == 16384
+
+
 @pytest.mark.parametrize("servers", ["", " , ", "localhost", "localhost:", ":9092", "host:0", "host:65536",
                                      "host:port", "a:1,b"])
 def test_bootstrap_servers_validation(servers: str) -> None:
