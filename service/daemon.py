@@ -19,6 +19,7 @@ from .buffer_pool import BufferPool, client_block_limit
 from .config import ProducerConfig
 from .front import SidecarFront
 from .producer.core import ProducerCore
+from .service_manager import ServiceManager
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class SidecarDaemon:
             self.pool.close()
             raise
         self._stop = threading.Event()
+        self.service_manager = ServiceManager()
         self.iteration_errors = 0
         self._error_logged = float("-inf")
 
@@ -91,7 +93,14 @@ class SidecarDaemon:
 
     def run_once(self) -> None:
         """One iteration: network I/O and sending, client messages, then timers and reports."""
-        self.core.run_once(min(self.front.next_timer_ms(), _MAX_SLEEP_MS))
+        timeout_ms = min(self.front.next_timer_ms(), _MAX_SLEEP_MS)
+        watchdog_s = self.service_manager.next_timer_s()
+        if watchdog_s is not None:
+            timeout_ms = min(timeout_ms, int(watchdog_s * 1000) + 1)
+        self.core.run_once(timeout_ms)
+        # Serving once the endpoint is bound (at construction) and the cluster's first metadata is in.
+        self.service_manager.tick(self.core.metadata.update_version > 0, len(self.front.sessions),
+                                  self.core.metrics.records_sent)
         try:
             if self.core.selector.external_ready:
                 self.front.handle_ready(self.core.selector.external_ready)
@@ -106,6 +115,7 @@ class SidecarDaemon:
 
     def shutdown(self) -> None:
         """Send what is queued (up to sidecar.close.timeout.ms), report outcomes, release everything."""
+        self.service_manager.stopping()
         self.core.close(self.config["sidecar.close.timeout.ms"])
         self.front.after_iteration()
         self.front.close()
