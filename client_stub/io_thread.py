@@ -149,7 +149,7 @@ class IoThread:
         # The welcome of the session a daemon that is gone held, offered to the next one.
         self._lost_welcome: ipc.Welcome | None = None
         # The lost session's memory connection, open until the session is taken back or forgotten: a daemon
-        # that ended the session itself keeps what it had of it until this process is gone, or until then.
+        # that ended the session itself keeps what it had of it while this connection is open.
         self._lost_memory: socket.socket | None = None
         self._poller: zmq.Poller | None = None
         self._hello_sent = 0.0  # time.monotonic() when the HELLO awaiting its WELCOME was sent

@@ -712,18 +712,16 @@ class SidecarFront:
             del self._by_id[session.client_id]
         self._unfollow(session)
         keep = keep and session.connection is not None
-        if session.connection is not None:
-            if keep:
-                # The client reads the end of the stream; the daemon, the end of its process (see _forget_kept).
-                session.connection.shutdown(socket.SHUT_WR)
-            else:
-                self._close_connection(session.connection)
-                session.connection = None
         if keep:
+            # The client reads the end of the stream; the daemon, the end of its process (see _forget_kept).
+            session.connection.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
             # What waits for it: its reports are kept (the rest, grants and errors, mean nothing past its end).
             session.reports[:0] = [report for message, _ in session.waiting if isinstance(message, ipc.Delivery)
                                    for report in message.reports]
             self._ended[session.client_id] = session
+        elif session.connection is not None:
+            self._close_connection(session.connection)
+            session.connection = None
         session.waiting.clear()
         session.waiting_bytes = 0
         reclaimed = self.pool.detach(session.client_id, keep=keep)
@@ -750,7 +748,7 @@ class SidecarFront:
             del self._process_topics[session.pid]
 
     def _forget_kept(self, session: ClientSession) -> None:
-        """A kept session's client is gone (or took another): its segment goes once its batches are sent."""
+        """A kept session's process is gone: its segment goes once its batches are sent."""
         del self._ended[session.client_id]
         if session.connection is not None:
             self._close_connection(session.connection)

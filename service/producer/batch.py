@@ -267,9 +267,9 @@ class ProducerBatch:
         """
         if self.parts:
             return self._uncoalesce()
+        self.read_records()  # done before its first send: the checked copy is what is split
         try:
-            # One private copy, parsed: the client may be rewriting its shared memory meanwhile.
-            records = decode_records(bytes(self.records), self.record_count)
+            records = decode_records(self.records, self.record_count)
         except ValueError as exc:
             raise corrupt_records(self, str(exc)) from None
         pieces: list[list[bytes]] = [[]]

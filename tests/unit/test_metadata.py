@@ -282,7 +282,7 @@ def test_a_rate_of_zero_creates_nothing() -> None:
         assert not request.allow_auto_topic_creation and [t.name for t in request.topics] == ["missing"]
         md.update(response(topic_errors={"missing": UNKNOWN_TOPIC_OR_PARTITION}), at)
         assert md.awaiting_creation() == []
-        md.time_to_next_update(at)
+        assert md.time_to_next_update(at) > 0  # the next refresh after the backoff, no creation due
 
 
 def test_probes_and_creations_take_turns_while_new_names_keep_coming() -> None:
