@@ -156,6 +156,13 @@ class IoThread:
         self._hello_id = 0  # the last HELLO's
         self._lost: list[RecordFuture] = []
         self._lost_error: KafkaError | None = None
+        # Why the last daemon shut down (its SHUTDOWN), until another welcomes this client; and whether it is
+        # still delivering this client's last batches (no HELLO meanwhile: it would take another socket).
+        self.shutdown_reason: str | None = None
+        self._daemon_draining = False
+        # This producer's records reported delivered, and failed (whatever failed them).
+        self.records_delivered = 0
+        self.records_failed = 0
         self._stopping = False
         self._context: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
@@ -212,6 +219,12 @@ class IoThread:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def count_done(self, *, delivered: int = 0, failed: int = 0) -> None:
+        """Count records out of those outstanding, as delivered or failed (lock held)."""
+        self._appender.count_done(delivered + failed)
+        self.records_delivered += delivered
+        self.records_failed += failed
+
     def is_current(self) -> bool:
         """Whether the calling thread is this I/O thread (where delivery callbacks run)."""
         return threading.current_thread() is self._thread
@@ -250,7 +263,8 @@ class IoThread:
                 if time.monotonic() >= next_heartbeat:
                     if self.welcome is not None:
                         sock.send(_HEARTBEAT)
-                    elif self.session_error is None and time.monotonic() - self._hello_sent > _HELLO_RETRY_S:
+                    elif self.session_error is None and not self._daemon_draining and \
+                            time.monotonic() - self._hello_sent > _HELLO_RETRY_S:
                         sock = self._reconnect(poller, sock)
                         self._say_hello(sock)
                     self._expire_unreported()
@@ -283,7 +297,7 @@ class IoThread:
             # A lost session's records too: nothing will fail them now.
             futures = [*self._lost, *self._accumulator.abandon()]
             self._lost = []
-            self._appender.count_done(self._appender.outstanding)
+            self.count_done(failed=self._appender.outstanding)
             self._cond.notify_all()
         fail(futures, error)
 
@@ -298,7 +312,7 @@ class IoThread:
                                       f"{limit:.0f} s after sealing: is it running?")
             fail([f for b in overdue for f in b.futures], error)
             with self._cond:
-                self._appender.count_done(sum(b.record_count - b.reported for b in overdue))
+                self.count_done(failed=sum(b.record_count - b.reported for b in overdue))
                 self._cond.notify_all()
 
     # -- messages from the daemon ----------------------------------------------------------------
@@ -341,6 +355,8 @@ class IoThread:
             elif isinstance(message, ipc.SealNow):
                 self._accumulator.seal_all()
                 self._grants.give_back_spare()
+            elif isinstance(message, ipc.Shutdown):
+                self._daemon_shutting_down(sock, message.reason)
             elif isinstance(message, ipc.Error):
                 self._refused(message)
             self._cond.notify_all()
@@ -357,7 +373,8 @@ class IoThread:
         finally:
             # Counted out after the callbacks ran: flush() returns once they have, as in the Java client.
             with self._cond:
-                self._appender.count_done(sum(newly for _, _, newly in reported))
+                self.count_done(delivered=sum(newly for _, report, newly in reported if report.error is None),
+                                failed=sum(newly for _, report, newly in reported if report.error is not None))
                 self._cond.notify_all()
 
     # -- the session -----------------------------------------------------------------------------
@@ -399,9 +416,27 @@ class IoThread:
         while sock.poll(_DRAIN_WAIT_MS):
             self._receive_all(sock)
 
+    def _daemon_shutting_down(self, sock: zmq.Socket, reason: str) -> None:
+        """The daemon is shutting down (lock held): hand it what this producer holds, as the session's last; it
+        delivers or fails all of it before it goes. New records wait for the next daemon."""
+        if self.welcome is None:
+            return
+        log.info("the kafka-sidecar daemon at %s is shutting down (%s): handing it the last batches; new records "
+                 "wait for the next daemon", self.endpoint, reason)
+        self._appender.disable()
+        self._accumulator.seal_all()
+        notices = self._accumulator.take_notices()
+        self._outbox.send_all(sock)  # what was queued for the session goes first, its seal notices among them
+        sock.send(ipc.encode(ipc.LastSeal([] if notices is None else notices.notices)))
+        self._grants.forget()
+        self._lost_welcome, self.welcome = self.welcome, None
+        self.shutdown_reason = reason
+        self._daemon_draining = True
+
     def _lose_session(self, sock: zmq.Socket) -> None:
         """The daemon is gone, or does not know this client any more: keep what the session held (its
         segment, its sealed batches) for the next, which HELLO offers."""
+        self._daemon_draining = False
         with self._cond:
             if self.welcome is not None:
                 log.warning("lost the session with the kafka-sidecar daemon at %s: connecting again", self.endpoint)
@@ -462,6 +497,7 @@ class IoThread:
                     log.warning("the kafka-sidecar daemon took back %d unreported batch(es) of the lost session "
                                 "(%d record(s), sent again)", len(sealed), records)
             self._lost_welcome = None
+            self.shutdown_reason = None
             self._close_lost_memory()
             self._memory = conn
             assert self._poller is not None
@@ -478,7 +514,10 @@ class IoThread:
         log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, welcome.client_id)
 
     def _refused(self, error: ipc.Error) -> None:
-        if error.code == ipc.ERROR_VERSION:
+        if error.code == ipc.ERROR_SHUTTING_DOWN:
+            # The HELLO is said again in a while, to the daemon that takes this one's place.
+            log.info("kafka-sidecar at %s: %s", self.endpoint, error.message)
+        elif error.code == ipc.ERROR_VERSION:
             # The handshake itself: no session can be had with this daemon.
             log.error("the kafka-sidecar daemon refused the handshake: %s", error.message)
             self.session_error = SidecarUnavailableError(f"kafka-sidecar at {self.endpoint}: {error.message}")
@@ -512,7 +551,7 @@ class IoThread:
             pending = sum(1 for future in lost if not future.done())
         fail(lost, self._lost_error)  # type: ignore[arg-type]
         with self._cond:
-            self._appender.count_done(pending)
+            self.count_done(failed=pending)
             self._cond.notify_all()
 
     def _hold_memory(self) -> None:

@@ -115,6 +115,7 @@ class Producer:
                             self._metadata, self._appender, hello=self._hello, linger_ms=lambda: self.linger_ms,
                             fast_path_allowed=self._fast_path_allowed)
         self._closing = False
+        self._bufferpool_wait_ns = 0
 
     def _forget_parent(self) -> None:
         # In a forked child: the parent's sockets, threads, blocks and records are the
@@ -143,7 +144,7 @@ class Producer:
     def _hello(self) -> ipc.Hello:
         return ipc.Hello(PROTOCOL_VERSION, os.getpid(), self._client_name,
                          ipc.HelloOptions(linger_ms=self.linger_ms, partitioner=self._partitioner_name,
-                                          retriable_topic_errors=True))
+                                          retriable_topic_errors=True, shutdown_notice=True))
 
     def _fast_path_allowed(self) -> bool:
         # The fast path takes records once there is a session, unless serializers must run.
@@ -158,6 +159,20 @@ class Producer:
     def __len__(self) -> int:
         """Records handed off and not yet reported."""
         return self._appender.outstanding
+
+    def metrics(self) -> dict[str, float]:
+        """This producer's own figures in this process, by Kafka's names where Kafka has one: records handed to
+        send() (``record-send-total``), reported delivered (``records-delivered-total``) and failed
+        (``record-error-total``), still waiting for their report (``records-outstanding``), and the time send()
+        waited for blocks of the BufferPool (``bufferpool-wait-time-ns-total``). The daemon's figures, for every
+        process of the host: ``kafka-sidecar stats``."""
+        with self._lock:
+            outstanding = self._appender.outstanding
+            delivered, failed = self._io.records_delivered, self._io.records_failed
+            waited = self._bufferpool_wait_ns
+        return {"record-send-total": float(delivered + failed + outstanding),
+                "records-delivered-total": float(delivered), "record-error-total": float(failed),
+                "records-outstanding": float(outstanding), "bufferpool-wait-time-ns-total": float(waited)}
 
     @property
     def linger_ms(self) -> int:
@@ -302,19 +317,21 @@ class Producer:
                 return [block]
 
             def waiting() -> bool:
+                if self._io.welcome is None:
+                    return False  # the session ended (the daemon went, or shuts down): look again
                 # Spare blocks may go back to the daemon meanwhile (SEAL_NOW): ask again if so.
                 grants.top_up(self.max_block_ms)
                 return not grants.spare
 
-            self._wait(deadline, waiting,
-                       lambda: BufferExhaustedError(f"Failed to allocate memory within the configured max "
-                                                    f"blocking time {self.max_block_ms} ms."))
+            self._wait_for_memory(deadline, waiting,
+                                  lambda: BufferExhaustedError(f"Failed to allocate memory within the configured "
+                                                               f"max blocking time {self.max_block_ms} ms."))
             return None
         request = grants.request(count, True, self.max_block_ms)
         failed = f"Failed to allocate {count} consecutive blocks for a large record within {self.max_block_ms} ms"
         try:
-            self._wait(deadline, lambda: request.blocks is None and request.error is None,
-                       lambda: BufferExhaustedError(failed + "."))
+            self._wait_for_memory(deadline, lambda: request.blocks is None and request.error is None
+                                  and self._io.welcome is not None, lambda: BufferExhaustedError(failed + "."))
         finally:
             current = grants.finished(request)  # given up on, a late grant goes back to the daemon
         if not current:
@@ -323,6 +340,15 @@ class Producer:
             # The daemon waits max.block.ms too, and its refusal may come first: the same error either way.
             raise BufferExhaustedError(f"{failed}: {request.error}")
         return request.blocks
+
+    def _wait_for_memory(self, deadline: float, waiting: Callable[[], bool],
+                         timeout_error: Callable[[], KafkaError]) -> None:
+        """:meth:`_wait` for blocks of the BufferPool, timed (bufferpool-wait-time-ns-total)."""
+        started = time.monotonic_ns()
+        try:
+            self._wait(deadline, waiting, timeout_error)
+        finally:
+            self._bufferpool_wait_ns += time.monotonic_ns() - started
 
     def _wait(self, deadline: float, waiting: Callable[[], bool], timeout_error: Callable[[], KafkaError]) -> None:
         """Wait on the condition while ``waiting()`` (lock held); raise ``timeout_error()`` at the deadline."""
@@ -356,6 +382,10 @@ class Producer:
             self._wait(deadline, lambda: self._io.welcome is None, self._unavailable)
 
     def _unavailable(self) -> SidecarUnavailableError:
+        if self._io.shutdown_reason is not None:
+            return SidecarUnavailableError(f"the kafka-sidecar daemon at {self.endpoint} shut down "
+                                           f"({self._io.shutdown_reason}) and no daemon took its place within "
+                                           f"{self.max_block_ms} ms")
         return SidecarUnavailableError(f"no kafka-sidecar daemon answered at {self.endpoint} "
                                        f"within {self.max_block_ms} ms")
 
@@ -420,7 +450,7 @@ class Producer:
         error = ProducerClosedError("the producer closed before the delivery of this record was confirmed")
         with self._lock:
             unconfirmed = self._accumulator.abandon()
-            self._appender.count_done(self._appender.outstanding)
+            self._io.count_done(failed=self._appender.outstanding)
         futures.fail(unconfirmed, error)
 
 

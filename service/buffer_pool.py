@@ -23,7 +23,9 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from client_stub.contract.shared_memory import Layout, Segment, check_segment, create_segment
@@ -46,6 +48,7 @@ class Waiter:
     count: int
     contiguous: bool
     deadline_ms: int
+    since_ns: int = field(default_factory=time.monotonic_ns)
 
 
 @dataclass(eq=False, slots=True)
@@ -117,6 +120,8 @@ class BufferPool:
         self._resident_limit = 2 * block_count
         self._cold: deque[tuple[int, int]] = deque()
         self.waiters: deque[Waiter] = deque()
+        # How long requests have waited in the FIFO, those waiting now aside (Java's bufferpool-wait-time-ns-total).
+        self.wait_time_ns_total = 0
 
     @property
     def block_size(self) -> int:
@@ -148,6 +153,11 @@ class BufferPool:
         """Blocks the clients of a process hold together."""
         share = self._processes.get(process)
         return 0 if share is None else share.held
+
+    def block_states(self) -> tuple[int, int]:
+        """Blocks granted to clients and not sealed, and blocks sealed in batches not finished."""
+        memories = self._memory.values()
+        return sum(m.state.count(OWNED) for m in memories), sum(m.state.count(SEALED) for m in memories)
 
     def clients_at_limit(self) -> set[int]:
         """Clients with a request waiting for their own blocks: their process holds as many as it may, or
@@ -308,6 +318,7 @@ class BufferPool:
                 break
             self.waiters.remove(waiter)
             served.append((waiter, blocks))
+        self._waited(w for w, _ in served)
         return served
 
     def expire_waiters(self, now: int) -> list[Waiter]:
@@ -315,11 +326,17 @@ class BufferPool:
         expired = [w for w in self.waiters if w.deadline_ms <= now]
         if expired:
             self.waiters = deque(w for w in self.waiters if w.deadline_ms > now)
+            self._waited(expired)
         return expired
 
     def forget_waiters(self, client_id: int) -> None:
         """Drop the waiting requests of a client (its session ended)."""
+        self._waited(w for w in self.waiters if w.client_id == client_id)
         self.waiters = deque(w for w in self.waiters if w.client_id != client_id)
+
+    def _waited(self, waiters: Iterable[Waiter]) -> None:
+        now = time.monotonic_ns()
+        self.wait_time_ns_total += sum(now - w.since_ns for w in waiters)
 
     def _waits_for_own(self, waiter: Waiter) -> bool:
         """Whether the request waits for blocks of its process's to come back, not for the pool's: the process

@@ -29,9 +29,16 @@ def _sources(args: argparse.Namespace) -> tuple[Sources, ProducerConfig]:
 def _run(args: argparse.Namespace) -> int:
     from .daemon import SidecarDaemon
 
-    sources, config = _sources(args)
-    log_format.configure(args.log_level or sources.log["level"], args.log_format or sources.log["format"])
-    daemon = SidecarDaemon(config, config["sidecar.endpoint"])
+    def settings() -> tuple[ProducerConfig, dict[str, str]]:
+        """The settings as they are now (at start, and again on SIGHUP), and the log's: the command line's
+        --log-level and --log-format over the configuration's."""
+        sources, config = _sources(args)
+        return config, {**sources.log, "level": args.log_level or sources.log["level"],
+                        "format": args.log_format or sources.log["format"]}
+
+    config, log_settings = settings()
+    log_format.configure(log_settings["level"], log_settings["format"], log_settings["file"])
+    daemon = SidecarDaemon(config, config["sidecar.endpoint"], reload=settings)
     daemon.install_signal_handlers()
     daemon.run()
     return 0
@@ -52,6 +59,14 @@ def _shown(name: str, value: Any) -> str:
     if name == "sidecar.socket.mode":
         return f"{value:04o}"
     return "" if value is None else str(value)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from .stats import main
+
+    if args.watch is not None and args.watch <= 0:
+        raise ConfigError(f"--watch takes a number of seconds above 0, got {args.watch}")
+    return main(args.endpoint or ipc.default_endpoint(), json_output=args.json, watch=args.watch)
 
 
 def _quickstart(args: argparse.Namespace) -> int:
@@ -93,6 +108,14 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="check the settings and print them, with where each came from")
     _add_settings(check, config_required=True)
     check.set_defaults(handler=_check_config)
+
+    stats = commands.add_parser("stats", help="print a running daemon's figures, asked over its endpoint")
+    stats.add_argument("--endpoint", help=f"the daemon's endpoint (default: ${ipc.ENDPOINT_ENV} or "
+                                          f"{ipc.DEFAULT_ENDPOINT})")
+    stats.add_argument("--json", action="store_true", help="every figure, as JSON")
+    stats.add_argument("--watch", type=float, metavar="SECONDS", help="print them again every SECONDS until "
+                                                                      "interrupted")
+    stats.set_defaults(handler=_stats)
 
     quickstart = commands.add_parser("quickstart", help="run broker, daemon and producers on this machine")
     quickstart.add_argument("--processes", type=int, default=4, help="application processes (default 4)")

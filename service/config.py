@@ -59,6 +59,17 @@ def _to_mode(text: str) -> int:
     return value
 
 
+def _to_port(text: str) -> int | None:
+    """A TCP port, or empty for none."""
+    text = text.strip()
+    if not text:
+        return None
+    port = int(text)
+    if not 0 < port < 65536:
+        raise ValueError(f"a TCP port is 1 to 65535, got {port}")
+    return port
+
+
 def _to_group(text: str) -> int | None:
     """A group name or number (empty: the daemon's own group), as a gid."""
     text = text.strip()
@@ -85,7 +96,8 @@ def parse_settings(pairs: list[str]) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class ConfigKey:
-    """One setting: its Kafka name, parser, default and allowed range."""
+    """One setting: its Kafka name, parser, default and allowed range; ``live`` if a running daemon takes a new
+    value when it reloads its settings (SIGHUP)."""
 
     name: str
     parse: Callable[[str], Any]
@@ -94,17 +106,20 @@ class ConfigKey:
     high: float | None = None
     choices: tuple[str, ...] = ()
     doc: str = ""
+    live: bool = False
 
 
 KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("bootstrap.servers", _to_list, [], doc="host:port pairs to discover the cluster from"),
     ConfigKey("client.id", str, "kafka-sidecar", doc="client id sent in every request"),
     ConfigKey("acks", _to_acks, -1, doc="all (-1), 1 or 0 acknowledgements"),
-    ConfigKey("linger.ms", int, 5, 0, INT_MAX),
+    ConfigKey("linger.ms", int, 5, 0, INT_MAX, doc="how long a client waits for more records before sealing a "
+              "batch (clients may override; a reload applies to clients that connect after it)", live=True),
     ConfigKey("batch.size", int, 16384, 1, INT_MAX),
     ConfigKey("buffer.memory", int, 33554432, 1, LONG_MAX),
     ConfigKey("max.block.ms", int, 60000, 0, LONG_MAX,
-              doc="how long send() may block for memory or metadata (clients may override)"),
+              doc="how long send() may block for memory or metadata (clients may override; a reload applies to "
+                  "clients that connect after it)", live=True),
     ConfigKey("max.request.size", int, 1048576, 1, INT_MAX),
     ConfigKey("retries", int, INT_MAX, 0, INT_MAX),
     ConfigKey("retry.backoff.ms", int, 100, 0, LONG_MAX),
@@ -119,7 +134,7 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
               doc="9, the default, compresses with LZ4's fast compressor and any other level with LZ4 HC, "
                   "as Kafka's producer does"),
     ConfigKey("compression.zstd.level", int, 3, *LEVEL_RANGES[CompressionType.ZSTD]),
-    ConfigKey("metadata.max.age.ms", int, 300000, 0, LONG_MAX),
+    ConfigKey("metadata.max.age.ms", int, 300000, 0, LONG_MAX, live=True),
     ConfigKey("allow.auto.create.topics", _to_bool, True,
               doc="let the broker create a topic the producer asks about (if the broker allows it)"),
     ConfigKey("metadata.max.idle.ms", int, 300000, 5000, LONG_MAX),
@@ -128,6 +143,9 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("socket.connection.setup.timeout.ms", int, 10000, 0, LONG_MAX),
     ConfigKey("send.buffer.bytes", int, 131072, -1, INT_MAX),
     ConfigKey("receive.buffer.bytes", int, 32768, -1, INT_MAX),
+    ConfigKey("metrics.sample.window.ms", int, 30000, 1, LONG_MAX,
+              doc="the window of a metric's sample: rates, averages and maxima are over the last samples"),
+    ConfigKey("metrics.num.samples", int, 2, 1, INT_MAX, doc="how many samples of each metric are kept"),
     # librdkafka's name: Kafka's Java client has no cap on a response's size.
     ConfigKey("receive.message.max.bytes", int, 100000000, 1000, INT_MAX),
     # The sidecar's own settings.
@@ -138,26 +156,30 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("sidecar.client.reply.buffer.bytes", int, 8388608, 65536, LONG_MAX,
               doc="replies a client does not read fast enough wait in the daemon up to this many bytes (beside "
                   "what ZeroMQ queues for it); past them its session ends, its sealed batches still sent and their "
-                  "reports kept for it until it connects again"),
+                  "reports kept for it until it connects again", live=True),
     ConfigKey("sidecar.process.max.sessions", int, 16, 1, INT_MAX,
               doc="the sessions (Producer instances connected to the daemon) one process may have at once, those "
-                  "the daemon ended and keeps for it included; a process is what the kernel says it is"),
+                  "the daemon ended and keeps for it included; a process is what the kernel says it is", live=True),
     ConfigKey("sidecar.process.max.topics", int, 1000, 1, INT_MAX,
               doc="the topics the sessions of one process may produce to (each is in the daemon's metadata "
-                  "requests while followed)"),
+                  "requests while followed)", live=True),
     ConfigKey("sidecar.process.max.unknown.topics", int, 100, 1, INT_MAX,
-              doc="of those, how many the cluster does not have (yet) one process may wait for at once"),
+              doc="of those, how many the cluster does not have (yet) one process may wait for at once", live=True),
     ConfigKey("sidecar.auto.create.topics.per.minute", int, 60, 0, INT_MAX,
               doc="with allow.auto.create.topics, how many topics the cluster does not have the daemon asks it to "
                   "create a minute, at most (a topic is first asked for without creation: only missing ones count)"),
     ConfigKey("sidecar.close.timeout.ms", int, 30000, 0, INT_MAX,
-              doc="on shutdown, how long to go on sending what is queued"),
+              doc="on shutdown, how long to go on sending what the clients handed off", live=True),
     ConfigKey("sidecar.socket.group", _to_group, None,
               doc="the group that may produce through the daemon: its ipc socket and its memory socket belong to "
                   "it (default: the daemon's own group)"),
     ConfigKey("sidecar.socket.mode", _to_mode, 0o660,
               doc="the mode of the ipc socket and of the memory socket, whatever the umask (octal; the sockets' "
                   "directory, when the daemon makes it, lets the same classes of user search it)"),
+    ConfigKey("sidecar.metrics.port", _to_port, None,
+              doc="serve the metrics in Prometheus' text format over HTTP on this port (off when unset)"),
+    ConfigKey("sidecar.metrics.host", str, "127.0.0.1",
+              doc="the address the metrics port is bound to (loopback: only this host may read them)"),
     ConfigKey("sidecar.coalesce.batches", _to_bool, True,
               doc="coalesce the small batches of a partition, from any clients, into one of at most batch.size "
                   "bytes when they are sent (a broker takes one batch per partition per request)"),
@@ -186,6 +208,21 @@ class ProducerConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
+
+    def reload(self, new: ProducerConfig) -> tuple[list[str], list[str]]:
+        """Take ``new``'s values of the live settings; returns the names of the settings that changed and were
+        taken, and of those that changed but need a restart. Nothing is taken if the mix breaks a rule."""
+        changed = [name for name in KEYS if new[name] != self[name]]
+        taken = [name for name in changed if KEYS[name].live]
+        before = dict(self._values)
+        for name in taken:
+            self._values[name] = new[name]
+        try:
+            self._check()
+        except ConfigError:
+            self._values = before
+            raise
+        return taken, [name for name in changed if not KEYS[name].live]
 
     @property
     def idempotent(self) -> bool:

@@ -3,6 +3,10 @@
 One thread polls the brokers' sockets and the ZeroMQ socket together
 (ProducerCore's selector waits on both), hands sealed batches from the front to
 the accumulator, lets the sender drain and send, and sends the outcomes back.
+
+Signals: SIGTERM and SIGINT shut it down (a second one cuts the drain short);
+SIGHUP reopens its log file and reloads its settings, taking those that can
+change while it runs and naming those that need a restart.
 """
 
 from __future__ import annotations
@@ -13,12 +17,18 @@ import resource
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
+from client_stub.errors import ConfigError
+
+from . import log_format
 from .buffer_pool import BufferPool, client_block_limit
-from .config import ProducerConfig
+from .config import KEYS, ProducerConfig
 from .front import SidecarFront
+from .metrics import daemon_figures
 from .producer.core import ProducerCore
+from .prometheus import PUBLISH_INTERVAL_MS, PrometheusExporter
 from .service_manager import ServiceManager
 
 log = logging.getLogger(__name__)
@@ -32,7 +42,9 @@ _ERROR_LOG_INTERVAL_S = 5.0
 class SidecarDaemon:
     """Owns the BufferPool, the ProducerCore and the front; :meth:`run` until stopped."""
 
-    def __init__(self, config: ProducerConfig, endpoint: str) -> None:
+    def __init__(self, config: ProducerConfig, endpoint: str, *,
+                 reload: Callable[[], tuple[ProducerConfig, dict[str, str]]] | None = None) -> None:
+        """``reload`` reads the settings again (SIGHUP): the configuration, and the [log] settings."""
         _raise_file_limit()
         self.config = config
         self.endpoint = endpoint
@@ -49,22 +61,42 @@ class SidecarDaemon:
         except BaseException:
             self.pool.close()
             raise
+        port = config["sidecar.metrics.port"]
+        try:
+            self.exporter = None if port is None else PrometheusExporter(config["sidecar.metrics.host"], port)
+        except BaseException:
+            self.front.close()
+            self.pool.close()
+            raise
+        self._reload = reload
         self._stop = threading.Event()
+        self._stop_reason = "stopped"
+        # A second stop while the clients' batches drain ends the drain.
+        self._hurry = threading.Event()
+        self._reload_requested = threading.Event()
+        self._next_publish_ms = 0
         self.service_manager = ServiceManager()
         self.iteration_errors = 0
         self._error_logged = float("-inf")
 
-    def stop(self) -> None:
-        """Ask the loop to finish (safe from signal handlers and other threads)."""
+    def stop(self, reason: str = "stopped") -> None:
+        """Ask the loop to finish (safe from signal handlers and other threads); asked again, to finish now."""
+        if self._stop.is_set():
+            self._hurry.set()
+        self._stop_reason = reason
         self._stop.set()
+
+    def request_reload(self) -> None:
+        """Ask the loop to reopen the log file and reload the settings (safe from signal handlers)."""
+        self._reload_requested.set()
 
     def install_signal_handlers(self) -> None:
         def handle(signum: int, frame: FrameType | None) -> None:
-            log.info("signal %s: shutting down", signal.Signals(signum).name)
-            self.stop()
+            self.stop(signal.Signals(signum).name)
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
+        signal.signal(signal.SIGHUP, lambda signum, frame: self.request_reload())
 
     def run(self) -> None:
         """Serve until :meth:`stop`, then deliver what is queued within close.timeout.ms and exit; raise what
@@ -93,6 +125,9 @@ class SidecarDaemon:
 
     def run_once(self) -> None:
         """One iteration: network I/O and sending, client messages, then timers and reports."""
+        if self._reload_requested.is_set():
+            self._reload_requested.clear()
+            self.reload()
         timeout_ms = min(self.front.next_timer_ms(), _MAX_SLEEP_MS)
         watchdog_s = self.service_manager.next_timer_s()
         if watchdog_s is not None:
@@ -105,6 +140,9 @@ class SidecarDaemon:
             if self.core.selector.external_ready:
                 self.front.handle_ready(self.core.selector.external_ready)
             self.front.after_iteration()
+            if self.exporter is not None and self.core.clock() >= self._next_publish_ms:
+                self._next_publish_ms = self.core.clock() + PUBLISH_INTERVAL_MS
+                self.exporter.publish(daemon_figures(self.core, self.pool, self.front))
         except Exception:
             # A bug met while serving one client's request must not stop the daemon for all of them.
             self.iteration_errors += 1
@@ -114,13 +152,48 @@ class SidecarDaemon:
                 log.exception("error in a loop iteration (%d so far)", self.iteration_errors)
 
     def shutdown(self) -> None:
-        """Send what is queued (up to sidecar.close.timeout.ms), report outcomes, release everything."""
+        """Take no more records, deliver what the clients handed off within sidecar.close.timeout.ms and report
+        it to them, fail and report the rest, then release everything the daemon made."""
         self.service_manager.stopping()
-        self.core.close(self.config["sidecar.close.timeout.ms"])
+        timeout_ms = self.config["sidecar.close.timeout.ms"]
+        log.info("%s: shutting down: delivering what the clients handed off (up to %d ms)", self._stop_reason,
+                 timeout_ms)
+        deadline = self.core.clock() + timeout_ms
+        self.front.begin_shutdown(self._stop_reason)
+        # The clients seal what they hold and say so; until then, and until every batch is final, serve on.
+        while not self._hurry.is_set() and self.core.clock() < deadline and \
+                (not self.front.sealed_all() or self.core.accumulator.has_incomplete()):
+            self.run_once()
+        self.core.close(max(deadline - self.core.clock(), 0) if not self._hurry.is_set() else 0)
         self.front.after_iteration()
+        if self.exporter is not None:
+            self.exporter.close()
         self.front.close()
         self.pool.close()
         log.info("kafka-sidecar stopped")
+
+    def reload(self) -> None:
+        """Reopen the log file; take the settings that can change live from the configuration read again, and
+        name those that changed but need a restart (SIGHUP)."""
+        log_format.reopen()
+        if self._reload is None:
+            return
+        try:
+            config, log_settings = self._reload()
+            taken, restart = self.config.reload(config)
+        except ConfigError as exc:
+            log.error("reload: the settings are not taken: %s", exc)
+            return
+        log_format.configure(log_settings["level"], log_settings["format"], log_settings["file"])
+        self.front.reply_buffer_bytes = self.config["sidecar.client.reply.buffer.bytes"]
+        self.core.metadata.metadata_max_age_ms = self.config["metadata.max.age.ms"]
+        if taken:
+            log.info("reload: now %s", ", ".join(f"{name}={self.config[name]}" for name in taken))
+        if restart:
+            log.warning("reload: %s changed, which only a restart applies (the settings a reload applies: %s)",
+                        ", ".join(restart), ", ".join(name for name, key in KEYS.items() if key.live))
+        if not taken and not restart:
+            log.info("reload: log file reopened, no setting changed")
 
 
 def _raise_file_limit() -> None:

@@ -41,6 +41,7 @@ from client_stub.errors import InvalidRequestError, KafkaError, error_code
 from . import memory_socket
 from .buffer_pool import BlockError, BufferPool
 from .memory_socket import MemorySocket, bind_socket_file
+from .metrics import daemon_figures
 from .producer.batch import ProducerBatch, TopicPartition
 from .producer.core import ProducerCore
 
@@ -113,6 +114,9 @@ class ClientSession:
     connection: socket.socket | None = None
     # Whether the client waits on through a topic's retriable metadata error (older clients fail at once).
     retriable_topic_errors: bool = False
+    # Whether it answers SHUTDOWN with its LASTSEAL (older clients do not), and whether it has.
+    shutdown_notice: bool = False
+    last_sealed: bool = False
     uid: int = -1
     reports: list[ipc.DeliveryReport] = field(default_factory=list)
     topics: dict[str, tuple[Any, ...]] = field(default_factory=dict)
@@ -121,6 +125,9 @@ class ClientSession:
     # Replies ZeroMQ would not queue (the client reads slower than the daemon answers), in order, encoded.
     waiting: deque[tuple[ipc.Message, bytes]] = field(default_factory=deque)
     waiting_bytes: int = 0
+    # Its records reported delivered, and failed.
+    records_delivered: int = 0
+    records_failed: int = 0
 
     def describe(self) -> str:
         """The client as a log line names it: the kernel's pid and uid (once known), and its own name."""
@@ -157,6 +164,8 @@ class SidecarFront:
         self._context = context or zmq.Context()
         self._own_context = context is None
         self._lock_file: int | None = None
+        # The socket's directory, if the daemon made it: it goes when the daemon does.
+        self._made_directory: str | None = None
         self.max_message_size = max_message_size(pool.max_blocks_per_process)
         group = os.getegid() if socket_group is None else socket_group
         self.socket = self._bind(endpoint, socket_mode, group)
@@ -184,17 +193,23 @@ class SidecarFront:
         self._seal_now_sent_ms = 0
         self._last_complaint = 0.0
         self.messages_refused = 0
+        # Records of the batches clients sealed (handed off).
+        self.records_sealed = 0
         # Answers to a socket without a session that ZeroMQ would not take (its reader is slow or gone).
         self.replies_dropped = 0
         # Sessions ended because their clients did not read their replies, or their sockets went.
         self.sessions_ended_unread = 0
+        # Why the daemon is shutting down, once it is: it takes no new session and grants no block.
+        self.shutting_down: str | None = None
 
     # -- socket ----------------------------------------------------------------------------------
 
     def _bind(self, endpoint: str, mode: int, group: int) -> zmq.Socket:
         path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
         if path is not None:
-            _make_directory(os.path.dirname(path) or ".", mode, group)
+            directory = os.path.dirname(path) or "."
+            if _make_directory(directory, mode, group):
+                self._made_directory = directory
             self._lock_file = _lock_endpoint(path)
         sock = self._context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -221,6 +236,24 @@ class SidecarFront:
             os.close(self._lock_file)
             self._lock_file = None
 
+    def begin_shutdown(self, reason: str) -> None:
+        """Take no new session, grant no more blocks (the requests waiting fail), and tell each client to seal
+        what it holds: what it sealed is still taken, sent and reported until :meth:`close`."""
+        self.shutting_down = reason
+        for waiter in self.pool.expire_waiters(2**63 - 1):
+            session = self._by_id.get(waiter.client_id)
+            if session is not None:
+                self._send(session, ipc.GrantFailed(waiter.request_id, f"the daemon is shutting down ({reason})"))
+        for session in list(self.sessions.values()):
+            if session.connection is None:
+                self._end_session(session)  # it holds nothing yet
+            elif session.shutdown_notice:
+                self._send(session, ipc.Shutdown(reason))
+
+    def sealed_all(self) -> bool:
+        """Whether every client that was told of the shutdown has handed over its last batches (or is gone)."""
+        return all(session.last_sealed for session in self.sessions.values() if session.shutdown_notice)
+
     def close(self) -> None:
         # The ZeroMQ socket first, lingering: the last reports reach the clients before the memory socket's
         # connections end, which tells each client that the daemon is gone.
@@ -233,8 +266,17 @@ class SidecarFront:
         self.core.selector.unregister_external(self.memory.listener)
         self.memory.close()
         if self.endpoint.startswith("ipc://"):
-            Path(self.endpoint[len("ipc://"):]).unlink(missing_ok=True)
+            path = Path(self.endpoint[len("ipc://"):])
+            path.unlink(missing_ok=True)
+            # The lock's file goes while it is held: a daemon that opened it before fails to lock it, one that
+            # comes after makes a new one.
+            Path(f"{path}.lock").unlink(missing_ok=True)
         self._unlock()
+        if self._made_directory is not None:
+            try:
+                os.rmdir(self._made_directory)
+            except OSError:
+                pass  # something else is in it now: not the daemon's to remove
 
     def _send(self, to: ClientSession | bytes, message: ipc.Message) -> None:
         """Send a message to a client. A session gets every message, in order, or its session ends (see
@@ -385,6 +427,10 @@ class SidecarFront:
                 return
             message = ipc.from_fields(fields)
             if isinstance(message, ipc.Hello):
+                if self.shutting_down is not None:
+                    self._send(identity, ipc.Error(ipc.ERROR_SHUTTING_DOWN, f"the daemon is shutting down "
+                                                                            f"({self.shutting_down})"))
+                    return
                 self._hello(identity, session, message)
                 return
             if isinstance(message, ipc.Stats):
@@ -413,7 +459,8 @@ class SidecarFront:
         now = self.clock()
         session = ClientSession(identity, self._next_client_id, message.pid, str(message.client_name)[:200], now,
                                 secrets.token_bytes(TOKEN_SIZE), now + _HANDSHAKE_TIMEOUT_MS,
-                                retriable_topic_errors=message.options.retriable_topic_errors is True)
+                                retriable_topic_errors=message.options.retriable_topic_errors is True,
+                                shutdown_notice=message.options.shutdown_notice is True)
         if message.options.resume is not None:
             session.resume = self._resumable(message.options.resume)
         if self._claims(session):
@@ -556,6 +603,9 @@ class SidecarFront:
     def _blocks(self, session: ClientSession, message: ipc.Blocks) -> None:
         request_id = message.request_id
         _check_int(request_id, "request_id")
+        if self.shutting_down is not None:
+            self._send(session, ipc.GrantFailed(request_id, f"the daemon is shutting down ({self.shutting_down})"))
+            return
         try:
             _check_int(message.count, "count", 1, self.pool.block_count)
             _check_int(message.timeout_ms, "timeout_ms", 0, 2**62)
@@ -570,10 +620,14 @@ class SidecarFront:
         if blocks is not None:
             self._send(session, ipc.Grant(request_id, blocks))
 
-    def _seal(self, session: ClientSession, message: ipc.Seal) -> None:
+    def _seal(self, session: ClientSession, message: ipc.Seal | ipc.LastSeal) -> None:
         if not isinstance(message.notices, list):
-            raise ValueError("SEAL carries a list of notices")
+            raise ValueError(f"{type(message).__name__.upper()} carries a list of notices")
         self._seal_notices(session, message.notices)
+
+    def _last_seal(self, session: ClientSession, message: ipc.LastSeal) -> None:
+        self._seal(session, message)
+        session.last_sealed = True
 
     def _seal_notices(self, session: ClientSession, notices: list[Any]) -> None:
         now = self.clock()
@@ -627,6 +681,7 @@ class SidecarFront:
             raise ValueError(f"a batch of {length} bytes (and its header) is larger than max.request.size")
         view = self.pool.seal(session.client_id, first, count, length)
         session.unreported[batch_id] = records
+        self.records_sealed += records
         client_id, blocks = session.client_id, range(first, first + count)
         return ProducerBatch(TopicPartition(topic, partition), view, records, base_timestamp=base_ts,
                              max_timestamp=max_ts, created_ms=now - ago, on_complete=self._batch_done,
@@ -689,7 +744,7 @@ class SidecarFront:
 
     _HANDLERS: dict[type[Any], Callable[[SidecarFront, ClientSession, Any], None]] = {
         ipc.Blocks: _blocks, ipc.Seal: _seal, ipc.Release: _release, ipc.Metadata: _metadata,
-        ipc.Heartbeat: _heartbeat, ipc.Goodbye: _goodbye,
+        ipc.Heartbeat: _heartbeat, ipc.Goodbye: _goodbye, ipc.LastSeal: _last_seal,
     }
 
     def _end_session(self, session: ClientSession, *, keep: bool = False) -> None:
@@ -762,18 +817,48 @@ class SidecarFront:
         conn.close()
 
     def stats(self) -> dict[str, Any]:
-        """The figures a :class:`~client_stub.contract.ipc.Stats` request gets."""
+        """The figures a :class:`~client_stub.contract.ipc.Stats` request gets: every figure of the daemon (see
+        :func:`~service.metrics.daemon_figures`), and the pool's by client (``clients``: [client id, pid, blocks
+        held] of each session; ``held``: [client id, blocks held] of each segment)."""
         held = self.pool.held()
-        return {"block_count": self.pool.block_count, "free_blocks": self.pool.free_blocks,
-                "sessions": len(self.sessions),
+        return {**daemon_figures(self.core, self.pool, self),
                 "clients": [[s.client_id, s.pid, held.get(s.client_id, 0)] for s in self.sessions.values()],
-                "held": [[client_id, count] for client_id, count in held.items()],
-                "sessions_kept": len(self._ended),
-                "topics_awaiting_creation": len(self.core.metadata.awaiting_creation()),
-                "reply_buffer_bytes": sum(s.waiting_bytes for s in self.sessions.values()),
-                "messages_refused": self.messages_refused, "replies_dropped": self.replies_dropped,
-                "sessions_ended_unread": self.sessions_ended_unread,
-                "batches_corrupt": self.core.metrics.batches_corrupt}
+                "held": [[client_id, count] for client_id, count in held.items()]}
+
+    def sidecar_figures(self) -> dict[str, float]:
+        """The sidecar's own figures: its clients, the BufferPool's blocks by state, what it refused."""
+        granted, sealed = self.pool.block_states()
+        block_size = self.pool.block_size
+        in_flight: dict[Any, int] = {}
+        for batch in self.core.sender.in_flight_batches():
+            for part in batch.parts or [batch]:
+                # The halves of a split batch share their blocks: each origin's counted once.
+                in_flight[part.origin] = max(in_flight.get(part.origin, 0), -(-part.records_size // block_size))
+        figures = {"clients-connected": sum(s.connection is not None for s in self.sessions.values()),
+                   "sessions": len(self.sessions), "sessions-kept": len(self._ended),
+                   "blocks-total": self.pool.block_count, "blocks-free": self.pool.free_blocks,
+                   "blocks-granted": granted, "blocks-sealed": sealed, "blocks-in-flight": sum(in_flight.values()),
+                   "block-size-bytes": block_size, "records-sealed-total": self.records_sealed,
+                   "topics-awaiting-creation": len(self.core.metadata.awaiting_creation()),
+                   "reply-buffer-bytes": sum(s.waiting_bytes for s in self.sessions.values()),
+                   "messages-refused-total": self.messages_refused, "replies-dropped-total": self.replies_dropped,
+                   "sessions-ended-unread-total": self.sessions_ended_unread,
+                   "batches-corrupt-total": self.core.metrics.batches_corrupt}
+        return {name: float(value) for name, value in figures.items()}
+
+    def process_figures(self) -> list[dict[str, Any]]:
+        """One entry per client process (as the kernel names it) with a session, kept ones included: its
+        sessions, the blocks they hold, and their records reported delivered and failed."""
+        processes: dict[int, dict[str, Any]] = {}
+        for session in [*self._by_connection.values(), *self._ended.values()]:
+            entry = processes.setdefault(session.pid, {"pid": session.pid, "uid": session.uid, "name": session.name,
+                                                       "sessions": 0, "blocks-held": 0, "records-delivered-total": 0,
+                                                       "record-error-total": 0})
+            entry["sessions"] += 1
+            entry["blocks-held"] += self.pool.held_by(session.client_id)
+            entry["records-delivered-total"] += session.records_delivered
+            entry["record-error-total"] += session.records_failed
+        return [processes[pid] for pid in sorted(processes)]
 
     # -- outgoing --------------------------------------------------------------------------------
 
@@ -783,6 +868,10 @@ class SidecarFront:
         session = self._ended.get(client_id) or self._by_id.get(client_id)
         if session is None:
             return  # the client is gone; its records were still delivered (or failed) for it
+        if batch.error is None:
+            session.records_delivered += batch.record_count
+        else:
+            session.records_failed += batch.record_count
         left = session.unreported.pop(batch_id, 0) - batch.record_count
         if left > 0:
             session.unreported[batch_id] = left  # a part of a batch that was split
@@ -898,18 +987,20 @@ def _check_int(value: Any, name: str, low: int = 0, high: int = 2**63 - 1) -> No
         raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
 
 
-def _make_directory(directory: str, mode: int, group: int) -> None:
+def _make_directory(directory: str, mode: int, group: int) -> bool:
     """The socket's directory: made if missing, searchable by the classes of user that ``mode`` lets use the
-    socket (whatever the umask); one that exists is the administrator's (RuntimeDirectory=, /tmp) and kept."""
+    socket (whatever the umask); one that exists is the administrator's (RuntimeDirectory=, /tmp) and kept.
+    Returns whether it was made."""
     try:
         os.mkdir(directory, 0o700)
     except FileExistsError:
-        return
+        return False
     except FileNotFoundError:
         os.makedirs(os.path.dirname(directory), exist_ok=True)
         os.mkdir(directory, 0o700)
     os.chown(directory, -1, group)
     os.chmod(directory, 0o700 | (0o050 if mode & 0o060 else 0) | (0o005 if mode & 0o006 else 0))
+    return True
 
 
 def _lock_endpoint(path: str) -> int:

@@ -1,4 +1,4 @@
-"""The daemon's log lines: text, or one JSON object a line for log collectors."""
+"""The daemon's log lines: one an event, text or one JSON object a line, to standard error or a file."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import json
 import logging
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# The handler configure() installed: reopen() reopens its file.
+_handler: logging.Handler | None = None
 
 
 class JsonFormatter(logging.Formatter):
@@ -19,8 +22,19 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure(level: str, form: str) -> None:
-    """Log to standard error at ``level``, in ``form`` ("text" or "json")."""
-    handler = logging.StreamHandler()
+def configure(level: str, form: str, file: str = "") -> None:
+    """Log at ``level``, in ``form`` ("text" or "json"), to ``file`` (appended to) or else standard error."""
+    global _handler
+    handler = logging.FileHandler(file, encoding="utf-8") if file else logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if form == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    _handler = handler
+
+
+def reopen() -> None:
+    """Open the log file again (logrotate moved it away, and the next lines go to a new one)."""
+    handler = _handler
+    if isinstance(handler, logging.FileHandler):
+        old = handler.setStream(open(handler.baseFilename, "a", encoding="utf-8"))  # noqa: SIM115
+        if old is not None:
+            old.close()

@@ -12,9 +12,13 @@ defaults, the file, the environment, the command line (``-X``, ``--bootstrap-ser
     endpoint = "ipc:///run/kafka-sidecar/sidecar.sock"
     client.timeout.ms = 30000
 
+    [metrics]                       # sidecar.metrics.*: the Prometheus page
+    port = 9464
+
     [log]
     level = "INFO"
     format = "text"                 # or "json": one object a line
+    file = "/var/log/kafka-sidecar/kafka-sidecar.log"   # else standard error; reopened on SIGHUP
 
 TOML reads ``linger.ms = 10`` as a table ``linger`` holding ``ms``; such tables are
 read back as the dotted name. In the environment, ``KAFKA_SIDECAR_`` and the name in
@@ -41,11 +45,16 @@ from .config import KEYS
 log = logging.getLogger(__name__)
 
 SIDECAR_PREFIX = "sidecar."
+# The sections of the file that hold settings, and the prefix their keys are written without: a setting belongs
+# to the section of the longest prefix it has.
+SECTIONS = {"producer": "", "sidecar": SIDECAR_PREFIX, "metrics": SIDECAR_PREFIX + "metrics."}
 ENV_PREFIX = "KAFKA_SIDECAR_"
 # Variables of the prefix that are no settings of the daemon's (read by the client library).
 _OTHER_VARIABLES = {"KAFKA_SIDECAR_PURE_PYTHON"}
-LOG_KEYS: dict[str, tuple[str, ...]] = {"level": ("DEBUG", "INFO", "WARNING", "ERROR"), "format": ("text", "json")}
-LOG_DEFAULTS = {"level": "INFO", "format": "text"}
+# The [log] keys, with their values (None: a path).
+LOG_KEYS: dict[str, tuple[str, ...] | None] = {"level": ("DEBUG", "INFO", "WARNING", "ERROR"),
+                                               "format": ("text", "json"), "file": None}
+LOG_DEFAULTS = {"level": "INFO", "format": "text", "file": ""}
 
 # Where a setting's value came from, lowest precedence first.
 DEFAULT, FILE, ENVIRONMENT, COMMAND_LINE = "default", "file", "environment", "command line"
@@ -104,16 +113,22 @@ def _read_file(path: Path, sources: Sources) -> None:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not TOML: {exc}") from None
     for section, table in document.items():
-        if section not in ("producer", "sidecar", "log") or not isinstance(table, dict):
-            raise ConfigError(f"{path}: unknown section [{section}] (the sections are [producer], [sidecar], [log])")
+        if (section not in SECTIONS and section != "log") or not isinstance(table, dict):
+            raise ConfigError(f"{path}: unknown section [{section}] (the sections are "
+                              f"{', '.join(f'[{s}]' for s in [*SECTIONS, 'log'])})")
         for key, value in _flatten(table).items():
             if section == "log":
                 sources.log[_log_key(path, key, value)] = value
                 continue
-            name = key if section == "producer" else SIDECAR_PREFIX + key
-            if name not in KEYS or name.startswith(SIDECAR_PREFIX) != (section == "sidecar"):
+            name = SECTIONS[section] + key
+            if name not in KEYS or section_of(name) != section:
                 raise ConfigError(f"{path}: unknown key {key!r} in [{section}]{_nearest(key, section)}")
             sources.give(name, value, FILE)
+
+
+def section_of(name: str) -> str:
+    """The section of the file a setting belongs to."""
+    return max((s for s, prefix in SECTIONS.items() if name.startswith(prefix)), key=lambda s: len(SECTIONS[s]))
 
 
 def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -128,23 +143,27 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _nearest(key: str, section: str) -> str:
-    """What the message of an unknown key suggests: a name of the section like it, or the right section."""
-    sidecar = section == "sidecar"
-    if not sidecar and SIDECAR_PREFIX + key.removeprefix(SIDECAR_PREFIX) in KEYS:
-        return " (it belongs in [sidecar], without its prefix)"
-    if sidecar and key in KEYS:
-        return " (it belongs in [producer])"
-    names = [name.removeprefix(SIDECAR_PREFIX) for name in KEYS if name.startswith(SIDECAR_PREFIX) == sidecar]
+    """What the message of an unknown key suggests: the right section, or a name of the section like it."""
+    for prefix in {"", SIDECAR_PREFIX, *SECTIONS.values()}:
+        # As written in another section, or with a prefix its section leaves out.
+        name = prefix + key
+        if name in KEYS and section_of(name) != section:
+            home = section_of(name)
+            return f" (it belongs in [{home}]{', without its prefix' if SECTIONS[home] and prefix else ''})"
+    names = [name.removeprefix(SECTIONS[section]) for name in KEYS if section_of(name) == section]
     close = difflib.get_close_matches(key, names, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _log_key(path: Path, key: str, value: Any) -> str:
-    choices = LOG_KEYS.get(key)
-    if choices is None:
+    if key not in LOG_KEYS:
         close = difflib.get_close_matches(key, LOG_KEYS, n=1)
         raise ConfigError(f"{path}: unknown key {key!r} in [log]" + (f" (did you mean {close[0]}?)" if close else ""))
-    if value not in choices:
+    choices = LOG_KEYS[key]
+    if choices is None:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: invalid value {value!r} for {key} in [log]: expected a path")
+    elif value not in choices:
         raise ConfigError(f"{path}: invalid value {value!r} for {key} in [log]: expected one of {', '.join(choices)}")
     return key
 

@@ -10,10 +10,15 @@ with a message that says which versions are involved.
 
 The type numbers are each class's ``TYPE``. Client -> daemon: :class:`Hello` (with :class:`HelloOptions`, which may
 carry a :class:`Resume`), :class:`Blocks`, :class:`Seal` (of :class:`SealNotice` rows),
-:class:`Release`, :class:`Metadata`, :class:`Heartbeat`, :class:`Goodbye`, :class:`Stats`.
-Daemon -> client: :class:`Welcome` (with :class:`WelcomeSettings`), :class:`Grant`,
+:class:`Release`, :class:`Metadata`, :class:`Heartbeat`, :class:`Goodbye`, :class:`Stats`,
+:class:`LastSeal`. Daemon -> client: :class:`Welcome` (with :class:`WelcomeSettings`), :class:`Grant`,
 :class:`GrantFailed`, :class:`Delivery` (of :class:`DeliveryReport` rows), :class:`Topic`,
-:class:`SealNow`, :class:`Error`, :class:`StatsReport`.
+:class:`SealNow`, :class:`Error`, :class:`StatsReport`, :class:`Shutdown`.
+
+A daemon that shuts down tells each client that said it understands (``HelloOptions.shutdown_notice``)
+with :class:`Shutdown`; the client answers with :class:`LastSeal`, its last seal notices of the session,
+and the daemon delivers or fails every batch it was handed before it exits. Messages and options a
+peer of an earlier release does not know are only sent to peers that said they know them.
 
 A refused request the client waits on is also answered after its :class:`Error`, so
 that the client fails it at once rather than at its timeout: a :class:`Blocks` with a
@@ -45,6 +50,8 @@ ENDPOINT_ENV = "KAFKA_SIDECAR_ENDPOINT"
 ERROR_VERSION = "version_mismatch"
 ERROR_UNKNOWN_CLIENT = "unknown_client"
 ERROR_REFUSED = "refused"
+# A HELLO to a daemon that is shutting down: say it again to the next one.
+ERROR_SHUTTING_DOWN = "shutting_down"
 
 # Kafka's topic name rule (Topic.java): legal characters, at most 249 of them.
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -77,6 +84,8 @@ class HelloOptions(NamedTuple):
     hello_id: int = 0
     # The client waits on through a topic's retriable metadata error (see Topic); older clients fail at once.
     retriable_topic_errors: bool = False
+    # The client answers a Shutdown with its LastSeal (older clients just see the daemon go).
+    shutdown_notice: bool = False
 
 
 class Resume(NamedTuple):
@@ -169,6 +178,15 @@ class Stats(NamedTuple):
     """Ask for the daemon's figures (no session needed): answered by a :class:`StatsReport`."""
 
     TYPE = 8
+
+
+class LastSeal(NamedTuple):
+    """The answer to :class:`Shutdown`: the client's last seal notices of the session (checked as
+    :class:`Seal`'s); it hands the daemon nothing more."""
+
+    TYPE = 9
+
+    notices: list[Any]
 
 
 # -- daemon -> client ---------------------------------------------------------------------------
@@ -280,21 +298,33 @@ class Error(NamedTuple):
 
 
 class StatsReport(NamedTuple):
-    """The daemon's figures: for now its BufferPool's (block_count, free_blocks, sessions; clients,
-    [client id, pid, blocks held] of each session; held, [client id, blocks held] of each segment)."""
+    """The daemon's figures, by the names of :func:`service.metrics.daemon_figures`: ``producer``,
+    ``nodes``, ``topics`` (Kafka's producer metrics), ``sidecar``, ``processes`` (its own); and its
+    BufferPool's by client (``clients``: [client id, pid, blocks held] of each session; ``held``:
+    [client id, blocks held] of each segment)."""
 
     TYPE = 108
 
-    pool: dict[str, Any]
+    figures: dict[str, Any]
 
 
-Message: TypeAlias = (Hello | Blocks | Seal | Release | Metadata | Heartbeat | Goodbye | Stats | Welcome | Grant
-                      | GrantFailed | Delivery | Topic | SealNow | Error | StatsReport)
+class Shutdown(NamedTuple):
+    """The daemon is shutting down (``reason``): seal what you hold and say :class:`LastSeal`; what you
+    sealed is delivered or failed before the daemon exits, and new records wait for the next daemon."""
+
+    TYPE = 109
+
+    reason: str
+
+
+Message: TypeAlias = (Hello | Blocks | Seal | Release | Metadata | Heartbeat | Goodbye | Stats | LastSeal | Welcome
+                      | Grant | GrantFailed | Delivery | Topic | SealNow | Error | StatsReport | Shutdown)
 
 # By type number on the wire (each class's TYPE: clients' messages from 1, the daemon's from 101).
 _CLASSES: dict[int, type[Any]] = {cls.TYPE: cls for cls in (Hello, Blocks, Seal, Release, Metadata, Heartbeat,
-                                                             Goodbye, Stats, Welcome, Grant, GrantFailed, Delivery,
-                                                             Topic, SealNow, Error, StatsReport)}
+                                                             Goodbye, Stats, LastSeal, Welcome, Grant, GrantFailed,
+                                                             Delivery, Topic, SealNow, Error, StatsReport,
+                                                             Shutdown)}
 
 
 def encode(message: Message) -> bytes:

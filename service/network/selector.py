@@ -25,6 +25,7 @@ import zmq
 
 from client_stub.contract.records import Buffer
 
+from ..metrics import NUM_SAMPLES, SAMPLE_WINDOW_MS, Sensor, avg_max, count_meter, meter
 from ..protocol.framing import FrameReader, InvalidFrameSize
 
 log = logging.getLogger(__name__)
@@ -79,11 +80,61 @@ class PlaintextTransport:
         return self.sock.recv(size)
 
 
+class SelectorMetrics:
+    """The connections' figures, as Java's Selector keeps them: connections opened and closed, and every
+    request written and response read with their sizes, overall (producer-metrics) and per node
+    (producer-node-metrics)."""
+
+    def __init__(self, window_ms: int = SAMPLE_WINDOW_MS, num_samples: int = NUM_SAMPLES,
+                 clock: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000) -> None:
+        self.window_ms = window_ms
+        self.num_samples = num_samples
+        self.clock = clock
+        self.connections_created = Sensor(window_ms, num_samples)
+        self.connections_closed = Sensor(window_ms, num_samples)
+        self.requests = Sensor(window_ms, num_samples)
+        self.responses = Sensor(window_ms, num_samples)
+        self.node_requests: dict[int, Sensor] = {}
+        self.node_responses: dict[int, Sensor] = {}
+
+    def record_request(self, node_id: int, size: int) -> None:
+        self._record(self.requests, self.node_requests, node_id, size)
+
+    def record_response(self, node_id: int, size: int) -> None:
+        self._record(self.responses, self.node_responses, node_id, size)
+
+    def _record(self, overall: Sensor, by_node: dict[int, Sensor], node_id: int, size: int) -> None:
+        now = self.clock()
+        overall.record(size, now)
+        sensor = by_node.get(node_id)
+        if sensor is None:
+            sensor = by_node[node_id] = Sensor(self.window_ms, self.num_samples)
+        sensor.record(size, now)
+
+    def figures(self, now: int) -> dict[str, float]:
+        return {**count_meter(self.connections_created, "connection-creation", now),
+                **count_meter(self.connections_closed, "connection-close", now),
+                **self._io_figures(self.requests, self.responses, now)}
+
+    def node_figures(self, now: int) -> dict[int, dict[str, float]]:
+        empty = Sensor(self.window_ms, self.num_samples)
+        return {node_id: self._io_figures(self.node_requests.get(node_id, empty),
+                                          self.node_responses.get(node_id, empty), now)
+                for node_id in self.node_requests.keys() | self.node_responses.keys()}
+
+    @staticmethod
+    def _io_figures(requests: Sensor, responses: Sensor, now: int) -> dict[str, float]:
+        return {**count_meter(requests, "request", now), **avg_max(requests, "request-size", now),
+                **meter(requests, "outgoing-byte", now), **count_meter(responses, "response", now),
+                **meter(responses, "incoming-byte", now)}
+
+
 @dataclass(slots=True)
 class _Send:
     tag: Any
     buffers: list[memoryview]
     remaining: int
+    size: int
     # Whether its completion ends the poll's wait: the caller acts on it, or (once it has had
     # to wait for the socket) more requests may be waiting for the connection.
     wakes: bool
@@ -115,8 +166,10 @@ class Selector:
 
     def __init__(self, *, max_receive_size: int = 100_000_000, send_buffer_bytes: int = -1,
                  receive_buffer_bytes: int = -1,
-                 transport_factory: Callable[[socket.socket], Transport] = PlaintextTransport) -> None:
+                 transport_factory: Callable[[socket.socket], Transport] = PlaintextTransport,
+                 metrics: SelectorMetrics | None = None) -> None:
         self.max_receive_size = max_receive_size
+        self.metrics = metrics or SelectorMetrics()
         self.send_buffer_bytes = send_buffer_bytes
         self.receive_buffer_bytes = receive_buffer_bytes
         self._transport_factory = transport_factory
@@ -171,6 +224,10 @@ class Selector:
     def channels(self) -> list[int]:
         return list(self._channels)
 
+    def connection_count(self) -> int:
+        """Connections established and open (Java's connection-count)."""
+        return sum(channel.connected for channel in self._channels.values())
+
     def has_channel(self, node_id: int) -> bool:
         return node_id in self._channels
 
@@ -179,6 +236,8 @@ class Selector:
         channel = self._channels.pop(node_id, None)
         if channel is None:
             return
+        if channel.connected:
+            self.metrics.connections_closed.record(1, self.metrics.clock())
         fd = channel.fileno
         self._by_fd.pop(fd, None)
         if fd in self._interest:
@@ -243,7 +302,8 @@ class Selector:
         if channel.send is not None:
             raise ValueError(f"node {node_id} still has a send in progress")
         views = [memoryview(b).cast("B") for b in buffers if len(b)]
-        channel.send = _Send(tag, views, sum(v.nbytes for v in views), wakes)
+        size = sum(v.nbytes for v in views)
+        channel.send = _Send(tag, views, size, size, wakes)
 
     def _write(self, channel: KafkaChannel) -> None:
         send = channel.send
@@ -268,6 +328,7 @@ class Selector:
                     buffers[send.first] = head[written:]
                     written = 0
         channel.send = None
+        self.metrics.record_request(channel.node_id, send.size)
         self.completed_sends.append((channel.node_id, send.tag))
         self._completion_wakes |= send.wakes
 
@@ -299,6 +360,8 @@ class Selector:
                                 f"(receive.message.max.bytes is {self.max_receive_size})")
             return False
         node_id = channel.node_id
+        for frame in frames:
+            self.metrics.record_response(node_id, len(frame))
         self.completed_receives.extend([(node_id, frame) for frame in frames])
         return True
 
@@ -365,6 +428,7 @@ class Selector:
             channel.connect_interest = interest
             return
         channel.connected = True
+        self.metrics.connections_created.record(1, self.metrics.clock())
         self.connected.append(channel.node_id)
 
     def _update_interest(self) -> None:

@@ -17,7 +17,7 @@ from client_stub.errors import KafkaError, ProducerClosedError
 from ..config import ProducerConfig
 from ..network.client import NetworkClient, monotonic_ms
 from ..network.metadata import Metadata
-from ..network.selector import Selector
+from ..network.selector import Selector, SelectorMetrics
 from .accumulator import FOREVER, RecordAccumulator
 from .batch import ProducerBatch
 from .metrics import SenderMetrics
@@ -40,9 +40,11 @@ class ProducerCore:
                                  metadata_max_idle_ms=config["metadata.max.idle.ms"],
                                  allow_auto_topic_creation=config["allow.auto.create.topics"],
                                  auto_create_topics_per_minute=config["sidecar.auto.create.topics.per.minute"])
+        window_ms, samples = config["metrics.sample.window.ms"], config["metrics.num.samples"]
         self.selector = Selector(max_receive_size=config["receive.message.max.bytes"],
                                  send_buffer_bytes=config["send.buffer.bytes"],
-                                 receive_buffer_bytes=config["receive.buffer.bytes"])
+                                 receive_buffer_bytes=config["receive.buffer.bytes"],
+                                 metrics=SelectorMetrics(window_ms, samples, clock))
         self.client = NetworkClient(
             self.selector, self.metadata, client_id=config["client.id"],
             max_in_flight_requests_per_connection=config["max.in.flight.requests.per.connection"],
@@ -56,7 +58,7 @@ class ProducerCore:
                                              coalesce_bytes=config["batch.size"] if config["sidecar.coalesce.batches"]
                                              else 0,
                                              transaction_manager=self.transaction_manager)
-        self.metrics = SenderMetrics()
+        self.metrics = SenderMetrics(window_ms, samples)
         self.sender = Sender(self.client, self.metadata, self.accumulator, config, self.transaction_manager,
                              self.metrics, clock)
         self.metrics.gauges = self.sender.gauges

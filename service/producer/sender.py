@@ -242,18 +242,20 @@ class Sender:
         by_tp: dict[TopicPartition, ProducerBatch] = {}
         records = 0
         for batch in batches:
-            pieces = batch.wire_pieces(self.compression, self.compression_level)
+            header, payload = pieces = batch.wire_pieces(self.compression, self.compression_level)
             topics.setdefault(batch.tp.topic, []).append(PartitionData(index=batch.tp.partition, records=pieces))
             by_tp[batch.tp] = batch
             batch.in_flight = True
             records += batch.record_count
-            self.metrics.queue_time_ms.record(now - batch.created_ms)
+            compressed = len(payload)
+            self.metrics.record_batch(batch.tp.topic, batch.record_count, len(header) + compressed,
+                                      compressed / max(batch.records_size, 1), now - batch.created_ms, now)
         body = m.ProduceRequest(transactional_id=None, acks=self.acks, timeout_ms=self.request_timeout_ms,
                                 topic_data=[TopicData(name=t, partition_data=p) for t, p in topics.items()])
         request = ClientRequest(node_id, body, now, callback=lambda r: self._handle_produce_response(r, by_tp),
                                 expect_response=self.acks != 0, request_timeout_ms=self.request_timeout_ms)
         self.client.send(request, now)
-        self.metrics.record_request(node_id, len(batches), records, request.size)
+        self.metrics.record_request(records, now)
 
     def _handle_produce_response(self, response: ClientResponse,
                                  batches: dict[TopicPartition, ProducerBatch]) -> None:
@@ -273,7 +275,8 @@ class Sender:
             for batch in batches.values():
                 self._settle(batch, self._fail_batch, response.error, adjust_sequences=False)
             return
-        self.metrics.record_response(response.destination, response.latency_ms)
+        self.metrics.record_response(response.destination, response.latency_ms,
+                                     None if response.body is None else response.body.throttle_time_ms, now)
         if response.body is None:
             # acks=0: done once written, offsets unknown.
             for batch in batches.values():
@@ -335,7 +338,7 @@ class Sender:
                 log.warning("%s fails: %s", batch, exc)
                 self._fail_batch(batch, exc, adjust_sequences=True)
                 return
-            self.metrics.batch_splits += 1
+            self.metrics.record_split(now)
         elif error not in (NONE, DUPLICATE_SEQUENCE_NUMBER):
             row = error_code(error)
             if self._can_retry(batch, error, log_start_offset, now):
@@ -343,8 +346,7 @@ class Sender:
                             message or "")
                 self._remove_in_flight(batch)
                 self.accumulator.reenqueue(batch, now)
-                self.metrics.batches_retried += 1
-                self.metrics.records_retried += batch.record_count
+                self.metrics.record_retry(batch.tp.topic, batch.record_count, now)
             else:
                 exc = for_code(error, message)
                 if error == NETWORK_EXCEPTION:
@@ -391,8 +393,7 @@ class Sender:
             # Only the first outcome counts: a late error for an expired batch changes nothing.
             if self.transaction_manager is not None:
                 self.transaction_manager.handle_failed_batch(batch, error, adjust_sequences)
-            self.metrics.batches_failed += 1
-            self.metrics.records_failed += batch.record_count
+            self.metrics.record_error(batch.tp.topic, batch.record_count, self.clock())
         batch.maybe_release()
         return failed
 

@@ -226,7 +226,7 @@ def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_f
         # Nobody is connected any more: the whole pool is free.
         assert wait_for_held(daemon, lambda held: not held) == {}
         stats = daemon.stats()
-        assert stats["free_blocks"] == stats["block_count"]
+        assert stats["sidecar"]["blocks-free"] == stats["sidecar"]["blocks-total"]
     finally:
         victim.kill()
         victim.wait()
@@ -458,7 +458,7 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
     # The books are exact: once everyone has left and every batch is finished, every block is free.
     assert wait_for_held(daemon, lambda held: not held) == {}
     stats = daemon.stats()
-    assert stats["free_blocks"] == stats["block_count"], stats
+    assert stats["sidecar"]["blocks-free"] == stats["sidecar"]["blocks-total"], stats
 
 
 def _eight_clients(endpoint: str, topic: str, client: int) -> None:

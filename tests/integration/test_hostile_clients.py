@@ -129,14 +129,14 @@ def test_a_client_that_never_reads_its_replies_costs_the_daemon_a_bounded_memory
             with WellBehaved(producer, topic) as good:
                 for request_id in range(20_000):
                     hostile.send(ipc.pack(ipc.Blocks.TYPE, request_id, "x" * 10_000, False, 1000))
-                assert wait_until(lambda: daemon.stats()["sessions_ended_unread"] == 1, timeout=60)
+                assert wait_until(lambda: daemon.stats()["sidecar"]["sessions-ended-unread-total"] == 1, timeout=60)
             after = peak_resident_mb(daemon.pid)
         stats = daemon.stats()
         assert daemon.is_running()
     finally:
         if memory is not None:
             memory.close()
-    assert stats["reply_buffer_bytes"] == 0 and stats["messages_refused"] >= 10_000
+    assert stats["sidecar"]["reply-buffer-bytes"] == 0 and stats["sidecar"]["messages-refused-total"] >= 10_000
     assert f"(pid {os.getpid()}, uid {os.getuid()}, 'never reads') does not read its replies" in daemon.log_tail(200)
     # Bounded by the reply buffer and what ZeroMQ queues each way (340 MB before the bounds).
     assert after - before < 40, (before, after)
@@ -172,7 +172,7 @@ def test_two_sessions_of_one_process_take_at_most_the_share_of_one(broker, topic
     try:
         assert greedy.stdout is not None and greedy.stdout.readline() == "asked\n"
         pool = daemon.stats()
-        share = pool["block_count"] // 2  # client_block_limit: half the pool, for a process
+        share = pool["sidecar"]["blocks-total"] // 2  # client_block_limit: half the pool, for a process
         assert wait_until(lambda: sum(held for _, pid, held in daemon.stats()["clients"] if pid == greedy.pid)
                           == share, timeout=10)
         with Producer(daemon.endpoint) as producer, WellBehaved(producer, topic) as good:
@@ -222,7 +222,7 @@ def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory
     # The first 100 wait; the others are refused, but for as many as were created meanwhile (their places
     # among the 100 came free).
     assert 4900 - 5 <= refused <= 4900
-    assert 0 < stats["topics_awaiting_creation"] <= 100
+    assert 0 < stats["sidecar"]["topics-awaiting-creation"] <= 100
     admin = AdminClient({"bootstrap.servers": broker.bootstrap, "allow.auto.create.topics": False})
     created = [name for name in admin.list_topics(timeout=10).topics if name.startswith(prefix)]
     assert 0 < len(created) <= 5, created  # the rate: 5 a minute (the test takes less than one)
@@ -250,7 +250,8 @@ def test_garbage_at_full_speed_costs_the_others_nothing_but_a_share_of_the_loop(
         after = peak_resident_mb(daemon.pid)
     stats = daemon.stats()
     assert daemon.is_running()
-    assert stats["messages_refused"] >= sent // 2  # refused as they come (the rest is still on its way)
+    # Refused as they come (the rest is still on its way).
+    assert stats["sidecar"]["messages-refused-total"] >= sent // 2
     assert after - before < 40, (before, after)
     good.check(broker.bootstrap, b"warm")
 
@@ -270,7 +271,7 @@ def test_a_client_stopped_past_the_client_timeout_gets_every_report_when_it_cont
         assert client.pid is not None and client.is_alive()
         os.kill(client.pid, signal.SIGSTOP)
         time.sleep(3.0)
-        assert daemon.stats()["sessions_kept"] == 1, daemon.log_tail()
+        assert daemon.stats()["sidecar"]["sessions-kept"] == 1, daemon.log_tail()
         os.kill(client.pid, signal.SIGCONT)
         client.join(120)
         assert client.exitcode == 0
@@ -285,7 +286,7 @@ def test_a_client_stopped_past_the_client_timeout_gets_every_report_when_it_cont
     read = read_topic(broker.bootstrap, topic, expected=20_000)
     ids = [dict(r.headers)["id"] for r in read]
     assert sorted(ids) == sorted(f"0:{n}".encode() for n in range(20_000))  # each once
-    assert daemon.stats()["sessions_kept"] == 0 and daemon.is_running()
+    assert daemon.stats()["sidecar"]["sessions-kept"] == 0 and daemon.is_running()
 
 
 def test_a_client_rewriting_its_sealed_blocks_hurts_only_its_own_records(broker, topic_factory, sidecar) -> None:
@@ -348,4 +349,5 @@ def test_a_client_sealing_garbage_fails_its_own_batches_alone(broker, topic_fact
     assert sorted(values) == sorted(b"good-%d" % n for n in range(count))
     assert wait_until(lambda: not daemon.held())
     stats = daemon.stats()
-    assert stats["free_blocks"] == stats["block_count"] and stats["batches_corrupt"] == partitions, stats
+    sidecar = stats["sidecar"]
+    assert sidecar["blocks-free"] == sidecar["blocks-total"] and sidecar["batches-corrupt-total"] == partitions, stats

@@ -344,7 +344,7 @@ def test_not_leader_with_a_moved_leader_ends_on_the_new_leader(fake_broker, make
     (written,) = log_of(new)
     assert (written.producer_id, written.base_sequence) == (produce_batches(old)[0].producer_id, 0)
     assert core.metadata.cluster.leader_for(TOPIC, 0).id == 2
-    assert core.metrics.nodes[2].requests_sent == 1
+    assert core.metrics.node_latency[2].count == 1  # one produce request, answered
 
 
 def test_a_cut_connection_is_retried(fake_broker, make_core) -> None:
@@ -1173,28 +1173,32 @@ def test_metrics_agree_with_what_happened(fake_broker, make_core) -> None:
     assert [b.final_state for b in (retried, failed, ok)] == [FinalState.SUCCEEDED, FinalState.FAILED,
                                                               FinalState.SUCCEEDED]
 
-    snapshot = core.metrics.snapshot()
-    assert snapshot["batches_retried"] == 2 and snapshot["records_retried"] == 8
-    assert snapshot["batches_failed"] == 1 and snapshot["records_failed"] == 3
-    assert snapshot["batches_succeeded"] == 2 and snapshot["records_succeeded"] == 6
-    assert snapshot["batches_sent"] == 5 and snapshot["records_sent"] == 3 * 4 + 3 + 2
-    assert snapshot["batches_expired"] == 0 and snapshot["batches_aborted"] == 0
-    assert snapshot["queue_time_ms"]["count"] == 5
-    for node_id, broker in ((1, one), (2, two)):
-        requests = broker.requests_of(PRODUCE)
-        node = snapshot["nodes"][node_id]
-        assert node["requests_sent"] == len(requests)
-        # What the broker received, encoded again: the same bytes the sender counted.
-        assert node["bytes_sent"] == sum(sum(len(bytes(b)) for b in encode_request(r, h.api_version, h.correlation_id,
-                                                                                    h.client_id))
-                                         for h, r in requests)
-        assert node["responses_received"] == len(requests)
-        assert node["request_latency_ms"]["count"] == len(requests)
-    assert snapshot["requests_sent"] == len(one.requests_of(PRODUCE)) + len(two.requests_of(PRODUCE)) == 5
-    assert snapshot["bytes_sent"] == snapshot["nodes"][1]["bytes_sent"] + snapshot["nodes"][2]["bytes_sent"]
-    assert snapshot["request_latency_ms"]["count"] == 5
-    assert snapshot["requests_in_flight"] == snapshot["batches_queued"] == 0
-    assert all(snapshot["nodes"][n]["requests_in_flight"] == snapshot["nodes"][n]["queue_size"] == 0 for n in (1, 2))
+    now = core.clock()
+    figures = core.metrics.producer_figures(now)
+    # Kafka's meanings: a record counts as sent in each request that carries it, retried once per retry, and
+    # as an error when its batch fails for good.
+    assert figures["record-retry-total"] == 8 and core.metrics.batches_retried == 2
+    assert figures["record-error-total"] == 3 and core.metrics.batches_failed == 1
+    assert core.metrics.batches_succeeded == 2 and core.metrics.records_succeeded == 6
+    assert core.metrics.batches_sent == 5 and figures["record-send-total"] == 3 * 4 + 3 + 2
+    assert core.metrics.batches_expired == 0 and core.metrics.batches_aborted == 0
+    topic = core.metrics.topic_figures(now)[TOPIC]
+    assert (topic["record-send-total"], topic["record-retry-total"], topic["record-error-total"]) == (17, 8, 3)
+    # Each produce request's latency, overall and per broker.
+    produce_requests = {1: len(one.requests_of(PRODUCE)), 2: len(two.requests_of(PRODUCE))}
+    assert core.metrics.request_latency.count == sum(produce_requests.values()) == 5
+    assert {n: core.metrics.node_latency[n].count for n in (1, 2)} == produce_requests
+    # Every request the selector wrote, and its bytes: what each broker received, encoded again. Broker 1 was
+    # reached as the bootstrap server (node -1) first, as Java's node metrics show it too.
+    network = core.selector.metrics.node_figures(now)
+    for node_ids, broker in (((-1, 1), one), ((2,), two)):
+        requests = broker.requests
+        assert sum(network[n]["request-total"] for n in node_ids) == len(requests)
+        assert sum(network[n]["outgoing-byte-total"] for n in node_ids) == sum(
+            sum(len(bytes(b)) for b in encode_request(r, h.api_version, h.correlation_id, h.client_id))
+            for h, r in requests)
+        assert sum(network[n]["response-total"] for n in node_ids) == len(requests)
+    assert figures["requests-in-flight"] == figures["batches-queued"] == 0
 
     # Figures of the moment: broker 2 holds five requests (one batch each), two more batches wait for it.
     two.pause()
@@ -1202,14 +1206,13 @@ def test_metrics_agree_with_what_happened(fake_broker, make_core) -> None:
     for batch in waiting:
         core.append(batch)
     run_until(core, lambda: core.client.in_flight_request_count(2) == 5)
-    snapshot = core.metrics.snapshot()
-    assert (snapshot["requests_in_flight"], snapshot["batches_queued"]) == (5, 2)
-    assert (snapshot["nodes"][2]["requests_in_flight"], snapshot["nodes"][2]["queue_size"]) == (5, 2)
-    assert (snapshot["nodes"][1]["requests_in_flight"], snapshot["nodes"][1]["queue_size"]) == (0, 0)
+    figures, nodes = core.metrics.producer_figures(core.clock()), core.metrics.node_figures(core.clock())
+    assert (figures["requests-in-flight"], figures["batches-queued"]) == (5, 2)
+    assert (nodes[2]["requests-in-flight"], nodes[2]["batches-queued"]) == (5, 2)
+    assert (nodes[1]["requests-in-flight"], nodes[1]["batches-queued"]) == (0, 0)
     two.resume()
     assert core.flush(5000)
-    snapshot = core.metrics.snapshot()
-    assert (snapshot["requests_in_flight"], snapshot["nodes"][2]["queue_size"]) == (0, 0)
+    assert core.metrics.producer_figures(core.clock())["requests-in-flight"] == 0
 
 
 def test_expiry_figures_and_late_answers_counted_once(fake_broker, make_core) -> None:

@@ -13,11 +13,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, Any, Self
 
-import zmq
-
-from client_stub.contract import ipc
+from client_stub.errors import SidecarUnavailableError
+from service.stats import request_stats
 from service.tools.embedded import free_port
 from tests.support import users
 
@@ -35,8 +34,9 @@ def wait_until(condition: Callable[[], object], timeout: float = 30) -> bool:
 class SidecarProcess:
     """``python -m service.cli run`` with the given settings; stopped with SIGTERM."""
 
-    def __init__(self, bootstrap: str, *, transport: str = "ipc", settings: dict[str, object] | None = None,
-                 start_timeout: float = 20.0, user: users.User | None = None, umask: int = 0o007) -> None:
+    def __init__(self, bootstrap: str, *, transport: str = "ipc", endpoint: str | None = None,
+                 settings: dict[str, object] | None = None, start_timeout: float = 20.0,
+                 user: users.User | None = None, umask: int = 0o007) -> None:
         self.bootstrap = bootstrap
         self.settings = {k: str(v) for k, v in (settings or {}).items()}
         self.start_timeout = start_timeout
@@ -47,7 +47,9 @@ class SidecarProcess:
         if user is not None:
             os.chown(self._dir, user.uid, user.gid)
             os.chmod(self._dir, 0o750)
-        if transport == "ipc":
+        if endpoint is not None:
+            self.endpoint = endpoint
+        elif transport == "ipc":
             self.endpoint = f"ipc://{self._dir}/sidecar.sock"
         else:
             self.endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -83,26 +85,19 @@ class SidecarProcess:
             raise
         return self
 
-    def stats(self, timeout: float = 10.0) -> dict[str, object]:
-        """The daemon's figures (its BufferPool's: block_count, free_blocks, sessions, clients, held), asked
-        as a client would, waiting up to ``timeout`` for it to answer."""
-        context = zmq.Context.instance()
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.connect(self.endpoint)
-            sock.send(ipc.encode(ipc.Stats()))
-            deadline = time.monotonic() + timeout
-            while not sock.poll(100):
+    def stats(self, timeout: float = 10.0) -> dict[str, Any]:
+        """The daemon's figures (see service.metrics.daemon_figures), asked as `kafka-sidecar stats` asks, waiting
+        up to ``timeout`` for it to answer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return request_stats(self.endpoint, timeout=0.1)
+            except SidecarUnavailableError:
                 if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(f"the daemon exited with {self.process.returncode}:\n{self.log_tail()}")
+                    raise RuntimeError(f"the daemon exited with {self.process.returncode}:\n"
+                                       f"{self.log_tail()}") from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"no answer from the daemon in {timeout}s:\n{self.log_tail()}")
-            report = ipc.decode(sock.recv())
-            assert isinstance(report, ipc.StatsReport), report
-            return report.pool
-        finally:
-            sock.close()
+                    raise TimeoutError(f"no answer from the daemon in {timeout}s:\n{self.log_tail()}") from None
 
     def held(self) -> dict[int, int]:
         """The blocks each client id holds (granted or sealed), as the daemon counts them."""

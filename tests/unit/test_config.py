@@ -123,6 +123,9 @@ def test_unknown_key_without_close_match() -> None:
     ("security.protocol", "SSL"),
     ("compression.zstd.level", "23"),
     ("metadata.max.idle.ms", "4999"),
+    ("sidecar.metrics.port", "65536"),
+    ("sidecar.metrics.port", "http"),
+    ("metrics.num.samples", "0"),
     # values given typed rather than as text are checked as well
     ("acks", 2),
     ("linger.ms", None),
@@ -148,8 +151,8 @@ def test_every_key_parses_its_own_default_as_text() -> None:
             continue
         if name == "sidecar.socket.mode":
             text = f"{default:04o}"  # modes are octal
-        elif name == "sidecar.socket.group":
-            text = ""  # the daemon's own group
+        elif default is None:
+            text = ""  # none: the daemon's own group, no metrics port
         assert given({name: text})[name] == default, name
 
 

@@ -35,8 +35,10 @@ TYPED = [
     ipc.Topic("orders", 12, [0, 1, 2], None),
     ipc.SealNow(),
     ipc.Error(ipc.ERROR_REFUSED, "refused: \u00fcn\u00efcode"),
-    ipc.StatsReport({"block_count": 2048, "free_blocks": 2040, "sessions": 1, "clients": [[3, 1234, 8]],
-                     "held": [[3, 8]]}),
+    ipc.StatsReport({"producer": {"record-send-total": 12.0, "request-latency-avg": float("inf")},
+                     "sidecar": {"blocks-free": 2040.0}, "clients": [[3, 1234, 8]], "held": [[3, 8]]}),
+    ipc.LastSeal([[1, 0, 1, "orders", 2, 10, 512, 1_700_000_000_000, 1_700_000_000_050, 3]]),
+    ipc.Shutdown("SIGTERM"),
 ]
 
 
@@ -57,15 +59,15 @@ def test_type_numbers_are_the_wire_format() -> None:
     # Changing one is a new protocol version: old clients would read one message as another.
     assert {type(m).__name__: m.TYPE for m in TYPED} == {
         "Hello": 1, "Blocks": 2, "Seal": 3, "Release": 4, "Metadata": 5, "Heartbeat": 6, "Goodbye": 7, "Stats": 8,
-        "Welcome": 101, "Grant": 102, "GrantFailed": 103, "Delivery": 104, "Topic": 105, "SealNow": 106, "Error": 107,
-        "StatsReport": 108}
+        "LastSeal": 9, "Welcome": 101, "Grant": 102, "GrantFailed": 103, "Delivery": 104, "Topic": 105, "SealNow": 106,
+        "Error": 107, "StatsReport": 108, "Shutdown": 109}
     assert ipc.unpack(ipc.encode(ipc.Blocks(7, 3, True, 60000))) == [2, 7, 3, True, 60000]
 
 
 def test_handshake_maps_are_by_name() -> None:
     hello = ipc.unpack(ipc.encode(TYPED[0]))
     assert hello[4] == {"linger_ms": 5, "partitioner": "murmur2_random", "resume": None,
-                        "retriable_topic_errors": True, "hello_id": 3}
+                        "retriable_topic_errors": True, "hello_id": 3, "shutdown_notice": False}
     welcome = ipc.unpack(ipc.encode(TYPED[8]))
     assert welcome[6] == SETTINGS._asdict()
     assert welcome[3] == b"\x01" * 16 and welcome[-2:] == [False, 3]

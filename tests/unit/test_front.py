@@ -559,10 +559,14 @@ def test_stats_report_what_the_pool_holds(env: Env) -> None:
     probe = env.client()
     probe.send(ipc.Stats.TYPE)
     env.pump()
-    counts = {"sessions_kept": 0, "topics_awaiting_creation": 0, "reply_buffer_bytes": 0, "messages_refused": 0,
-              "replies_dropped": 0, "sessions_ended_unread": 0, "batches_corrupt": 0}
-    assert probe.recv() == [ipc.StatsReport.TYPE, {"block_count": BLOCKS, "free_blocks": BLOCKS, "sessions": 0,
-                                                   "clients": [], "held": [], **counts}]
+    kind, report = probe.recv()
+    assert kind == ipc.StatsReport.TYPE
+    assert (report["clients"], report["held"], report["processes"]) == ([], [], [])
+    assert {name: report["sidecar"][name] for name in ("blocks-total", "blocks-free", "sessions", "sessions-kept",
+                                                      "blocks-granted", "blocks-sealed")} == {
+        "blocks-total": BLOCKS, "blocks-free": BLOCKS, "sessions": 0, "sessions-kept": 0, "blocks-granted": 0,
+        "blocks-sealed": 0}
+    assert report["producer"]["buffer-total-bytes"] == report["producer"]["buffer-available-bytes"]
     a, b, c = env.client(), env.client(), env.client()
     a_id, b_id = a.hello(), b.hello()
     c_id = c.hello(pid=4242, handshake=False)  # no segment yet: it holds nothing, its pid is the HELLO's
@@ -575,9 +579,15 @@ def test_stats_report_what_the_pool_holds(env: Env) -> None:
     env.pump()
     kind, report = probe.recv()
     assert kind == ipc.StatsReport.TYPE
-    assert report == {"block_count": BLOCKS, "free_blocks": BLOCKS - 4, "sessions": 2,
-                      "clients": [[a_id, env.session(a_id).pid, 3], [c_id, 4242, 0]], "held": [[a_id, 3], [b_id, 1]],
-                      **counts}
+    assert report["clients"] == [[a_id, env.session(a_id).pid, 3], [c_id, 4242, 0]]
+    assert report["held"] == [[a_id, 3], [b_id, 1]]
+    sidecar = report["sidecar"]
+    assert (sidecar["blocks-free"], sidecar["blocks-granted"], sidecar["blocks-sealed"]) == (BLOCKS - 4, 3, 1)
+    assert (sidecar["sessions"], sidecar["clients-connected"], sidecar["records-sealed-total"]) == (2, 1, 1)
+    assert report["producer"]["buffer-available-bytes"] == (BLOCKS - 4) * env.pool.block_size
+    # One process with a segment: a's (b said goodbye, c has made no memory handshake).
+    assert [(p["pid"], p["sessions"], p["blocks-held"]) for p in report["processes"]] == [
+        (env.session(a_id).pid, 1, 3)]
     # Asking is no session.
     assert len(env.front.sessions) == 2
 
@@ -974,7 +984,7 @@ def _check_ended(env: Env, client_id: int, sealed: list[int], unsealed: list[int
     batch.done(7, -1, None)
     assert env.pool.free_blocks == BLOCKS
     if kept:
-        assert env.pool.held()[client_id] == 0 and env.front.stats()["sessions_kept"] == 1
+        assert env.pool.held()[client_id] == 0 and env.front.sidecar_figures()["sessions-kept"] == 1
     else:
         assert client_id not in env.pool.held()
 
@@ -1101,13 +1111,13 @@ def test_silent_client_is_ended_after_the_timeout(env: Env) -> None:
     chatty.send(ipc.Heartbeat.TYPE)
     env.pump()
     env.front.after_iteration()
-    assert env.front.stats()["sessions_kept"] == 1
+    assert env.front.sidecar_figures()["sessions-kept"] == 1
     kept = env.front._ended[client_id].connection
     assert client.memory is not None and kept is not None
     client.memory.close()  # the process is gone
     client.memory = None
     env.front.handle_ready([kept])
-    assert env.front.stats()["sessions_kept"] == 0 and client_id not in env.pool.held()
+    assert env.front.sidecar_figures()["sessions-kept"] == 0 and client_id not in env.pool.held()
     assert client.quiet()
 
 
@@ -1353,7 +1363,7 @@ def _read_all(env: Env, client: Client) -> list[list[Any]]:
     while True:
         while client.sock.poll(20):
             messages.append(ipc.unpack(client.sock.recv()))
-        if not env.front.stats()["reply_buffer_bytes"]:
+        if not env.front.sidecar_figures()["reply-buffer-bytes"]:
             return messages
         env.front.after_iteration()
 
@@ -1362,12 +1372,12 @@ def test_replies_zeromq_will_not_queue_wait_for_the_client_in_order(env: Env) ->
     client = env.client(receive_hwm=1)
     client.hello()
     _refused_requests(client, 300)  # 600 replies: more than ZeroMQ queues for one client
-    assert env.front.stats()["reply_buffer_bytes"] > 0
+    assert env.front.sidecar_figures()["reply-buffer-bytes"] > 0
     assert env.front.next_timer_ms() <= 10  # the loop comes back for them
     messages = _read_all(env, client)
     assert [m[1] for m in messages if m[0] == ipc.GrantFailed.TYPE] == list(range(1000, 1300))
     assert sum(m[0] == ipc.Error.TYPE for m in messages) == 300
-    assert env.front.stats()["replies_dropped"] == 0 and len(env.front.sessions) == 1
+    assert env.front.sidecar_figures()["replies-dropped-total"] == 0 and len(env.front.sessions) == 1
 
 
 def test_an_error_quotes_at_most_a_few_hundred_characters_of_what_it_refuses(env: Env) -> None:
@@ -1401,8 +1411,8 @@ def test_a_client_that_does_not_read_is_ended_past_its_reply_buffer_and_takes_it
         assert [s.client_id for s in env.front.sessions.values()] == [other.client_id]
         assert f"client {client_id} (pid {pid}, uid {os.getuid()}" in caplog.text
         assert "does not read its replies" in caplog.text
-        stats = env.front.stats()
-        assert (stats["sessions_ended_unread"], stats["sessions_kept"], stats["reply_buffer_bytes"]) == (1, 1, 0)
+        stats = env.front.sidecar_figures()
+        assert (stats["sessions-ended-unread-total"], stats["sessions-kept"], stats["reply-buffer-bytes"]) == (1, 1, 0)
         # Its block granted and unsealed is the pool's again; its sealed batch is sent, its report kept.
         assert env.state(client_id, 1) == FREE and env.pool.held_by(client_id) == 1
         [batch] = env.queued()
@@ -1420,7 +1430,7 @@ def test_a_client_that_does_not_read_is_ended_past_its_reply_buffer_and_takes_it
         assert [(b.origin, bytes(b.records)) for b in env.queued() if not b.is_done] == [((client_id, 2), b"b" * 100)]
         env.front.after_iteration()
         assert deliveries(client) == [[1, 0, 1, 41, -1, None]]
-        assert env.front.stats()["sessions_kept"] == 0 and env.pool.held_by(client_id) == 1
+        assert env.front.sidecar_figures()["sessions-kept"] == 0 and env.pool.held_by(client_id) == 1
     finally:
         env.close()
 
@@ -1462,7 +1472,7 @@ def _kept(env: Env, client: Client) -> int:
     client.seal(notice(batch_id=1, first=0))
     env.clock.advance(TIMEOUT_MS + 1)
     env.front.after_iteration()
-    assert client.memory_ended() and env.front.stats()["sessions_kept"] == 1
+    assert client.memory_ended() and env.front.sidecar_figures()["sessions-kept"] == 1
     env.queued()[0].done(5, -1, None)
     return client_id
 
@@ -1491,7 +1501,7 @@ def test_a_session_is_taken_back_by_its_own_process_only(env: Env) -> None:
     assert other.welcome is not None
     conn, answer, _ = env.handshake(other.welcome.memory_token, client.fd, own_process=True)
     assert answer.startswith(ERR) and b"was process" in answer
-    assert env.front.stats()["sessions_kept"] == 1
+    assert env.front.sidecar_figures()["sessions-kept"] == 1
 
 
 def test_a_session_is_taken_back_at_the_limit_of_sessions_of_its_process() -> None:
@@ -1527,7 +1537,8 @@ def test_a_client_whose_socket_is_gone_is_ended_and_keeps_its_reports(env: Env) 
     env.queued()[0].done(3, -1, None)
     env.front.after_iteration()
     assert client.memory_ended() and env.front.sessions == {}
-    assert env.front.stats()["sessions_kept"] == 1 and env.front.stats()["replies_dropped"] == 0
+    figures = env.front.sidecar_figures()
+    assert figures["sessions-kept"] == 1 and figures["replies-dropped-total"] == 0
     client.sock = env.context.socket(zmq.DEALER)
     client.sock.connect(env.endpoint)
     client.hello(hand_over=client.fd, **_resume(env.front.daemon_id, [notice(batch_id=1)], client_id=client_id))
@@ -1541,8 +1552,8 @@ def test_an_answer_to_a_socket_without_a_session_that_zeromq_will_not_take_is_dr
         stranger.send(ipc.Heartbeat.TYPE)  # each refused: "send HELLO first"
     while env.front.messages_refused < 400:
         env.pump()
-    assert env.front.stats()["replies_dropped"] > 0
-    assert env.front.stats()["messages_refused"] == 400
+    assert env.front.sidecar_figures()["replies-dropped-total"] > 0
+    assert env.front.sidecar_figures()["messages-refused-total"] == 400
 
 
 def test_exhausted_pool_asks_everyone_to_seal(env: Env) -> None:

@@ -23,6 +23,9 @@ linger.ms = 10
 endpoint = "ipc:///tmp/kafka-sidecar-test/sidecar.sock"
 client.timeout.ms = 5000
 
+[metrics]
+port = 9464
+
 [log]
 format = "json"
 """
@@ -42,7 +45,8 @@ def test_a_file_gives_producer_sidecar_and_log_settings(tmp_path: Path) -> None:
     assert config["bootstrap.servers"] == ["kafka-1:9092", "kafka-2:9092"]
     assert (config["sidecar.endpoint"], config["sidecar.client.timeout.ms"]) == (
         "ipc:///tmp/kafka-sidecar-test/sidecar.sock", 5000)
-    assert sources.log == {"level": "INFO", "format": "json"}
+    assert (config["sidecar.metrics.port"], config["sidecar.metrics.host"]) == (9464, "127.0.0.1")
+    assert sources.log == {"level": "INFO", "format": "json", "file": ""}
     assert (sources.origin("linger.ms"), sources.origin("acks")) == (FILE, DEFAULT)
 
 
@@ -77,6 +81,10 @@ def test_a_variable_of_the_prefix_that_is_no_setting_is_named_in_a_warning(caplo
     ("[sidecar]\nacks = 1\n", "unknown key 'acks' in [sidecar] (it belongs in [producer])"),
     ("[sidecar]\nsocket.mod = '0660'\n", "unknown key 'socket.mod' in [sidecar] (did you mean socket.mode?)"),
     ("[metric]\nport = 9100\n", "unknown section [metric]"),
+    ("[metrics]\nprot = 9100\n", "unknown key 'prot' in [metrics] (did you mean port?)"),
+    ("[sidecar]\nmetrics.port = 9100\n", "unknown key 'metrics.port' in [sidecar] (it belongs in [metrics]"),
+    ("[producer]\nport = 9100\n", "unknown key 'port' in [producer] (it belongs in [metrics], without its prefix)"),
+    ("[log]\nfile = 3\n", "invalid value 3 for file in [log]: expected a path"),
     ("linger = 5\n", "unknown section [linger]"),
     ("[log]\nformat = 'xml'\n", "invalid value 'xml' for format in [log]: expected one of text, json"),
     ("[log]\nlevl = 'INFO'\n", "unknown key 'levl' in [log] (did you mean level?)"),
