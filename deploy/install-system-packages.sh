@@ -6,7 +6,10 @@
 #   with the pure-Python twins, about ten times slower per record); gcc, with its AddressSanitizer
 #   and UndefinedBehaviorSanitizer runtimes, for the test that runs them under the sanitizers
 #   (tests/integration/test_sanitizers.py);
-# - Java 17: Spark runs on a JVM (the quickstart's pipeline and the Spark tests).
+# - Java 17: Spark runs on a JVM (the quickstart's pipeline and the Spark tests);
+# - systemd's tools (systemd-analyze, systemd-sysusers, systemd-tmpfiles): the tests check the unit and
+#   the sysusers.d and tmpfiles.d entries under systemd/ with them (tests/integration/test_systemd_units.py);
+#   a container has systemd's libraries but not its tools.
 set -euo pipefail
 
 has_headers() {
@@ -31,6 +34,9 @@ java_major() {
 }
 if ! command -v java >/dev/null 2>&1 || [[ $(java_major) -lt 17 ]]; then
     missing+=(openjdk-17-jre-headless)  # Spark 4 runs on Java 17 or 21
+fi
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    missing+=(systemd)
 fi
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
