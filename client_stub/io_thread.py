@@ -160,6 +160,8 @@ class IoThread:
         # still delivering this client's last batches (no HELLO meanwhile: it would take another socket).
         self.shutdown_reason: str | None = None
         self._daemon_draining = False
+        # Why the daemon last refused this client a session, until one is had.
+        self.last_refusal: str | None = None
         # This producer's records reported delivered, and failed (whatever failed them).
         self.records_delivered = 0
         self.records_failed = 0
@@ -465,9 +467,14 @@ class IoThread:
                 with self._cond:
                     self._forget_session()
                 self._say_hello(sock)
-            else:
+            elif str(exc).endswith(shared_memory.UNKNOWN_TOKEN):
                 # An older welcome, whose token the daemon forgot when a HELLO said again replaced it.
                 log.debug("memory handshake refused: %s", exc)
+            else:
+                # Refused for a reason (this process has as many sessions as it may, or the daemon cannot see
+                # it): said again in a while, and what send() says if no session comes of it.
+                log.warning("kafka-sidecar at %s: %s", self.endpoint, exc)
+                self.last_refusal = str(exc)
             return
         except PermissionError as exc:
             with self._cond:
@@ -498,6 +505,7 @@ class IoThread:
                                 "(%d record(s), sent again)", len(sealed), records)
             self._lost_welcome = None
             self.shutdown_reason = None
+            self.last_refusal = None
             self._close_lost_memory()
             self._memory = conn
             assert self._poller is not None

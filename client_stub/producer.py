@@ -386,8 +386,9 @@ class Producer:
             return SidecarUnavailableError(f"the kafka-sidecar daemon at {self.endpoint} shut down "
                                            f"({self._io.shutdown_reason}) and no daemon took its place within "
                                            f"{self.max_block_ms} ms")
+        refused = "" if self._io.last_refusal is None else f" ({self._io.last_refusal})"
         return SidecarUnavailableError(f"no kafka-sidecar daemon answered at {self.endpoint} "
-                                       f"within {self.max_block_ms} ms")
+                                       f"within {self.max_block_ms} ms{refused}")
 
     def _wait_for_topic(self, topic: str, deadline: float) -> TopicInfo:
         info = self._metadata.topics.get(topic)

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # What kafka-sidecar needs from the system, installed with apt-get when missing (the quickstart
-# and the test command call this before pip):
+# and the test command call this before pip; the test command with --tests):
 # - a C compiler and Python's headers: the per-record work (client_stub/_fastpath.c,
 #   service/_fastpath.c) is in C extensions built at install time (without them the install goes on
 #   with the pure-Python twins, about ten times slower per record); gcc, with its AddressSanitizer
 #   and UndefinedBehaviorSanitizer runtimes, for the test that runs them under the sanitizers
 #   (tests/integration/test_sanitizers.py);
 # - Java 17: Spark runs on a JVM (the quickstart's pipeline and the Spark tests);
-# - systemd's tools (systemd-analyze, systemd-sysusers, systemd-tmpfiles): the tests check the unit and
-#   the sysusers.d and tmpfiles.d entries under systemd/ with them (tests/integration/test_systemd_units.py);
-#   a container has systemd's libraries but not its tools.
+# - with --tests, systemd's tools (systemd-analyze, systemd-sysusers, systemd-tmpfiles): the tests check
+#   the unit and the sysusers.d and tmpfiles.d entries under systemd/ with them
+#   (tests/integration/test_systemd_units.py); a container has systemd's libraries but not its tools.
 set -euo pipefail
 
 has_headers() {
@@ -35,7 +35,7 @@ java_major() {
 if ! command -v java >/dev/null 2>&1 || [[ $(java_major) -lt 17 ]]; then
     missing+=(openjdk-17-jre-headless)  # Spark 4 runs on Java 17 or 21
 fi
-if ! command -v systemd-analyze >/dev/null 2>&1; then
+if [[ ${1:-} == --tests ]] && ! command -v systemd-analyze >/dev/null 2>&1; then
     missing+=(systemd)
 fi
 if [[ ${#missing[@]} -eq 0 ]]; then

@@ -147,7 +147,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _list_settings(args: argparse.Namespace) -> int:
     for key in KEYS.values():
-        print(f"{key.name:40} {_shown(key.name, key.default):>12}  {key.doc}".rstrip())
+        print(f"{key.name:40} {_shown(key.name, key.default):>12}  {'[reload] ' if key.live else ''}{key.doc}"
+              .rstrip())
     return 0
 
 

@@ -35,7 +35,7 @@ import zmq
 
 from client_stub.contract import PROTOCOL_VERSION, ipc
 from client_stub.contract.records import BATCH_HEADER_SIZE
-from client_stub.contract.shared_memory import TOKEN_SIZE, hung_up, memory_socket_path
+from client_stub.contract.shared_memory import TOKEN_SIZE, UNKNOWN_TOKEN, hung_up, memory_socket_path
 from client_stub.errors import InvalidRequestError, KafkaError, error_code
 
 from . import memory_socket
@@ -520,12 +520,18 @@ class SidecarFront:
         try:
             session = self._by_token.pop(token, None)
             if session is None:
-                memory_socket.refuse(conn, "unknown token: say HELLO first")
+                memory_socket.refuse(conn, UNKNOWN_TOKEN)
                 self._close_connection(conn)
                 return
             # The kernel's word for the process, whatever the client said in its HELLO.
             session.pid, session.uid, _ = memory_socket.peer_credentials(conn)
             try:
+                if session.pid == 0:
+                    # The kernel names a process of a pid namespace the daemon cannot see 0: all such clients
+                    # would be one process to the per-process limits.
+                    raise ValueError("the daemon cannot see this process (pid 0 in its pid namespace): run the "
+                                     "daemon in the host's pid namespace (Kubernetes: hostPID: true; docker: "
+                                     "--pid host)")
                 self._check_sessions(session)
                 segment = self._attach(session, fds)
             except (ValueError, OSError) as exc:

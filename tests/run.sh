@@ -7,7 +7,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-deploy/install-system-packages.sh  # a C compiler and Python's headers (the C extension), Java (Spark)
+# A C compiler and Python's headers (the C extensions), Java (Spark), systemd's tools (the unit's tests).
+deploy/install-system-packages.sh --tests
 
 if [[ -z "${VIRTUAL_ENV:-}" ]]; then
     if [[ ! -x .venv/bin/python ]]; then

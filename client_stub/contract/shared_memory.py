@@ -30,6 +30,8 @@ from dataclasses import dataclass
 TOKEN_SIZE = 16
 OK = b"OK"
 ERR = b"ERR "
+# The daemon's refusal of a token it does not know (it forgot it when a HELLO said again replaced its session).
+UNKNOWN_TOKEN = "unknown token: say HELLO first"
 # Seals every segment carries: its size is fixed for as long as it exists.
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 # The longest answer of either side.

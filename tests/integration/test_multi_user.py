@@ -9,12 +9,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from client_stub import Producer
+from client_stub.errors import SidecarUnavailableError
 from service.tools.readback import read_topic
 from tests.support import users
 from tests.support.sidecar import SidecarProcess
@@ -218,3 +223,27 @@ def test_a_user_outside_the_group_can_neither_connect_nor_get_memory(broker, hos
     # The same code as a member of the group: it connects and gets its segment.
     assert inside.returncode == 0 and "refused" not in inside.stdout and "no memory socket" not in inside.stdout, \
         inside
+
+
+def test_a_client_the_daemon_cannot_see_is_told_to_share_the_hosts_pid_namespace(broker, topic_factory,
+                                                                                  tmp_path) -> None:
+    # The daemon in a container of its own pid namespace: the kernel names every process outside it 0 to the
+    # daemon, and all of them would be one process to the per-process limits.
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux's unshare is not installed")
+    topic = topic_factory(1)
+    endpoint = f"ipc://{tmp_path}/sidecar.sock"
+    daemon = subprocess.Popen(["unshare", "--pid", "--fork", sys.executable, "-m", "service.cli", "run",
+                               "--bootstrap-servers", broker.bootstrap, "--endpoint", endpoint],
+                              stderr=subprocess.PIPE, text=True, cwd=users.ROOT)
+    try:
+        with Producer(endpoint, max_block_ms=3000) as producer, pytest.raises(SidecarUnavailableError) as refused:
+            producer.send(topic, b"from another pid namespace")
+    finally:
+        # unshare forwards no signal: the daemon is its child (pid 1 of the new namespace).
+        children = Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read_text().split()
+        for child in children:
+            os.kill(int(child), signal.SIGTERM)
+        _, log = daemon.communicate(timeout=60)
+    assert "the daemon cannot see this process (pid 0 in its pid namespace)" in str(refused.value), log
+    assert "hostPID: true" in str(refused.value)

@@ -149,4 +149,5 @@ def test_the_annotated_example_is_a_configuration_the_daemon_takes() -> None:
     sources = gather(example, {}, {"sidecar.socket.group": ""})
     config = ProducerConfig(sources.settings)
     assert config["compression.type"] == "lz4" and config["sidecar.endpoint"].startswith("ipc://")
+    assert (config["sidecar.metrics.port"], config["sidecar.metrics.host"]) == (9464, "127.0.0.1")
     assert {sources.origin(name) for name in sources.settings} == {FILE, COMMAND_LINE}
