@@ -9,10 +9,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+# How many records read_topic reads between two calls of its progress callback.
+PROGRESS_EVERY = 1000
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ def read_topic(
     *,
     expected: int | None = None,
     timeout: float = 30.0,
+    progress: Callable[[int], None] | None = None,
 ) -> list[ConsumedRecord]:
     """Read every record of ``topic`` from the beginning, sorted by (partition, offset).
 
@@ -50,6 +55,9 @@ def read_topic(
     least that many records arrived; raises ReadTimeout, a TimeoutError carrying what was
     read, if that takes longer than ``timeout`` seconds. A consumer error other than
     partition EOF (a CRC mismatch, say) raises AssertionError: a corrupt batch fails the test.
+    ``progress``, if given, is called with the number of records read since its last call,
+    every ``PROGRESS_EVERY`` records and once more when the reading ends (a progress bar's
+    ``update``).
 
     Partitions are assigned directly: the broker's consumer groups are not trusted.
     """
@@ -73,6 +81,7 @@ def read_topic(
         }
     )
     records: list[ConsumedRecord] = []
+    reported = 0
     try:
         partitions = _partitions(consumer, topic, deadline)
         # Tansu answers ListOffsets(latest) with the last batch's base offset + 1, not the
@@ -126,9 +135,23 @@ def read_topic(
                     timestamp_type=timestamp_type,
                 )
             )
+            if progress is not None and len(records) - reported >= PROGRESS_EVERY:
+                progress(len(records) - reported)
+                reported = len(records)
     finally:
         consumer.close()
+        if progress is not None and len(records) > reported:
+            progress(len(records) - reported)
     return sorted(records, key=_position)
+
+
+def broker_count(bootstrap: str, timeout: float = 10.0) -> int:
+    """How many brokers the cluster at ``bootstrap`` has, as its metadata says."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verifier-{uuid.uuid4().hex}"})
+    try:
+        return len(consumer.list_topics(timeout=timeout).brokers)
+    finally:
+        consumer.close()
 
 
 def _position(record: ConsumedRecord) -> tuple[int, int]:
