@@ -81,6 +81,18 @@ def _perf_test(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _produce(args: argparse.Namespace) -> int:
+    from .tools.produce import main
+
+    return main(args)
+
+
+def _dev_broker(args: argparse.Namespace) -> int:
+    from .tools.dev_broker import main
+
+    return main(args)
+
+
 def _add_settings(command: argparse.ArgumentParser, config_required: bool = False) -> None:
     command.add_argument("--config", required=config_required, metavar="FILE",
                          help="a TOML file: [producer], [sidecar] and [log] settings")
@@ -139,6 +151,44 @@ def _parser() -> argparse.ArgumentParser:
                       help="a setting of the daemon perf-test starts")
     perf.add_argument("--json", default=None, help="also write the result to this file as JSON")
     perf.set_defaults(handler=_perf_test)
+
+    produce = commands.add_parser(
+        "produce", help="send lines of standard input, or files, to a topic through the daemon (as kcat -P)",
+        usage="%(prog)s TOPIC [FILE ...] [--endpoint ENDPOINT] [-K SEP] [-H NAME=VALUE ...] [-p PARTITION] [-l] "
+              "[--max-block-ms MS]",
+        description="One record a line of standard input, as kcat -P (an empty line is skipped), or one a file. "
+                    "Exit code 0 when every record was delivered, 1 when any was not (each is named on standard "
+                    "error) or no daemon answered, 2 for a usage error.")
+    produce.add_argument("topic", metavar="TOPIC")
+    # "+", made optional, rather than "*": argparse (3.11) gives a "*" positional its empty match at once, and
+    # would then refuse the FILEs of `produce TOPIC -l FILE`.
+    produce.add_argument("files", nargs="+", default=[], metavar="FILE",
+                         help="send each file as one record (with -l: one record a line) instead of standard "
+                              "input").required = False
+    produce.add_argument("--endpoint", help=f"the daemon's endpoint (default: ${ipc.ENDPOINT_ENV} or "
+                                            f"{ipc.DEFAULT_ENDPOINT})")
+    produce.add_argument("-K", dest="key_separator", metavar="SEP",
+                         help="split each line at the first SEP into key and value (a line without it: the value, "
+                              "with a null key); kcat's escapes \\t, \\xNN")
+    produce.add_argument("-H", dest="headers", action="append", default=[], metavar="NAME=VALUE",
+                         help="a header on every record (repeatable; NAME alone: a null value)")
+    produce.add_argument("-p", dest="partition", type=int, metavar="PARTITION",
+                         help="send every record to this partition (default, or -1: the partitioner)")
+    produce.add_argument("-l", dest="line_mode", action="store_true",
+                         help="with FILEs: one record a line of each, as standard input")
+    produce.add_argument("--max-block-ms", type=int, metavar="MS",
+                         help="how long to wait for the daemon, the topic's metadata or memory (default: the "
+                              "daemon's max.block.ms)")
+    produce.set_defaults(handler=_produce)
+
+    dev_broker = commands.add_parser("dev-broker", help="run the embedded Kafka broker (Tansu) on 127.0.0.1 in the "
+                                                        "foreground, for local development")
+    dev_broker.add_argument("--port", type=int, help="the port to listen on (default: a free one)")
+    dev_broker.add_argument("--partitions", type=int, default=1,
+                            help="partitions of each --topic (default 1, as Kafka's num.partitions)")
+    dev_broker.add_argument("--topic", dest="topics", action="append", default=[], metavar="NAME",
+                            help="a topic to create (repeatable)")
+    dev_broker.set_defaults(handler=_dev_broker)
 
     settings = commands.add_parser("settings", help="list the settings -X takes, with their defaults")
     settings.set_defaults(handler=_list_settings)
