@@ -26,14 +26,6 @@ _POLL_S = 0.2
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class ForegroundBroker(EmbeddedBroker):
-    """An EmbeddedBroker that can say whether its process has exited."""
-
-    def exit_code(self) -> int | None:
-        """The broker process's exit code, or None while it runs (or was never started)."""
-        return None if self._process is None else self._process.poll()
-
-
 def _check_port(port: int) -> None:
     """Refuse a port something already listens on (the broker's own check would connect to that listener
     and take it for the broker)."""
@@ -65,11 +57,11 @@ def main(args: argparse.Namespace) -> int:
         stop_requested.append(signal.Signals(signum).name)
 
     previous = {stop_signal: signal.signal(stop_signal, request_stop) for stop_signal in _STOP_SIGNALS}
-    broker: ForegroundBroker | None = None
+    broker: EmbeddedBroker | None = None
     try:
         if args.port is not None:
             _check_port(args.port)
-        broker = ForegroundBroker(port=args.port)
+        broker = EmbeddedBroker(port=args.port)
         broker.start()
         for topic in topics:
             broker.create_topic(topic, args.partitions)

@@ -112,6 +112,10 @@ class EmbeddedBroker:
             output = (result.stdout + result.stderr).decode(errors="replace").strip()
             raise RuntimeError(f"tansu topic create {name} failed ({result.returncode}): {output}")
 
+    def exit_code(self) -> int | None:
+        """The broker process's exit code, or None while it runs (or before it starts)."""
+        return None if self._process is None else self._process.poll()
+
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the broker's log."""
         if self.log_path is None or not self.log_path.exists():
