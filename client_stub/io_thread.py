@@ -142,6 +142,8 @@ class IoThread:
         self._linger_ms = linger_ms
         self._fast_path_allowed = fast_path_allowed
         self.welcome: ipc.Welcome | None = None
+        # The settings of the last daemon that welcomed this client: those it works with between two daemons.
+        self.settings: ipc.WelcomeSettings | None = None
         self.segment: Segment | None = None
         self.session_error: KafkaError | None = None
         self._segment_fd: int | None = None
@@ -263,14 +265,14 @@ class IoThread:
                 if self._lost:
                     self._fail_lost()
                 if time.monotonic() >= next_heartbeat:
-                    if self.welcome is not None:
+                    if self.welcome is not None or self._daemon_draining:
+                        # While a daemon delivers this client's last batches too: silent, it would lose them.
                         sock.send(_HEARTBEAT)
-                    elif self.session_error is None and not self._daemon_draining and \
-                            time.monotonic() - self._hello_sent > _HELLO_RETRY_S:
+                    elif self.session_error is None and time.monotonic() - self._hello_sent > _HELLO_RETRY_S:
                         sock = self._reconnect(poller, sock)
                         self._say_hello(sock)
                     self._expire_unreported()
-                    interval = self.welcome.settings.heartbeat_interval_ms if self.welcome else 1000
+                    interval = self.settings.heartbeat_interval_ms if self.settings else 1000
                     next_heartbeat = time.monotonic() + interval / 1000
         except BaseException as exc:
             # A callback raised SystemExit, say, or a bug: nothing will report this process's records any
@@ -305,7 +307,7 @@ class IoThread:
 
     def _expire_unreported(self) -> None:
         """Fail batches the daemon has not reported on long after its delivery.timeout.ms: it is gone."""
-        delivery_timeout_ms = self.welcome.settings.delivery_timeout_ms if self.welcome else 120_000
+        delivery_timeout_ms = self.settings.delivery_timeout_ms if self.settings else 120_000
         limit = (delivery_timeout_ms + _REPORT_GRACE_MS) / 1000
         with self._cond:
             overdue = self._accumulator.overdue(time.monotonic(), limit)
@@ -511,6 +513,7 @@ class IoThread:
             assert self._poller is not None
             self._poller.register(conn.fileno(), zmq.POLLIN)
             self.welcome = welcome
+            self.settings = welcome.settings
             self._hello_sent = 0.0
             self._grants.pool_blocks = welcome.block_count
             self._accumulator.linger_s = self._linger_ms() / 1000  # the producer's, else the daemon's

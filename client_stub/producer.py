@@ -179,14 +179,16 @@ class Producer:
         """This producer's linger_ms, else the daemon's linger.ms."""
         if self._linger_ms is not None:
             return self._linger_ms
-        return self._io.welcome.settings.linger_ms if self._io.welcome else 5
+        settings = self._io.settings
+        return 5 if settings is None else settings.linger_ms
 
     @property
     def max_block_ms(self) -> int:
         """This producer's max_block_ms, else the daemon's max.block.ms (60000 until it has said)."""
         if self._max_block_ms is not None:
             return self._max_block_ms
-        return self._io.welcome.settings.max_block_ms if self._io.welcome else 60000
+        settings = self._io.settings
+        return 60000 if settings is None else settings.max_block_ms
 
     # -- send ------------------------------------------------------------------------------------
 

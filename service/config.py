@@ -219,6 +219,12 @@ class ProducerConfig:
             self._values[name] = new[name]
         try:
             self._check()
+            # A rule may move a setting the running daemon read at start (delivery.timeout.ms grown to cover a
+            # longer linger.ms): refused, as the daemon would go on with the old one.
+            moved = [name for name in KEYS if not KEYS[name].live and self._values[name] != before[name]]
+            if moved:
+                raise ConfigError(f"{', '.join(f'{n}={self._values[n]}' for n in taken)} would change "
+                                  f"{', '.join(moved)}, which only a restart applies")
         except ConfigError:
             self._values = before
             raise

@@ -160,31 +160,43 @@ class SidecarDaemon:
                  timeout_ms)
         deadline = self.core.clock() + timeout_ms
         self.front.begin_shutdown(self._stop_reason)
-        # The clients seal what they hold and say so; until then, and until every batch is final, serve on.
+        # The clients seal what they hold and say so; until then, until every batch is final, and until the
+        # clients have taken their reports, serve on.
         while not self._hurry.is_set() and self.core.clock() < deadline and \
-                (not self.front.sealed_all() or self.core.accumulator.has_incomplete()):
+                (not self.front.sealed_all() or self.core.accumulator.has_incomplete()
+                 or self.front.replies_pending()):
             self.run_once()
-        self.core.close(max(deadline - self.core.clock(), 0) if not self._hurry.is_set() else 0)
-        self.front.after_iteration()
-        if self.exporter is not None:
-            self.exporter.close()
-        self.front.close()
-        self.pool.close()
+        try:
+            self.core.close(max(deadline - self.core.clock(), 0) if not self._hurry.is_set() else 0)
+            self.front.after_iteration()
+        finally:
+            if self.exporter is not None:
+                self.exporter.close()
+            self.front.close()
+            self.pool.close()
         log.info("kafka-sidecar stopped")
 
     def reload(self) -> None:
         """Reopen the log file; take the settings that can change live from the configuration read again, and
         name those that changed but need a restart (SIGHUP)."""
-        log_format.reopen()
-        if self._reload is None:
-            return
+        taken: list[str] = []
+        restart: list[str] = []
+        log_settings = None
+        if self._reload is not None:
+            try:
+                config, log_settings = self._reload()
+                taken, restart = self.config.reload(config)
+            except ConfigError as exc:
+                log.error("reload: the settings are not taken: %s", exc)
+                log_settings = None
         try:
-            config, log_settings = self._reload()
-            taken, restart = self.config.reload(config)
-        except ConfigError as exc:
-            log.error("reload: the settings are not taken: %s", exc)
-            return
-        log_format.configure(log_settings["level"], log_settings["format"], log_settings["file"])
+            if log_settings is None:
+                log_format.reopen()
+            else:
+                log_format.configure(log_settings["level"], log_settings["format"], log_settings["file"])
+        except OSError as exc:
+            # The old file, or standard error, stays: a log that cannot be written must not stop the daemon.
+            log.error("reload: cannot open the log file, logging on where it did: %s", exc)
         self.front.reply_buffer_bytes = self.config["sidecar.client.reply.buffer.bytes"]
         self.core.metadata.metadata_max_age_ms = self.config["metadata.max.age.ms"]
         if taken:

@@ -125,9 +125,6 @@ class ClientSession:
     # Replies ZeroMQ would not queue (the client reads slower than the daemon answers), in order, encoded.
     waiting: deque[tuple[ipc.Message, bytes]] = field(default_factory=deque)
     waiting_bytes: int = 0
-    # Its records reported delivered, and failed.
-    records_delivered: int = 0
-    records_failed: int = 0
 
     def describe(self) -> str:
         """The client as a log line names it: the kernel's pid and uid (once known), and its own name."""
@@ -195,6 +192,9 @@ class SidecarFront:
         self.messages_refused = 0
         # Records of the batches clients sealed (handed off).
         self.records_sealed = 0
+        # Records reported delivered and failed, by process, for as long as it has a session (ended sessions'
+        # included: a process's figures are counters, which only grow).
+        self._process_records: dict[int, list[int]] = {}
         # Answers to a socket without a session that ZeroMQ would not take (its reader is slow or gone).
         self.replies_dropped = 0
         # Sessions ended because their clients did not read their replies, or their sockets went.
@@ -240,19 +240,25 @@ class SidecarFront:
         """Take no new session, grant no more blocks (the requests waiting fail), and tell each client to seal
         what it holds: what it sealed is still taken, sent and reported until :meth:`close`."""
         self.shutting_down = reason
-        for waiter in self.pool.expire_waiters(2**63 - 1):
-            session = self._by_id.get(waiter.client_id)
-            if session is not None:
-                self._send(session, ipc.GrantFailed(waiter.request_id, f"the daemon is shutting down ({reason})"))
+        # SHUTDOWN before the refusals: a client that knows it looks for blocks of the next daemon instead of
+        # failing the send() that waited for them.
         for session in list(self.sessions.values()):
             if session.connection is None:
                 self._end_session(session)  # it holds nothing yet
             elif session.shutdown_notice:
                 self._send(session, ipc.Shutdown(reason))
+        for waiter in self.pool.expire_waiters(2**63 - 1):
+            session = self._by_id.get(waiter.client_id)
+            if session is not None:
+                self._send(session, ipc.GrantFailed(waiter.request_id, f"the daemon is shutting down ({reason})"))
 
     def sealed_all(self) -> bool:
         """Whether every client that was told of the shutdown has handed over its last batches (or is gone)."""
         return all(session.last_sealed for session in self.sessions.values() if session.shutdown_notice)
+
+    def replies_pending(self) -> bool:
+        """Whether reports or replies wait for a client (ZeroMQ would not take them yet)."""
+        return any(session.reports or session.waiting for session in self.sessions.values())
 
     def close(self) -> None:
         # The ZeroMQ socket first, lingering: the last reports reach the clients before the memory socket's
@@ -785,6 +791,8 @@ class SidecarFront:
             session.connection = None
         session.waiting.clear()
         session.waiting_bytes = 0
+        if not keep:
+            self._forget_process_records(session.pid)
         reclaimed = self.pool.detach(session.client_id, keep=keep)
         if reclaimed:
             log.info("reclaimed %d unsealed block(s) of client %s", reclaimed, session.client_id)
@@ -815,6 +823,7 @@ class SidecarFront:
             self._close_connection(session.connection)
             session.connection = None
         self.pool.forget(session.client_id)
+        self._forget_process_records(session.pid)
 
     def _close_connection(self, conn: socket.socket) -> None:
         self._handshakes.pop(conn, None)
@@ -857,14 +866,19 @@ class SidecarFront:
         sessions, the blocks they hold, and their records reported delivered and failed."""
         processes: dict[int, dict[str, Any]] = {}
         for session in [*self._by_connection.values(), *self._ended.values()]:
+            delivered, failed = self._process_records.get(session.pid, (0, 0))
             entry = processes.setdefault(session.pid, {"pid": session.pid, "uid": session.uid, "name": session.name,
-                                                       "sessions": 0, "blocks-held": 0, "records-delivered-total": 0,
-                                                       "record-error-total": 0})
+                                                       "sessions": 0, "blocks-held": 0,
+                                                       "records-delivered-total": delivered,
+                                                       "record-error-total": failed})
             entry["sessions"] += 1
             entry["blocks-held"] += self.pool.held_by(session.client_id)
-            entry["records-delivered-total"] += session.records_delivered
-            entry["record-error-total"] += session.records_failed
         return [processes[pid] for pid in sorted(processes)]
+
+    def _forget_process_records(self, pid: int) -> None:
+        """Forget the records of a process with no session left (its pid may be another's next)."""
+        if not any(s.pid == pid for s in [*self._by_connection.values(), *self._ended.values()]):
+            self._process_records.pop(pid, None)
 
     # -- outgoing --------------------------------------------------------------------------------
 
@@ -874,10 +888,7 @@ class SidecarFront:
         session = self._ended.get(client_id) or self._by_id.get(client_id)
         if session is None:
             return  # the client is gone; its records were still delivered (or failed) for it
-        if batch.error is None:
-            session.records_delivered += batch.record_count
-        else:
-            session.records_failed += batch.record_count
+        self._process_records.setdefault(session.pid, [0, 0])[batch.error is not None] += batch.record_count
         left = session.unreported.pop(batch_id, 0) - batch.record_count
         if left > 0:
             session.unreported[batch_id] = left  # a part of a batch that was split

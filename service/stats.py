@@ -100,18 +100,18 @@ def as_text(endpoint: str, figures: dict[str, Any]) -> str:
 
 def main(endpoint: str, *, json_output: bool = False, watch: float | None = None, out: TextIO = sys.stdout) -> int:
     """Print the figures once, or every ``watch`` seconds until interrupted; 1 if the daemon does not answer."""
-    while True:
-        try:
-            figures = request_stats(endpoint)
-        except SidecarUnavailableError as exc:
-            print(f"kafka-sidecar: {exc}", file=sys.stderr)
-            return 1
-        print(as_json(figures) if json_output else as_text(endpoint, figures), file=out, flush=True)
-        if watch is None:
-            return 0
-        try:
+    try:
+        while True:
+            try:
+                figures = request_stats(endpoint)
+            except SidecarUnavailableError as exc:
+                print(f"kafka-sidecar: {exc}", file=sys.stderr)
+                return 1
+            print(as_json(figures) if json_output else as_text(endpoint, figures), file=out, flush=True)
+            if watch is None:
+                return 0
             time.sleep(watch)
-        except KeyboardInterrupt:
-            return 0
-        if not json_output:
-            print(file=out)
+            if not json_output:
+                print(file=out)
+    except KeyboardInterrupt:
+        return 0

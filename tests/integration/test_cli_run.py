@@ -66,6 +66,11 @@ def test_sighup_reopens_the_log_file_and_takes_the_settings_that_can_change_live
             daemon.send_signal(signal.SIGHUP)
             assert wait_until(lambda: "the settings are not taken" in log_file.read_text(), timeout=20)
             assert "invalid value -5 for linger.ms" in log_file.read_text()
+            # A log file that cannot be opened is no reason to stop: the old one goes on.
+            config.write_text(settings.replace("linger.ms = 1", "linger.ms = 20")
+                              .replace(str(log_file), str(tmp_path / "missing" / "kafka-sidecar.log")))
+            daemon.send_signal(signal.SIGHUP)
+            assert wait_until(lambda: "cannot open the log file" in log_file.read_text(), timeout=20)
             assert producer.send(topic, b"after").result(30).offset == 1
         # A client that connects now gets the new linger.ms.
         with Producer(endpoint) as producer:

@@ -80,8 +80,9 @@ def test_sigterm_under_load_delivers_every_record_handed_off_and_fails_the_rest_
 def test_what_cannot_be_delivered_by_the_close_timeout_is_reported_failed(proxied_broker, sidecar) -> None:
     tansu, proxy = proxied_broker
     tansu.create_topic("held", 1)
-    daemon = sidecar(tansu.bootstrap, settings={"sidecar.close.timeout.ms": 1000, "request.timeout.ms": 60000,
-                                                "delivery.timeout.ms": 120000})
+    # The drain outlasts sidecar.client.timeout.ms: the client, which sends nothing more, still says it lives.
+    daemon = sidecar(tansu.bootstrap, settings={"sidecar.close.timeout.ms": 3000, "sidecar.client.timeout.ms": 1000,
+                                                "request.timeout.ms": 60000, "delivery.timeout.ms": 120000})
     with Producer(daemon.endpoint, max_block_ms=1000) as producer:
         assert producer.send("held", b"first").result(30).offset == 0
         proxy.blackhole()  # the broker hears nothing more, and says nothing
@@ -93,7 +94,39 @@ def test_what_cannot_be_delivered_by_the_close_timeout_is_reported_failed(proxie
         assert not pending
     assert {type(f.exception()) for f in futures} == {ProducerClosedError}
     assert "before this batch was delivered" in str(futures[0].exception())
+    assert "silent for" not in daemon.log_path.read_text()
     assert left_behind(daemon) == set()
+
+
+def test_a_send_waiting_for_blocks_at_the_shutdown_waits_for_the_next_daemon(proxied_broker, sidecar) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("held", 1)
+    # A pool of 8 blocks, which the batches the broker never answers hold.
+    daemon = sidecar(tansu.bootstrap, settings={"buffer.memory": 8 * 16384, "sidecar.close.timeout.ms": 1000,
+                                                "request.timeout.ms": 60000, "delivery.timeout.ms": 120000})
+    with Producer(daemon.endpoint, max_block_ms=5000) as producer:
+        producer.send("held", b"first").result(30)
+        proxy.blackhole()
+        held = [producer.send("held", bytes(15_000)) for _ in range(8)]
+        waiting: list[BaseException] = []
+
+        def send_large() -> None:  # three blocks, for which it waits
+            try:
+                producer.send("held", bytes(40_000))
+            except BaseException as exc:
+                waiting.append(exc)
+
+        sender = threading.Thread(target=send_large)
+        sender.start()
+        # Two requests wait in the pool's FIFO: the client's for spare blocks, and the send's for its run.
+        assert wait_until(lambda: daemon.stats()["producer"]["waiting-threads"] == 2, timeout=4), waiting
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.process.wait(30) == 0, daemon.log_tail()
+        sender.join(30)
+        assert [type(exc) for exc in waiting] == [SidecarUnavailableError], waiting
+        assert "shut down (SIGTERM)" in str(waiting[0])
+        concurrent.futures.wait(held, timeout=30)
+        assert {type(f.exception()) for f in held} == {ProducerClosedError}
 
 
 def test_a_second_signal_cuts_the_drain_short(proxied_broker, sidecar) -> None:

@@ -86,8 +86,14 @@ def test_kafka_sidecar_stats_reads_the_figures_over_the_endpoint(broker, topic_f
         assert figures["producer"]["record-send-total"] == 1000
         assert figures["topics"][topic]["record-send-total"] == 1000
         assert [p["records-delivered-total"] for p in figures["processes"]] == [1000]
+        # A process's figures are counters: a Producer of it that closes takes nothing away.
+        with Producer(daemon.endpoint) as second:
+            assert second.send(topic, b"second").result(30)
+        figures = json.loads(subprocess.run([*stats, "--json"], capture_output=True, text=True, check=True,
+                                            cwd=users.ROOT).stdout)
+        assert [(p["sessions"], p["records-delivered-total"]) for p in figures["processes"]] == [(1, 1001)]
         text = subprocess.run(stats, capture_output=True, text=True, check=True, cwd=users.ROOT).stdout
-        assert "1,000 sent" in text and topic in text
+        assert "1,001 sent" in text and topic in text
         # --watch prints again until interrupted.
         watch = subprocess.Popen([*stats, "--watch", "0.2"], stdout=subprocess.PIPE, text=True, cwd=users.ROOT)
         try:

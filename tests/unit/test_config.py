@@ -261,3 +261,18 @@ def test_a_socket_group_by_name_or_number() -> None:
     assert given({"sidecar.socket.group": "root"})["sidecar.socket.group"] == 0
     with pytest.raises(ConfigError, match="no group named 'no-such-group-here'"):
         given({"sidecar.socket.group": "no-such-group-here"})
+
+
+def test_a_reload_takes_the_live_settings_and_names_the_others() -> None:
+    config = given({"linger.ms": "5", "batch.size": "16384"})
+    taken, restart = config.reload(given({"linger.ms": "50", "batch.size": "32768"}))
+    assert (taken, restart) == (["linger.ms"], ["batch.size"])
+    assert (config["linger.ms"], config["batch.size"]) == (50, 16384)
+
+
+def test_a_reload_that_would_move_a_setting_read_at_start_is_refused() -> None:
+    config = given({})
+    # A longer linger.ms would grow delivery.timeout.ms (left at its default), which the sender read at start.
+    with pytest.raises(ConfigError, match="linger.ms=200000 would change delivery.timeout.ms"):
+        config.reload(given({"linger.ms": "200000"}))
+    assert (config["linger.ms"], config["delivery.timeout.ms"]) == (5, 120000)
