@@ -97,6 +97,11 @@ class AuthenticationError(KafkaError):
     """SASL or TLS authentication failed."""
 
 
+class SslAuthenticationError(AuthenticationError):
+    """The TLS handshake with a broker failed: its certificate is not trusted or not for its name, or the two
+    sides share no protocol version or cipher."""
+
+
 class ProducerStateError(KafkaError):
     """Idempotence or transaction state the broker does not accept (sequence, epoch, id)."""
 

@@ -11,7 +11,8 @@ from client_stub.contract import ipc
 from client_stub.errors import ConfigError
 
 from . import log_format
-from .config import KEYS, ProducerConfig, parse_settings
+from .config import KEYS, ProducerConfig, parse_settings, shown
+from .producer.core import security
 from .settings_sources import Sources, gather
 
 
@@ -23,7 +24,9 @@ def _sources(args: argparse.Namespace) -> tuple[Sources, ProducerConfig]:
     if getattr(args, "endpoint", None):
         command_line["sidecar.endpoint"] = args.endpoint
     sources = gather(args.config, os.environ, command_line)
-    return sources, ProducerConfig(sources.settings)
+    config = ProducerConfig(sources.settings)
+    security(config)  # the certificates, keys and SASL settings can be used
+    return sources, config
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -47,18 +50,10 @@ def _run(args: argparse.Namespace) -> int:
 def _check_config(args: argparse.Namespace) -> int:
     sources, config = _sources(args)
     for name in KEYS:
-        print(f"{name} = {_shown(name, config[name])}  # {sources.origin(name)}")
+        print(f"{name} = {shown(name, config[name])}  # {sources.origin(name)}")
     for key, value in sources.log.items():
         print(f"log.{key} = {value}")
     return 0
-
-
-def _shown(name: str, value: Any) -> str:
-    if isinstance(value, list):
-        return ",".join(value)
-    if name == "sidecar.socket.mode":
-        return f"{value:04o}"
-    return "" if value is None else str(value)
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -197,7 +192,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _list_settings(args: argparse.Namespace) -> int:
     for key in KEYS.values():
-        print(f"{key.name:40} {_shown(key.name, key.default):>12}  {'[reload] ' if key.live else ''}{key.doc}"
+        print(f"{key.name:40} {shown(key.name, key.default):>12}  {'[reload] ' if key.live else ''}{key.doc}"
               .rstrip())
     return 0
 

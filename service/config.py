@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 import grp
 import logging
+import re
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +24,18 @@ from .protocol.compression import LEVEL_RANGES, CompressionType
 
 log = logging.getLogger(__name__)
 
+HIDDEN = "[hidden]"
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# ssl.enabled.protocols' names, oldest first.
+TLS_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+# sasl.jaas.config's login module of each mechanism.
+LOGIN_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+                 "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                 "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
 
 
 def _to_bool(text: str) -> bool:
@@ -37,6 +49,14 @@ def _to_bool(text: str) -> bool:
 
 def _to_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _to_tls_versions(text: str) -> list[str]:
+    versions = _to_list(text)
+    unknown = [name for name in versions if name not in TLS_VERSIONS]
+    if unknown or not versions:
+        raise ValueError(f"TLS versions of {', '.join(TLS_VERSIONS)}")
+    return versions
 
 
 def _to_acks(text: str) -> int:
@@ -107,6 +127,8 @@ class ConfigKey:
     choices: tuple[str, ...] = ()
     doc: str = ""
     live: bool = False
+    # A password or a key: shown as [hidden] (check-config, the logs), as Kafka's Password type is.
+    secret: bool = False
 
 
 KEYS: dict[str, ConfigKey] = {k.name: k for k in (
@@ -183,8 +205,32 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("sidecar.coalesce.batches", _to_bool, True,
               doc="coalesce the small batches of a partition, from any clients, into one of at most batch.size "
                   "bytes when they are sent (a broker takes one batch per partition per request)"),
-    ConfigKey("security.protocol", str, "PLAINTEXT", choices=("PLAINTEXT",),
-              doc="SSL, SASL_PLAINTEXT and SASL_SSL come with TLS and SASL support"),
+    ConfigKey("security.protocol", str, "PLAINTEXT", choices=SECURITY_PROTOCOLS,
+              doc="how the daemon talks to the brokers: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL"),
+    # TLS: certificates and keys in PEM (Kafka's ssl.truststore.type and ssl.keystore.type PEM), as files or
+    # inline. Read when a connection is made: a reload (SIGHUP) reads them again for the connections after it.
+    ConfigKey("ssl.truststore.location", str, "", live=True,
+              doc="a PEM file of the CA certificates to trust (default: the system's)"),
+    ConfigKey("ssl.truststore.certificates", str, "", live=True, doc="the CA certificates to trust, as PEM text"),
+    ConfigKey("ssl.keystore.location", str, "", live=True,
+              doc="a PEM file of the client's private key and certificate chain (brokers that ask for one)"),
+    ConfigKey("ssl.keystore.key", str, "", live=True, secret=True, doc="the client's private key, as PEM text"),
+    ConfigKey("ssl.keystore.certificate.chain", str, "", live=True,
+              doc="the client's certificate chain, as PEM text (with ssl.keystore.key)"),
+    ConfigKey("ssl.key.password", str, "", live=True, secret=True, doc="the password of the client's private key"),
+    ConfigKey("ssl.endpoint.identification.algorithm", str, "https", choices=("https", ""), live=True,
+              doc="https: the broker's certificate must name the host connected to; empty: any name"),
+    ConfigKey("ssl.enabled.protocols", _to_tls_versions, list(TLS_VERSIONS), live=True,
+              doc="the TLS versions allowed (TLSv1.2, TLSv1.3)"),
+    # SASL: Kafka's mechanisms with a password.
+    ConfigKey("sasl.mechanism", str, "GSSAPI", live=True,
+              doc="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (GSSAPI, Kafka's default, is not supported)"),
+    ConfigKey("sasl.jaas.config", str, "", live=True, secret=True,
+              doc="Kafka's login module line, e.g. org.apache.kafka.common.security.scram.ScramLoginModule "
+                  'required username="alice" password="...";'),
+    ConfigKey("sasl.username", str, "", live=True, doc="the SASL user (librdkafka's name; or in sasl.jaas.config)"),
+    ConfigKey("sasl.password", str, "", live=True, secret=True,
+              doc="the SASL password (librdkafka's name; or in sasl.jaas.config)"),
 )}
 
 
@@ -257,6 +303,27 @@ class ProducerConfig:
             raise ConfigError(f"batch.size ({v['batch.size']}) must not be above buffer.memory ({v['buffer.memory']}): "
                               "the BufferPool holds at least one batch")
         self._check_idempotence()
+        self._check_security()
+
+    def _check_security(self) -> None:
+        """The TLS and SASL settings agree with each other and with security.protocol."""
+        v = self._values
+        protocol = v["security.protocol"]
+        for one, other in (("ssl.truststore.location", "ssl.truststore.certificates"),
+                           ("ssl.keystore.location", "ssl.keystore.key"),
+                           ("ssl.keystore.location", "ssl.keystore.certificate.chain")):
+            if v[one] and v[other]:
+                raise ConfigError(f"{one} and {other} are both set: set one of them")
+        if bool(v["ssl.keystore.key"]) != bool(v["ssl.keystore.certificate.chain"]):
+            raise ConfigError("ssl.keystore.key and ssl.keystore.certificate.chain go together: set both or neither")
+        if v["ssl.key.password"] and not (v["ssl.keystore.location"] or v["ssl.keystore.key"]):
+            raise ConfigError("ssl.key.password is set, but no key (ssl.keystore.location or ssl.keystore.key)")
+        if protocol.startswith("SASL_"):
+            sasl_credentials(self)
+        elif any(self.given(name) for name in KEYS if name.startswith("sasl.")):
+            log.warning("the sasl.* settings are not used: security.protocol is %s", protocol)
+        if protocol not in ("SSL", "SASL_SSL") and any(self.given(name) for name in KEYS if name.startswith("ssl.")):
+            log.warning("the ssl.* settings are not used: security.protocol is %s", protocol)
 
     def _check_idempotence(self) -> None:
         # As the Java producer: an explicit enable.idempotence=true with a contradicting
@@ -296,9 +363,58 @@ def _parse(name: str, raw: Any) -> Any:
     try:
         value = key.parse(raw if isinstance(raw, str) else _as_text(raw))
     except ValueError as exc:
-        raise ConfigError(f"invalid value {raw!r} for {name}: {exc}") from None
+        raise ConfigError(f"invalid value {_quoted(key, raw)} for {name}: {exc}") from None
     if key.choices and value not in key.choices:
-        raise ConfigError(f"invalid value {raw!r} for {name}: expected one of {', '.join(key.choices)}")
+        raise ConfigError(f"invalid value {_quoted(key, raw)} for {name}: expected one of "
+                          f"{', '.join(choice or repr(choice) for choice in key.choices)}")
     if key.low is not None and value < key.low or key.high is not None and value > key.high:
         raise ConfigError(f"invalid value {raw!r} for {name}: must be in [{key.low}, {key.high}]")
     return value
+
+
+def _quoted(key: ConfigKey, raw: Any) -> str:
+    """A value as an error quotes it: a secret's as [hidden]."""
+    return HIDDEN if key.secret else repr(raw)
+
+
+def shown(name: str, value: Any) -> str:
+    """A setting's value as check-config and the logs show it (a secret, set, as [hidden])."""
+    if KEYS[name].secret and value:
+        return HIDDEN
+    if isinstance(value, list):
+        return ",".join(value)
+    if name == "sidecar.socket.mode":
+        return f"{value:04o}"
+    return "" if value is None else str(value)
+
+
+# sasl.jaas.config: "<login module> required key="value" key=value ...;" (Kafka's JaasConfig syntax).
+_JAAS = re.compile(r"\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)(?P<options>.*?);?\s*")
+_JAAS_OPTION = re.compile(r'\s*(?P<key>[\w.-]+)\s*=\s*(?:"(?P<quoted>(?:[^"\\]|\\.)*)"|(?P<bare>[^\s";]+))')
+
+
+def sasl_credentials(config: ProducerConfig) -> tuple[str, str]:
+    """The SASL user and password, from sasl.jaas.config or sasl.username and sasl.password; ConfigError if the
+    mechanism is not one the daemon speaks, or the settings are missing or contradict each other."""
+    mechanism = config["sasl.mechanism"]
+    if mechanism not in SASL_MECHANISMS:
+        raise ConfigError(f"sasl.mechanism {mechanism} is not supported: use {', '.join(SASL_MECHANISMS)}")
+    username, password = config["sasl.username"], config["sasl.password"]
+    jaas = config["sasl.jaas.config"]
+    if jaas:
+        match = _JAAS.fullmatch(jaas)
+        if match is None:
+            raise ConfigError("sasl.jaas.config is not a login module line: <module> required username=\"...\" "
+                              "password=\"...\";")
+        if match["module"] != LOGIN_MODULES[mechanism]:
+            raise ConfigError(f"sasl.jaas.config's login module {match['module']} is not {mechanism}'s "
+                              f"({LOGIN_MODULES[mechanism]})")
+        options = {m["key"]: m["bare"] if m["quoted"] is None else re.sub(r"\\(.)", r"\1", m["quoted"])
+                   for m in _JAAS_OPTION.finditer(match["options"])}
+        if (username and username != options.get("username")) or (password and password != options.get("password")):
+            raise ConfigError("sasl.username or sasl.password differ from sasl.jaas.config's: set one or the other")
+        username, password = options.get("username", ""), options.get("password", "")
+    if not username or not password:
+        raise ConfigError(f"security.protocol {config['security.protocol']} with sasl.mechanism {mechanism} needs a "
+                          "user and a password: sasl.jaas.config, or sasl.username and sasl.password")
+    return username, password

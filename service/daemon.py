@@ -24,10 +24,10 @@ from client_stub.errors import ConfigError
 
 from . import log_format
 from .buffer_pool import BufferPool, client_block_limit
-from .config import KEYS, ProducerConfig
+from .config import KEYS, ProducerConfig, shown
 from .front import SidecarFront
 from .metrics import daemon_figures
-from .producer.core import ProducerCore
+from .producer.core import ProducerCore, security
 from .prometheus import PUBLISH_INTERVAL_MS, PrometheusExporter
 from .service_manager import ServiceManager
 
@@ -185,7 +185,13 @@ class SidecarDaemon:
         if self._reload is not None:
             try:
                 config, log_settings = self._reload()
+                # Certificates and keys are read again (for the connections made from now on); a new
+                # security.protocol needs a restart.
+                same_protocol = config["security.protocol"] == self.config["security.protocol"]
+                connections = security(config) if same_protocol else None
                 taken, restart = self.config.reload(config)
+                if connections is not None:
+                    self.core.use_security(*connections)
             except ConfigError as exc:
                 log.error("reload: the settings are not taken: %s", exc)
                 log_settings = None
@@ -200,7 +206,7 @@ class SidecarDaemon:
         self.front.reply_buffer_bytes = self.config["sidecar.client.reply.buffer.bytes"]
         self.core.metadata.metadata_max_age_ms = self.config["metadata.max.age.ms"]
         if taken:
-            log.info("reload: now %s", ", ".join(f"{name}={self.config[name]}" for name in taken))
+            log.info("reload: now %s", ", ".join(f"{name}={shown(name, self.config[name])}" for name in taken))
         if restart:
             log.warning("reload: %s changed, which only a restart applies (the settings a reload applies: %s)",
                         ", ".join(restart), ", ".join(name for name, key in KEYS.items() if key.live))

@@ -186,7 +186,8 @@ class SidecarFront:
         self._process_topics: dict[int, ProcessTopics] = {}
         self._accept_paused_until: int | None = None
         self._next_client_id = 1
-        self._metadata_version = -1
+        # The metadata the clients were last told of: its version, and why the brokers refuse the daemon if they do.
+        self._metadata_version: tuple[int, KafkaError | None] = (-1, None)
         self._seal_now_sent_ms = 0
         self._last_complaint = 0.0
         self.messages_refused = 0
@@ -940,8 +941,9 @@ class SidecarFront:
         if self._accept_paused_until is not None and self._accept_paused_until <= now:
             self._accept_paused_until = None
             self.core.selector.register_external(self.memory.listener)
-        if self.core.metadata.update_version != self._metadata_version:
-            self._metadata_version = self.core.metadata.update_version
+        metadata = self.core.metadata
+        if (metadata.update_version, metadata.authentication_error) != self._metadata_version:
+            self._metadata_version = (metadata.update_version, metadata.authentication_error)
             for session in list(self.sessions.values()):
                 for topic in list(session.topics):
                     self._push_topic(session, topic)
@@ -972,6 +974,9 @@ class SidecarFront:
             # if the wait times out; a final one fails its send() at once.
             row = error_code(code)
             error = ipc.error_to_wire(row.exception(f"topic {topic}: {row.name}", code=code, name=row.name))
+        elif count is None and self.core.metadata.authentication_error is not None:
+            # No metadata can come: the brokers refuse the daemon (AuthenticationError, final: send() fails now).
+            error = ipc.error_to_wire(self.core.metadata.authentication_error)
         state = (count, tuple(cluster.available_partitions(topic)), error)
         if state == session.topics.get(topic) or (count is None and error is None):
             return

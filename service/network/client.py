@@ -18,7 +18,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from client_stub.errors import ERRORS_BY_NAME, KafkaError, NetworkError, UnsupportedError, error_code
+from client_stub.errors import (
+    ERRORS_BY_NAME,
+    AuthenticationError,
+    KafkaError,
+    NetworkError,
+    UnsupportedError,
+    error_code,
+)
 
 from ..protocol import messages as m
 from ..protocol.api import APIS, decode_response, encode_request, peek_correlation_id
@@ -27,6 +34,7 @@ from ..protocol.schema import Message
 from .connection_states import ClusterConnectionStates, ConnectionState
 from .in_flight import InFlightRequests
 from .metadata import Metadata, Node
+from .sasl import SaslCredentials, SaslExchange
 from .selector import Selector
 
 log = logging.getLogger(__name__)
@@ -127,7 +135,7 @@ class NetworkClient:
     def __init__(self, selector: Selector, metadata: Metadata, *, client_id: str = "kafka-sidecar",
                  max_in_flight_requests_per_connection: int = 5, request_timeout_ms: int = 30000,
                  reconnect_backoff_ms: int = 50, reconnect_backoff_max_ms: int = 1000,
-                 connection_setup_timeout_ms: int = 10000,
+                 connection_setup_timeout_ms: int = 10000, sasl: SaslCredentials | None = None,
                  clock: Callable[[], int] = monotonic_ms, rng: random.Random | None = None) -> None:
         self.selector = selector
         self.metadata = metadata
@@ -150,6 +158,15 @@ class NetworkClient:
         self._unanswered: dict[int, deque[int]] = {}
         # Failures seen by the last poll, for callers that want to know why a node went away.
         self.disconnect_reasons: dict[int, str] = {}
+        # SASL (security.protocol SASL_*): the credentials, each connection's exchange under way, and when
+        # each connection authenticates again (its broker's session lifetime, KIP-368).
+        self.sasl = sasl
+        self._sasl_exchanges: dict[int, SaslExchange] = {}
+        self._reauthenticate_at: dict[int, int] = {}
+        # Nodes whose broker refused the daemon's credentials or certificate, why, until one gets through; and
+        # what was logged of each (an error is logged once, not at every reconnect).
+        self.authentication_errors: dict[int, AuthenticationError] = {}
+        self._authentication_logged: dict[int, str] = {}
 
     # -- readiness -------------------------------------------------------------------------------
 
@@ -284,7 +301,8 @@ class NetworkClient:
         if self._pending:
             timeout_ms = 0
         metadata_timeout = self._maybe_update_metadata(now)
-        self.selector.poll(min(timeout_ms, metadata_timeout, self.request_timeout_ms))
+        reauthentication_timeout = self._maybe_reauthenticate(now) if self._reauthenticate_at else timeout_ms
+        self.selector.poll(min(timeout_ms, metadata_timeout, self.request_timeout_ms, reauthentication_timeout))
         now = self.clock()
         responses, self._pending = self._pending, []
         self._handle_completed_sends(responses, now)
@@ -380,12 +398,17 @@ class NetworkClient:
         for node_id, reason in self.selector.disconnected.items():
             if node_id not in self.disconnect_reasons:  # else failed already, on one of its answers
                 self._handle_disconnect(node_id, now, reason, responses)
+            error = self.selector.authentication_failures.get(node_id)
+            if error is not None:
+                self._record_authentication_failure(node_id, error)
 
     def _handle_disconnect(self, node_id: int, now: int, reason: str,
                            responses: list[ClientResponse] | None = None, timed_out: bool = False) -> None:
         state = self.connection_states.state(node_id)
         self.connection_states.disconnected(node_id, now)
         self._api_versions.pop(node_id, None)
+        self._sasl_exchanges.pop(node_id, None)
+        self._reauthenticate_at.pop(node_id, None)
         self.disconnect_reasons[node_id] = reason
         if state is not ConnectionState.READY:
             log.warning("connection to node %s failed (%s): %s", node_id, state.value, reason)
@@ -425,8 +448,110 @@ class NetworkClient:
             self._handle_disconnect(node_id, now, reason)
             return
         self._api_versions[node_id] = NodeApiVersions(ranges)
+        if self.sasl is None:
+            self._ready(node_id)
+        else:
+            self._authenticate(node_id, now)
+
+    def _ready(self, node_id: int) -> None:
         self.connection_states.ready(node_id)
+        if self.authentication_errors.pop(node_id, None) is not None:
+            log.info("node %s accepts the daemon again", node_id)
+        self._authentication_logged.pop(node_id, None)
         log.debug("node %s ready", node_id)
+
+    # -- SASL ------------------------------------------------------------------------------------
+
+    def _authenticate(self, node_id: int, now: int) -> None:
+        """SaslHandshake then SaslAuthenticate, before any other request (but ApiVersions) on the connection."""
+        assert self.sasl is not None
+        versions = self._api_versions[node_id]
+        try:
+            if versions.latest_usable_version(m.SASL_HANDSHAKE) < 1:
+                raise UnsupportedError("its SaslHandshake is v0, whose SASL tokens go without Kafka's framing")
+            versions.latest_usable_version(m.SASL_AUTHENTICATE)
+        except UnsupportedError as exc:
+            self._authentication_failed(node_id, AuthenticationError(
+                f"node {node_id} cannot authenticate the daemon with SASL: {exc}", code=exc.code, name=exc.name), now)
+            return
+        self.connection_states.authenticating(node_id)
+        exchange = self._sasl_exchanges[node_id] = SaslExchange(self.sasl)
+        request = ClientRequest(node_id, m.SaslHandshakeRequest(mechanism=self.sasl.mechanism), now,
+                                callback=lambda response: self._handle_sasl_handshake(node_id, exchange, response))
+        self._do_send(request, now)
+
+    def _handle_sasl_handshake(self, node_id: int, exchange: SaslExchange, response: ClientResponse) -> None:
+        body = response.body
+        if body is None or self._sasl_exchanges.get(node_id) is not exchange:
+            return  # disconnected meanwhile: the disconnect is handled
+        if body.error_code:
+            row = error_code(body.error_code)
+            self._authentication_failed(node_id, AuthenticationError(
+                f"node {node_id} does not offer SASL mechanism {exchange.mechanism} (it offers "
+                f"{', '.join(body.mechanisms) or 'none'})", code=row.code, name=row.name), response.received_ms)
+            return
+        self._send_sasl_token(node_id, exchange, exchange.first(), response.received_ms)
+
+    def _send_sasl_token(self, node_id: int, exchange: SaslExchange, token: bytes, now: int) -> None:
+        request = ClientRequest(node_id, m.SaslAuthenticateRequest(auth_bytes=token), now,
+                                callback=lambda response: self._handle_sasl_authenticate(node_id, exchange, response))
+        self._do_send(request, now)
+
+    def _handle_sasl_authenticate(self, node_id: int, exchange: SaslExchange, response: ClientResponse) -> None:
+        body = response.body
+        if body is None or self._sasl_exchanges.get(node_id) is not exchange:
+            return
+        now = response.received_ms
+        try:
+            if body.error_code:
+                row = error_code(body.error_code)
+                raise AuthenticationError(f"node {node_id} refused the daemon's {exchange.mechanism} credentials: "
+                                          f"{body.error_message or row.name}", code=row.code, name=row.name)
+            token = exchange.respond(body.auth_bytes)
+        except AuthenticationError as exc:
+            self._authentication_failed(node_id, exc, now)
+            return
+        if token is not None:
+            self._send_sasl_token(node_id, exchange, token, now)
+            return
+        del self._sasl_exchanges[node_id]
+        if body.session_lifetime_ms > 0:
+            # As Java's client: again at 85 to 95% of the session's lifetime, before the broker ends it.
+            self._reauthenticate_at[node_id] = now + int(body.session_lifetime_ms * self._rng.uniform(0.85, 0.95))
+        self._ready(node_id)
+
+    def _maybe_reauthenticate(self, now: int) -> int:
+        """Authenticate again the connections whose session is due (no new request goes to one meanwhile, and
+        the exchange starts once its requests in flight are answered); returns how long until the next is due."""
+        delay = 2**31 - 1
+        for node_id, due in list(self._reauthenticate_at.items()):
+            if due > now:
+                delay = min(delay, due - now)
+                continue
+            if self.connection_states.is_ready(node_id):
+                self.connection_states.authenticating(node_id)
+            if self.in_flight.count(node_id) == 0 and not self.selector.has_pending_send(node_id):
+                del self._reauthenticate_at[node_id]
+                log.debug("node %s: authenticating again (KIP-368)", node_id)
+                self._authenticate(node_id, now)
+            else:
+                delay = 0
+        return delay
+
+    def _authentication_failed(self, node_id: int, error: AuthenticationError, now: int) -> None:
+        self.selector.close(node_id)
+        self._handle_disconnect(node_id, now, str(error))
+        self._record_authentication_failure(node_id, error)
+
+    def _record_authentication_failure(self, node_id: int, error: AuthenticationError) -> None:
+        """A node refused the daemon: its batches and the clients waiting for metadata fail with ``error``; it
+        is tried again after the reconnect backoff (the credentials or certificates may be fixed by a reload)."""
+        self.connection_states.authentication_failed(node_id)
+        self.authentication_errors[node_id] = error
+        self.metadata.authentication_error = error
+        if self._authentication_logged.get(node_id) != str(error):
+            self._authentication_logged[node_id] = str(error)
+            log.error("authentication with node %s failed: %s", node_id, error)
 
     def _handle_timed_out_requests(self, responses: list[ClientResponse], now: int) -> None:
         for node_id in self.in_flight.nodes_with_timed_out_requests(now):

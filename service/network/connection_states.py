@@ -63,7 +63,8 @@ class NodeConnectionState:
 
 
 class ClusterConnectionStates:
-    """Per node: DISCONNECTED -> CONNECTING -> [AUTHENTICATING] -> CHECKING_API_VERSIONS -> READY.
+    """Per node: DISCONNECTED -> CONNECTING -> CHECKING_API_VERSIONS -> [AUTHENTICATING] -> READY (and READY ->
+    AUTHENTICATING -> READY when a SASL session is renewed).
 
     A node that disconnected may be tried again once its reconnect backoff has
     passed: ``reconnect.backoff.ms`` doubled with every failed attempt, with 20%
@@ -151,9 +152,11 @@ class ClusterConnectionStates:
         entry.failed_attempts += 1
         entry.last_connect_attempt_ms = now
 
-    def authentication_failed(self, node_id: int, now: int) -> None:
-        self.disconnected(node_id, now)
-        self._nodes[node_id].state = ConnectionState.AUTHENTICATION_FAILED
+    def authentication_failed(self, node_id: int) -> None:
+        """A node that disconnected (:meth:`disconnected`) because it refused the client's credentials."""
+        entry = self._nodes.get(node_id)
+        if entry is not None:
+            entry.state = ConnectionState.AUTHENTICATION_FAILED
 
     def remove(self, node_id: int) -> None:
         self._nodes.pop(node_id, None)

@@ -21,7 +21,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from client_stub.errors import ERRORS_BY_NAME, error_code
+from client_stub.errors import ERRORS_BY_NAME, KafkaError, error_code
 
 from ..protocol import messages as m
 
@@ -126,6 +126,9 @@ class Metadata:
         self._probed_last = False
         self.last_refresh_ms = 0
         self.last_successful_refresh_ms = 0
+        # Why the brokers refuse the daemon (its credentials or certificate), until a refresh gets through:
+        # what clients waiting for a topic's metadata are told.
+        self.authentication_error: KafkaError | None = None
         self.update_version = 0
         # Java's requestVersion: goes up with every new topic. An answer clears _need_new_topics only
         # if its request was built at the latest version, i.e. after the last topic was added.
@@ -247,6 +250,7 @@ class Metadata:
         """
         self.last_refresh_ms = now
         self.last_successful_refresh_ms = now
+        self.authentication_error = None
         self._need_update = False
         probed, self._probing = self._probing or set(), None
         self._unprobed -= probed

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import zmq
 
 from client_stub.contract.records import Buffer
+from client_stub.errors import AuthenticationError
 
 from ..metrics import NUM_SAMPLES, SAMPLE_WINDOW_MS, Sensor, avg_max, count_meter, meter
 from ..protocol.framing import FrameReader, InvalidFrameSize
@@ -45,7 +46,7 @@ WANT_WRITE = _POLLOUT
 
 
 class Transport(Protocol):
-    """What a channel reads and writes through: plain TCP now, TLS behind the same seam later."""
+    """What a channel reads and writes through: plain TCP, or TLS (service.network.tls)."""
 
     sock: socket.socket
 
@@ -63,11 +64,18 @@ class Transport(Protocol):
     def recv(self, size: int) -> bytes:
         """Read up to ``size`` bytes; b"" when the peer closed."""
 
+    def flush(self) -> bool:
+        """Write what the transport holds of sends it took already; whether all of it is written."""
+
+
+# A transport for a connected socket and the host it was connected to (TLS checks the broker's name).
+TransportFactory = Callable[[socket.socket, str], Transport]
+
 
 class PlaintextTransport:
     """TCP without encryption."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, host: str = "") -> None:
         self.sock = sock
 
     def handshake(self) -> int:
@@ -78,6 +86,9 @@ class PlaintextTransport:
 
     def recv(self, size: int) -> bytes:
         return self.sock.recv(size)
+
+    def flush(self) -> bool:
+        return True
 
 
 class SelectorMetrics:
@@ -166,13 +177,13 @@ class Selector:
 
     def __init__(self, *, max_receive_size: int = 100_000_000, send_buffer_bytes: int = -1,
                  receive_buffer_bytes: int = -1,
-                 transport_factory: Callable[[socket.socket], Transport] = PlaintextTransport,
+                 transport_factory: TransportFactory = PlaintextTransport,
                  metrics: SelectorMetrics | None = None) -> None:
         self.max_receive_size = max_receive_size
         self.metrics = metrics or SelectorMetrics()
         self.send_buffer_bytes = send_buffer_bytes
         self.receive_buffer_bytes = receive_buffer_bytes
-        self._transport_factory = transport_factory
+        self.transport_factory = transport_factory
         self._channels: dict[int, KafkaChannel] = {}
         self._by_fd: dict[int, KafkaChannel] = {}
         self._poller = zmq.Poller()
@@ -184,6 +195,8 @@ class Selector:
         self.completed_sends: list[tuple[int, Any]] = []
         self.completed_receives: list[tuple[int, bytes]] = []
         self.disconnected: dict[int, str] = {}
+        # Of those, the connections whose TLS handshake failed, and why.
+        self.authentication_failures: dict[int, AuthenticationError] = {}
         self.external_ready: list[Any] = []
         self._completion_wakes = False
 
@@ -209,7 +222,7 @@ class Selector:
         except BaseException:
             sock.close()
             raise
-        channel = KafkaChannel(node_id, self._transport_factory(sock), frames=FrameReader(self.max_receive_size))
+        channel = KafkaChannel(node_id, self.transport_factory(sock, host), frames=FrameReader(self.max_receive_size))
         self._channels[node_id] = channel
         self._by_fd[sock.fileno()] = channel
 
@@ -327,6 +340,15 @@ class Selector:
                 else:
                     buffers[send.first] = head[written:]
                     written = 0
+        try:
+            flushed = channel.transport.flush()
+        except OSError as exc:
+            self._fail(channel, f"send failed: {exc}")
+            return
+        if not flushed:
+            # The transport holds the end of it (TLS records the socket would not take): not sent yet.
+            send.wakes = True
+            return
         channel.send = None
         self.metrics.record_request(channel.node_id, send.size)
         self.completed_sends.append((channel.node_id, send.tag))
@@ -387,6 +409,7 @@ class Selector:
         self.completed_sends = []
         self.completed_receives = []
         self.disconnected = {}
+        self.authentication_failures = {}
         self.external_ready = []
         self._completion_wakes = False
         # Write what can be written now: most sends complete without waiting for POLLOUT.
@@ -421,6 +444,10 @@ class Selector:
             return
         try:
             interest = channel.transport.handshake()
+        except AuthenticationError as exc:
+            self.authentication_failures[channel.node_id] = exc
+            self._fail(channel, str(exc))
+            return
         except OSError as exc:
             self._fail(channel, f"handshake failed: {exc}")
             return

@@ -328,6 +328,18 @@ class RecordAccumulator:
                 queue.extend(kept)
         return expired
 
+    def take_led_by(self, cluster: Cluster, node_id: int) -> list[ProducerBatch]:
+        """Remove and return the batches queued for the partitions ``node_id`` leads (they will be failed)."""
+        taken: list[ProducerBatch] = []
+        for tp, queue in self._batches.items():
+            leader = cluster.leader_for(tp.topic, tp.partition) if queue else None
+            if leader is not None and leader.id == node_id:
+                taken += queue
+                queue.clear()
+        for batch in taken:
+            self._backoffs.pop(batch, None)
+        return taken
+
     def drain_all(self) -> list[ProducerBatch]:
         """Remove and return every queued batch (closing: they will be failed)."""
         batches = [b for queue in self._batches.values() for b in queue]

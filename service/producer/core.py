@@ -10,14 +10,17 @@ sealed batches to :meth:`ProducerCore.append` and turns the crank with
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 
 from client_stub.errors import KafkaError, ProducerClosedError
 
-from ..config import ProducerConfig
+from ..config import ProducerConfig, sasl_credentials
 from ..network.client import NetworkClient, monotonic_ms
 from ..network.metadata import Metadata
-from ..network.selector import Selector, SelectorMetrics
+from ..network.sasl import SaslCredentials
+from ..network.selector import PlaintextTransport, Selector, SelectorMetrics, TransportFactory
+from ..network.tls import TlsTransport, ssl_context
 from .accumulator import FOREVER, RecordAccumulator
 from .batch import ProducerBatch
 from .metrics import SenderMetrics
@@ -27,6 +30,23 @@ from .transaction_manager import TransactionManager
 log = logging.getLogger(__name__)
 
 _CLOSE_LINGER_MS = 2000
+
+
+def security(config: ProducerConfig) -> tuple[TransportFactory, SaslCredentials | None]:
+    """What security.protocol and the ssl.* and sasl.* settings make of a connection: its transport (TLS with the
+    certificates and keys read now), and the SASL credentials; ConfigError for any that cannot be used."""
+    protocol = config["security.protocol"]
+    transport: TransportFactory = PlaintextTransport
+    if protocol in ("SSL", "SASL_SSL"):
+        context = ssl_context(config)
+
+        def transport(sock: socket.socket, host: str) -> TlsTransport:
+            return TlsTransport(sock, context, host)
+
+    credentials = None
+    if protocol.startswith("SASL_"):
+        credentials = SaslCredentials(config["sasl.mechanism"], *sasl_credentials(config))
+    return transport, credentials
 
 
 class ProducerCore:
@@ -41,16 +61,17 @@ class ProducerCore:
                                  allow_auto_topic_creation=config["allow.auto.create.topics"],
                                  auto_create_topics_per_minute=config["sidecar.auto.create.topics.per.minute"])
         window_ms, samples = config["metrics.sample.window.ms"], config["metrics.num.samples"]
+        transport, credentials = security(config)
         self.selector = Selector(max_receive_size=config["receive.message.max.bytes"],
                                  send_buffer_bytes=config["send.buffer.bytes"],
-                                 receive_buffer_bytes=config["receive.buffer.bytes"],
+                                 receive_buffer_bytes=config["receive.buffer.bytes"], transport_factory=transport,
                                  metrics=SelectorMetrics(window_ms, samples, clock))
         self.client = NetworkClient(
             self.selector, self.metadata, client_id=config["client.id"],
             max_in_flight_requests_per_connection=config["max.in.flight.requests.per.connection"],
             request_timeout_ms=config["request.timeout.ms"], reconnect_backoff_ms=config["reconnect.backoff.ms"],
             reconnect_backoff_max_ms=config["reconnect.backoff.max.ms"],
-            connection_setup_timeout_ms=config["socket.connection.setup.timeout.ms"], clock=clock)
+            connection_setup_timeout_ms=config["socket.connection.setup.timeout.ms"], sasl=credentials, clock=clock)
         self.transaction_manager = TransactionManager() if config.idempotent else None
         self.accumulator = RecordAccumulator(retry_backoff_ms=config["retry.backoff.ms"],
                                              retry_backoff_max_ms=config["retry.backoff.max.ms"],
@@ -63,6 +84,11 @@ class ProducerCore:
                              self.metrics, clock)
         self.metrics.gauges = self.sender.gauges
         self.closed = False
+
+    def use_security(self, transport: TransportFactory, credentials: SaslCredentials | None) -> None:
+        """New connections from now on with ``transport`` and ``credentials`` (of :func:`security`: a reload)."""
+        self.selector.transport_factory = transport
+        self.client.sasl = credentials
 
     def append(self, batch: ProducerBatch) -> None:
         """Hand a sealed batch over; its outcome arrives through ``batch.on_complete``."""

@@ -151,8 +151,16 @@ class Sender:
         for node in result.ready_nodes:
             if self.client.ready(node, now):
                 ready_nodes.add(node)
-            else:
-                not_ready_timeout = min(not_ready_timeout, self.client.connection_delay(node.id, now))
+                continue
+            error = self.client.authentication_errors.get(node.id)
+            if error is not None:
+                # Its broker refuses the daemon's credentials or certificate: a retry would not change that,
+                # and the clients learn why now rather than at delivery.timeout.ms (as Java's producer).
+                for batch in self.accumulator.take_led_by(cluster, node.id):
+                    self._fail_batch(batch, error, adjust_sequences=False)
+                    if self.transaction_manager is not None and batch.has_sequence:
+                        self.transaction_manager.mark_sequence_unresolved(batch)
+            not_ready_timeout = min(not_ready_timeout, self.client.connection_delay(node.id, now))
         drained = self.accumulator.drain(cluster, ready_nodes, self.max_request_size, now)
         self._fail_corrupt(now)
         for batches in drained.values():

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from client_stub.errors import ConfigError
-from service.config import INT_MAX, KEYS, ProducerConfig
+from service.config import INT_MAX, KEYS, ProducerConfig, sasl_credentials, shown
 
 BOOTSTRAP = {"bootstrap.servers": "localhost:9092"}
 
@@ -120,7 +120,9 @@ def test_unknown_key_without_close_match() -> None:
     ("max.in.flight.requests.per.connection", "0"),
     ("retries", "-1"),
     ("retries", str(INT_MAX + 1)),
-    ("security.protocol", "SSL"),
+    ("security.protocol", "TLS"),
+    ("ssl.endpoint.identification.algorithm", "none"),
+    ("ssl.enabled.protocols", "TLSv1.1"),
     ("compression.zstd.level", "23"),
     ("metadata.max.idle.ms", "4999"),
     ("sidecar.metrics.port", "65536"),
@@ -276,3 +278,46 @@ def test_a_reload_that_would_move_a_setting_read_at_start_is_refused() -> None:
     with pytest.raises(ConfigError, match="linger.ms=200000 would change delivery.timeout.ms"):
         config.reload(given({"linger.ms": "200000"}))
     assert (config["linger.ms"], config["delivery.timeout.ms"]) == (5, 120000)
+
+
+SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"ssl.truststore.location": "/ca.pem", "ssl.truststore.certificates": "PEM"},
+     "ssl.truststore.location and ssl.truststore.certificates are both set"),
+    ({"ssl.keystore.location": "/k.pem", "ssl.keystore.key": "PEM", "ssl.keystore.certificate.chain": "PEM"},
+     "ssl.keystore.location and ssl.keystore.key are both set"),
+    ({"ssl.keystore.key": "PEM"}, "ssl.keystore.key and ssl.keystore.certificate.chain go together"),
+    ({"ssl.key.password": "pw"}, "ssl.key.password is set, but no key"),
+    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}, "needs a user and a password"),
+    ({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "GSSAPI", "sasl.username": "u",
+      "sasl.password": "p"}, "sasl.mechanism GSSAPI is not supported: use PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+      "sasl.jaas.config": f'{SCRAM_MODULE} required username="u" password="p";'},
+     f"sasl.jaas.config's login module {SCRAM_MODULE} is not PLAIN's"),
+    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "other",
+      "sasl.jaas.config": f'{SCRAM_MODULE} required username="u" password="p";'},
+     "sasl.username or sasl.password differ from sasl.jaas.config's"),
+    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256", "sasl.jaas.config": "username=u p"},
+     "sasl.jaas.config is not a login module line"),
+])
+def test_security_settings_that_contradict_each_other_are_refused(settings: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        given(settings)
+    assert message in str(refused.value)
+    assert "p;" not in str(refused.value) and '"p"' not in str(refused.value)  # no password quoted
+
+
+def test_sasl_credentials_come_from_kafkas_jaas_line_or_librdkafkas_names() -> None:
+    jaas = given({"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+                  "sasl.jaas.config": f'{SCRAM_MODULE} required username="alice" password="a \\"quoted\\" one";'})
+    assert sasl_credentials(jaas) == ("alice", 'a "quoted" one')
+    named = given({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "bob",
+                   "sasl.password": "secret"})
+    assert sasl_credentials(named) == ("bob", "secret")
+
+
+def test_secrets_are_hidden_when_shown() -> None:
+    assert shown("sasl.password", "secret") == shown("ssl.keystore.key", "PEM") == "[hidden]"
+    assert shown("sasl.password", "") == "" and shown("sasl.username", "bob") == "bob"

@@ -99,7 +99,8 @@ def test_authentication_failure_backs_off_like_a_disconnect() -> None:
     s = states(backoff_ms=100, backoff_max_ms=100)
     s.connecting(NODE, NOW, "h", 1)
     s.authenticating(NODE)
-    s.authentication_failed(NODE, NOW)
+    s.disconnected(NODE, NOW)
+    s.authentication_failed(NODE)
     assert s.state(NODE) is ConnectionState.AUTHENTICATION_FAILED
     assert s.state(NODE).is_disconnected
     assert s.is_blacked_out(NODE, NOW + 99)

@@ -160,7 +160,7 @@ class ReadyWordTransport(PlaintextTransport):
 def test_a_handshake_waiting_for_the_peer_does_not_spin(listener: socket.socket) -> None:
     transports: list[ReadyWordTransport] = []
 
-    def factory(sock: socket.socket) -> ReadyWordTransport:
+    def factory(sock: socket.socket, host: str) -> ReadyWordTransport:
         transports.append(ReadyWordTransport(sock))
         return transports[-1]
 
