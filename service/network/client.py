@@ -406,9 +406,7 @@ class NetworkClient:
                            responses: list[ClientResponse] | None = None, timed_out: bool = False) -> None:
         state = self.connection_states.state(node_id)
         self.connection_states.disconnected(node_id, now)
-        self._api_versions.pop(node_id, None)
-        self._sasl_exchanges.pop(node_id, None)
-        self._reauthenticate_at.pop(node_id, None)
+        self._forget_connection(node_id)
         self.disconnect_reasons[node_id] = reason
         if state is not ConnectionState.READY:
             log.warning("connection to node %s failed (%s): %s", node_id, state.value, reason)
@@ -619,4 +617,10 @@ class NetworkClient:
             if node_id < 0 and self.in_flight.count(node_id) == 0:
                 self.selector.close(node_id)
                 self.connection_states.remove(node_id)
-                self._api_versions.pop(node_id, None)
+                self._forget_connection(node_id)
+
+    def _forget_connection(self, node_id: int) -> None:
+        """What the client knew of a connection that is closed: its versions, its SASL session."""
+        self._api_versions.pop(node_id, None)
+        self._sasl_exchanges.pop(node_id, None)
+        self._reauthenticate_at.pop(node_id, None)

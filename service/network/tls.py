@@ -29,6 +29,8 @@ from .selector import WANT_READ, WANT_WRITE
 _WRITE_CHUNK = 256 * 1024
 _READ_CHUNK = 256 * 1024
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH, _EMAIL_MISMATCH and _IP_ADDRESS_MISMATCH.
+_NAME_MISMATCHES = (62, 63, 64)
 
 
 def ssl_context(config: ProducerConfig) -> ssl.SSLContext:
@@ -100,8 +102,10 @@ class TlsTransport:
                 raise ConnectionError("the broker closed the connection during the TLS handshake") from None
             return WANT_READ | (0 if self.flush() else WANT_WRITE)
         except ssl.SSLCertVerificationError as exc:
-            raise SslAuthenticationError(f"TLS handshake with {self._host} failed: the broker's certificate is not "
-                                         f"trusted: {exc.verify_message}") from None
+            what = f"is not for {self._host}" if exc.verify_code in _NAME_MISMATCHES else "is not trusted"
+            raise SslAuthenticationError(f"TLS handshake with {self._host} failed: the broker's certificate {what} "
+                                         f"({exc.verify_message}; ssl.truststore.*, "
+                                         "ssl.endpoint.identification.algorithm)") from None
         except ssl.SSLError as exc:
             raise SslAuthenticationError(f"TLS handshake with {self._host} failed: {_reason(exc)}") from None
         return 0 if self.flush() else WANT_WRITE

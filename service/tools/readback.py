@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
@@ -48,6 +48,7 @@ def read_topic(
     expected: int | None = None,
     timeout: float = 30.0,
     progress: Callable[[int], None] | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> list[ConsumedRecord]:
     """Read every record of ``topic`` from the beginning, sorted by (partition, offset).
 
@@ -57,7 +58,8 @@ def read_topic(
     partition EOF (a CRC mismatch, say) raises AssertionError: a corrupt batch fails the test.
     ``progress``, if given, is called with the number of records read since its last call,
     every ``PROGRESS_EVERY`` records and once more when the reading ends (a progress bar's
-    ``update``).
+    ``update``). ``settings`` are more of librdkafka's (security.protocol, ssl.*, sasl.*: a
+    cluster that requires them).
 
     Partitions are assigned directly: the broker's consumer groups are not trusted.
     """
@@ -78,6 +80,7 @@ def read_topic(
             # librdkafka recovers from them: keep them for the timeout message instead of
             # letting them reach poll(), where record-level errors such as CRC failures arrive.
             "error_cb": client_errors.append,
+            **(settings or {}),
         }
     )
     records: list[ConsumedRecord] = []
