@@ -14,6 +14,7 @@ before they report ready), not at import time, so that merely importing this mod
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
 from service.tools.perf_test import Client, DeliveryCallback
@@ -31,6 +32,26 @@ ADAPTERS = {
 CONFLUENT_QUEUE_MAX_MESSAGES = 2_000_000
 
 
+@dataclass(frozen=True)
+class Security:
+    """The security every client of a secured run uses: ``protocol`` (SSL, SASL_PLAINTEXT, SASL_SSL),
+    the CA that signed the broker's certificate (TLS), and the SASL mechanism and account (SASL)."""
+
+    protocol: str
+    ca: str | None = None
+    mechanism: str | None = None
+    username: str | None = None
+    password: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol.endswith("SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+
 def kafka_python_supports_idempotence() -> bool:
     """Whether the installed kafka-python has ``enable_idempotence`` (2.1 and later do)."""
     from kafka import KafkaProducer
@@ -38,13 +59,43 @@ def kafka_python_supports_idempotence() -> bool:
     return "enable_idempotence" in KafkaProducer.DEFAULT_CONFIG
 
 
+def kafka_python_supports_sasl_mechanism(mechanism: str) -> bool:
+    """Whether the installed kafka-python can authenticate with SASL ``mechanism``."""
+    try:
+        from kafka.net.sasl import get_sasl_mechanism  # kafka-python 3
+    except ImportError:
+        try:
+            from kafka.sasl import get_sasl_mechanism  # kafka-python 2.1 and 2.2
+        except ImportError:
+            return mechanism in ("PLAIN", "GSSAPI", "OAUTHBEARER")  # older releases: these only
+    try:
+        get_sasl_mechanism(mechanism)
+    except Exception:
+        return False
+    return True
+
+
+def librdkafka_security(security: Security | None) -> dict[str, str]:
+    """librdkafka's (confluent-kafka's) settings for ``security``, as the security tests write them."""
+    if security is None:
+        return {}
+    from tests.support.secure_proxy import librdkafka_settings
+
+    settings = librdkafka_settings("", security.protocol, ca_location=security.ca,  # type: ignore[arg-type]
+                                   mechanism=security.mechanism, username=security.username,
+                                   password=security.password)
+    del settings["bootstrap.servers"]
+    return settings
+
+
 def client_options(client: str, *, bootstrap: str, compression: str = "none", linger_ms: int = 5,
-                   batch_size: int = 16384, endpoint: str | None = None) -> dict[str, Any]:
+                   batch_size: int = 16384, endpoint: str | None = None,
+                   security: Security | None = None) -> dict[str, Any]:
     """The adapter options of ``client`` for the benchmark's producer settings.
 
     kafka-sidecar's settings are the daemon's (see ``sidecar_settings``); its client
     takes only the endpoint (and a long max_block_ms: a full pool blocks, as a full
-    buffer does in the others).
+    buffer does in the others). ``security`` (None: PLAINTEXT) is added to the others'.
     """
     if client == "kafka-sidecar":
         return {"endpoint": endpoint, "producer": {"max_block_ms": 120_000}}
@@ -60,6 +111,7 @@ def client_options(client: str, *, bootstrap: str, compression: str = "none", li
             # Java's partitioner, as kafka-sidecar and kafka-python use: the same keys land in the
             # same partitions for all three.
             "partitioner": "murmur2_random",
+            **librdkafka_security(security),
         }}
     if client == "kafka-python":
         config: dict[str, Any] = {
@@ -71,14 +123,36 @@ def client_options(client: str, *, bootstrap: str, compression: str = "none", li
         }
         if kafka_python_supports_idempotence():
             config["enable_idempotence"] = True
+        if security is not None:
+            config["security_protocol"] = security.protocol
+            if security.tls:
+                config["ssl_cafile"] = security.ca
+                config["ssl_check_hostname"] = True  # its default, said aloud as for librdkafka
+            if security.sasl:
+                if not kafka_python_supports_sasl_mechanism(security.mechanism or ""):
+                    raise ValueError(f"kafka-python cannot authenticate with {security.mechanism}")
+                config.update(sasl_mechanism=security.mechanism, sasl_plain_username=security.username,
+                              sasl_plain_password=security.password)
         return {"config": config}
     raise ValueError(f"unknown client {client!r}; one of {', '.join(CLIENTS)}")
 
 
-def sidecar_settings(*, compression: str = "none", linger_ms: int = 5, batch_size: int = 16384) -> dict[str, str]:
-    """The daemon's -X settings for the benchmark's producer settings."""
-    return {"acks": "all", "enable.idempotence": "true", "linger.ms": str(linger_ms),
-            "batch.size": str(batch_size), "compression.type": compression}
+def sidecar_settings(*, compression: str = "none", linger_ms: int = 5, batch_size: int = 16384,
+                     security: Security | None = None) -> dict[str, str]:
+    """The daemon's -X settings for the benchmark's producer settings (and Kafka's security settings, as the
+    daemon's users write them: a truststore in PEM, SCRAM by a JAAS line)."""
+    settings = {"acks": "all", "enable.idempotence": "true", "linger.ms": str(linger_ms),
+                "batch.size": str(batch_size), "compression.type": compression}
+    if security is not None:
+        settings["security.protocol"] = security.protocol
+        if security.tls:
+            settings["ssl.truststore.location"] = str(security.ca)
+        if security.sasl:
+            module = "plain.PlainLoginModule" if security.mechanism == "PLAIN" else "scram.ScramLoginModule"
+            settings["sasl.mechanism"] = str(security.mechanism)
+            settings["sasl.jaas.config"] = (f"org.apache.kafka.common.security.{module} required "
+                                            f'username="{security.username}" password="{security.password}";')
+    return settings
 
 
 def make_confluent_client(options: dict[str, Any]) -> Client:

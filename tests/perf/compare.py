@@ -1,6 +1,7 @@
 """kafka-sidecar against confluent-kafka and kafka-python, on one broker and the same workloads.
 
     python tests/perf/compare.py [--runs N] [--duration S] [--only W1,W2,W3] [--json out.json]
+                                 [--security PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL]
 
 W1 throughput: K = 1 and 4 processes sending as fast as they can for --duration seconds;
    100-byte random values, 16-byte keys over 1000 distinct, acks=all, idempotence,
@@ -23,6 +24,13 @@ rotates from run to run. The table shows kafka-sidecar / confluent-kafka and
 kafka-sidecar / kafka-python ratios; the JSON has every figure, the machine facts and,
 with --runs N, the median of every figure and ratio.
 
+--security SSL, SASL_PLAINTEXT or SASL_SSL (SASL with SCRAM-SHA-512): the broker of W1 and W2
+is Tansu behind the tests' TLS- and SASL-terminating proxy (tests/support/secure_proxy.py, an
+asyncio thread of this process), with certificates made in a temporary directory; every
+client, the daemon and the warm-up producer use the same security. W3 (behind the FaultProxy)
+runs PLAINTEXT only. With --security given (PLAINTEXT too) the table also has the daemon's CPU
+per record and the proxy thread's CPU seconds, so that a PLAINTEXT run compares row for row.
+
 Only the standard library and service.tools.perf_test are imported at module level: spawned
 workers import this module again as __mp_main__, and must load only their own client.
 """
@@ -37,6 +45,8 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -59,6 +69,9 @@ LINGER_MS = 5
 BATCH_SIZE = 16384
 W1_CAP = 1_000_000_000  # W1 runs by time; this only bounds the record count
 TICK_S = 0.5  # how often memory and connections are sampled while clients send
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISM = "SCRAM-SHA-512"
+SASL_USER, SASL_PASSWORD = "perf", "perf-secret"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
@@ -83,14 +96,14 @@ class Case:
                         warmup_records=warmup)
 
 
-def cases(only: set[str], w3_processes: int, w3_rate: float) -> list[Case]:
+def cases(only: set[str], w3_processes: int, w3_rate: float, w2_rate: float = 20_000) -> list[Case]:
     found = []
     if "W1" in only:
         for compression in ("none", "lz4"):
             for k in (1, 4):
                 found.append(Case("W1", f"W1 K={k} {compression}", f"W1.K{k}.{compression}", k, -1, compression))
     if "W2" in only:
-        found.append(Case("W2", "W2 K=4 20000/s", "W2", 4, 20_000))
+        found.append(Case("W2", f"W2 K=4 {w2_rate:g}/s", "W2", 4, int(w2_rate) if w2_rate == int(w2_rate) else w2_rate))
     if "W3" in only:
         found.append(Case("W3", f"W3 {w3_processes}x{w3_rate:g}/s", "W3", w3_processes, w3_processes * w3_rate,
                           proxied=True))
@@ -125,14 +138,19 @@ def pss_total_kb(pids: list[int]) -> tuple[dict[str, int], int]:
     return {kind: sum(size[kind] for size in sizes) for kind in PSS_FIELDS.values()}, sizes[-1]["total"]
 
 
-def process_cpu_s(pid: int) -> float:
+def process_cpu_s(pid: int, stat: str = "/proc/{pid}/stat") -> float:
     """User + system CPU seconds of ``pid`` (all its threads), 0 if it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(stat.format(pid=pid)) as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def thread_cpu_s(tid: int) -> float:
+    """User + system CPU seconds of thread ``tid`` of this process, 0 if it is gone."""
+    return process_cpu_s(tid, "/proc/self/task/{pid}/stat")
 
 
 def machine_cpu_s() -> tuple[float, float]:
@@ -169,11 +187,16 @@ class Monitor:
     not have. CPU is always measured, from counters read before and after.
     """
 
-    def __init__(self, daemon_pid: int | None, broker_pid: int | None, port: int | None, sampling: bool) -> None:
+    def __init__(self, daemon_pid: int | None, broker_pid: int | None, port: int | None, sampling: bool,
+                 security_figures: bool = False, proxy_tid: int | None = None) -> None:
         self.daemon_pid = daemon_pid
         self.broker_pid = broker_pid
         self.port = port
         self.sampling = sampling
+        # With --security: the daemon's CPU per record, and the CPU of the security proxy's thread (a
+        # thread of this process: ``proxy_tid``), whose one core may bound a secured run.
+        self.security_figures = security_figures
+        self.proxy_tid = proxy_tid
         self.pids: list[int] = []
         self.baseline = self.peak = dict.fromkeys(PSS_FIELDS.values(), 0)
         self.baseline_daemon_kb = 0
@@ -197,6 +220,7 @@ class Monitor:
         machine, steal = machine_cpu_s()
         self._start = {"daemon": process_cpu_s(self.daemon_pid) if self.daemon_pid else 0.0,
                        "broker": process_cpu_s(self.broker_pid) if self.broker_pid else 0.0,
+                       "proxy": thread_cpu_s(self.proxy_tid) if self.proxy_tid else 0.0,
                        "self": own.user + own.system, "machine": machine, "steal": steal, "wall": time.monotonic()}
 
     def tick(self) -> None:
@@ -230,6 +254,15 @@ class Monitor:
             "steal_cpu_s": round(steal, 3),
             "wall_s": round(time.monotonic() - self._start["wall"], 3),
         }
+        if self.security_figures:
+            figures["cpu_us_per_record_daemon"] = round(daemon / result.records * 1e6, 3) if result.records else 0.0
+            # Cores the machine kept busy (steal included) during the run: 2.0 on two cores is saturation.
+            figures["machine_busy_cores"] = round(machine / figures["wall_s"], 3) if figures["wall_s"] else 0.0
+            if self.proxy_tid:
+                proxy = thread_cpu_s(self.proxy_tid) - self._start["proxy"]
+                figures["proxy_cpu_s"] = round(proxy, 3)
+                # of one core: the proxy is one Python thread (its asyncio loop), so 1.0 is its ceiling
+                figures["proxy_cores"] = round(proxy / figures["wall_s"], 3) if figures["wall_s"] else 0.0
         if self.sampling:
             figures.update({
                 "pss_baseline_mb": round(self.baseline["total"] / 1024, 2),
@@ -276,7 +309,7 @@ def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.25) -> float:
 
 # -- the daemon ---------------------------------------------------------------------------------
 
-def start_daemon(bootstrap: str, compression: str) -> Any:
+def start_daemon(bootstrap: str, compression: str, security: Any = None) -> Any:
     """A fresh kafka-sidecar daemon (logging warnings only), started and answering."""
     from tests.perf.clients import sidecar_settings
     from tests.support.sidecar import SidecarProcess
@@ -298,11 +331,17 @@ def start_daemon(bootstrap: str, compression: str) -> Any:
             return self
 
     return Daemon(bootstrap, settings=sidecar_settings(compression=compression, linger_ms=LINGER_MS,
-                                                        batch_size=BATCH_SIZE)).start()
+                                                        batch_size=BATCH_SIZE, security=security)).start()
+
+
+def tansu(broker: Any) -> Any:
+    """The Tansu broker itself: ``broker``, or the one behind a secured phase's proxy."""
+    return broker.tansu if isinstance(broker, _SecuredBroker) else broker
 
 
 def delete_topic(broker: Any, topic: str) -> None:
     """Best effort: keep the in-memory broker from growing run after run."""
+    broker = tansu(broker)
     process = getattr(broker, "_process", None)
     if process is None or process.poll() is not None:
         return  # no broker to ask
@@ -313,13 +352,15 @@ def delete_topic(broker: Any, topic: str) -> None:
         pass
 
 
-def warm_up(broker: Any) -> None:
+def warm_up(broker: Any, security: Any = None) -> None:
     """A few thousand records through the fresh broker, so that whoever goes first is not penalized."""
     from confluent_kafka import Producer
 
+    from tests.perf.clients import librdkafka_security
+
     topic = f"warmup-{uuid.uuid4().hex[:8]}"
     broker.create_topic(topic, PARTITIONS)
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, **librdkafka_security(security)})
     for n in range(50_000):
         while True:
             try:
@@ -337,7 +378,8 @@ def warm_up(broker: Any) -> None:
 # -- one measurement ----------------------------------------------------------------------------
 
 def measure(case: Case, client: str, broker: Any, bootstrap: str, proxy: Any, duration: float, warmup: int,
-            run_index: int, verbose: bool, quiet_wait_s: float) -> dict[str, Any]:
+            run_index: int, verbose: bool, quiet_wait_s: float, security: Any = None,
+            security_figures: bool = False) -> dict[str, Any]:
     from tests.perf.clients import ADAPTERS, client_options
 
     load_before = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else None
@@ -346,13 +388,16 @@ def measure(case: Case, client: str, broker: Any, bootstrap: str, proxy: Any, du
     daemon = None
     try:
         if client == SIDECAR:
-            daemon = start_daemon(bootstrap, case.compression)
+            daemon = start_daemon(bootstrap, case.compression, security)
         options = client_options(client, bootstrap=bootstrap, compression=case.compression, linger_ms=LINGER_MS,
-                                 batch_size=BATCH_SIZE, endpoint=daemon.endpoint if daemon else None)
+                                 batch_size=BATCH_SIZE, endpoint=daemon.endpoint if daemon else None,
+                                 security=security)
         workload = case.make_workload(topic, duration, warmup)
-        broker_process = getattr(broker, "_process", None)
+        broker_process = getattr(tansu(broker), "_process", None)
         monitor = Monitor(daemon.pid if daemon else None, broker_process.pid if broker_process else None,
-                          proxy.port if proxy is not None else None, sampling=case.workload == "W3")
+                          proxy.port if proxy is not None else None, sampling=case.workload == "W3",
+                          security_figures=security_figures,
+                          proxy_tid=broker.proxy_thread_id if isinstance(broker, _SecuredBroker) else None)
         produce_before = proxy.requests_forwarded.get(0, 0) if proxy is not None else 0
 
         def out(line: str) -> None:
@@ -375,6 +420,13 @@ def measure(case: Case, client: str, broker: Any, bootstrap: str, proxy: Any, du
         figures["other_load_before_cores"] = load_before
         if daemon is not None and not daemon.is_running():
             raise RuntimeError(f"the daemon exited during the run; its log:\n{daemon.log_tail()}")
+        if daemon is not None and security_figures:
+            # The daemon's own view (since it started: the warm-up records too): how many records each
+            # produce request carried, which its CPU per record depends on as much as on TLS.
+            producer = daemon.stats()["producer"]
+            figures["daemon_records_per_request"] = producer.get("records-per-request-avg")
+            figures["daemon_batch_size_avg"] = producer.get("batch-size-avg")
+            figures["daemon_request_total"] = producer.get("request-total")
         return figures
     finally:
         if daemon is not None:
@@ -400,11 +452,29 @@ METRICS = {
 }
 
 
-def ratios(results: dict[str, dict[str, Any]], workload: str) -> dict[str, dict[str, float | None]]:
+# the rows --security adds to W1 and W2: what TLS costs the daemon, and what the security proxy used
+SECURITY_METRICS = [("cpu_us_per_record_daemon", "daemon CPU us/record", "{:.2f}"),
+                    ("daemon_records_per_request", "daemon records/request", "{:,.0f}"),
+                    ("proxy_cpu_s", "security proxy CPU s", "{:.2f}"),
+                    ("proxy_cores", "security proxy cores", "{:.2f}"),
+                    ("machine_busy_cores", "machine busy cores", "{:.2f}")]
+
+
+def metrics(workload: str, security_figures: bool = False) -> list[tuple[str, str, str]]:
+    """The table's rows of ``workload``: after the CPU row, with --security, SECURITY_METRICS."""
+    rows = list(METRICS[workload])
+    if security_figures and workload in ("W1", "W2"):
+        cpu = next(i for i, (metric, _, _) in enumerate(rows) if metric in ("cpu_us_per_record", "cpu_s"))
+        rows[cpu + 1:cpu + 1] = SECURITY_METRICS
+    return rows
+
+
+def ratios(results: dict[str, dict[str, Any]], workload: str,
+           security_figures: bool = False) -> dict[str, dict[str, float | None]]:
     """metric -> {"confluent-kafka": sidecar/confluent, "kafka-python": sidecar/kafka-python}."""
     found: dict[str, dict[str, float | None]] = {}
     sidecar = results.get(SIDECAR) or {}
-    for metric, _, _ in METRICS[workload]:
+    for metric, _, _ in metrics(workload, security_figures):
         found[metric] = {}
         for other in (CONFLUENT, KAFKA_PYTHON):
             a, b = sidecar.get(metric), (results.get(other) or {}).get(metric)
@@ -414,12 +484,12 @@ def ratios(results: dict[str, dict[str, Any]], workload: str) -> dict[str, dict[
 
 
 def table(case_list: list[Case], results: dict[str, dict[str, dict[str, Any]]],
-          case_ratios: dict[str, dict[str, dict[str, float | None]]]) -> str:
+          case_ratios: dict[str, dict[str, dict[str, float | None]]], security_figures: bool = False) -> str:
     header = ["workload", "metric", SIDECAR, CONFLUENT, KAFKA_PYTHON, "sidecar/confluent", "sidecar/kafka-python"]
     rows = []
     for case in case_list:
         per_client = results.get(case.key, {})
-        for metric, label, fmt in METRICS[case.workload]:
+        for metric, label, fmt in metrics(case.workload, security_figures):
             row = [case.label, label]
             for client in CLIENTS:
                 figures = per_client.get(client)
@@ -599,8 +669,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", default=",".join(CLIENTS), help="clients to run (default all three)")
     parser.add_argument("--json", default=None,
                         help="where to write the results (default tests/perf/results/compare-<time>.json)")
+    parser.add_argument("--w2-rate", type=float, default=20_000,
+                        help="W2 records/s in total (default 20000; the latency targets are for 20000)")
     parser.add_argument("--w3-processes", type=int, default=32, help="W3 processes (default 32)")
     parser.add_argument("--w3-rate", type=float, default=500, help="W3 records/s per process (default 500)")
+    parser.add_argument("--security", choices=SECURITY_PROTOCOLS, default=None,
+                        help="security.protocol of every client for W1 and W2 (default PLAINTEXT): SSL, "
+                             f"SASL_PLAINTEXT or SASL_SSL (SASL with {SASL_MECHANISM}) put Tansu behind the tests' "
+                             "TLS and SASL proxy; given at all, the table also shows the daemon's CPU per record "
+                             "and the proxy's CPU")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
     args.only = {w.strip().upper() for w in args.only.split(",") if w.strip()}
@@ -611,6 +688,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--clients takes {', '.join(CLIENTS)}")
     if args.runs < 1 or args.duration <= 0:
         parser.error("--runs and --duration must be positive")
+    if args.security not in (None, "PLAINTEXT") and "W3" in args.only:
+        parser.error(f"--security {args.security} runs W1 and W2 only: W3 counts connections and produce requests at "
+                     "a FaultProxy in front of a PLAINTEXT broker (run it with --only W1,W2)")
     return args
 
 
@@ -625,8 +705,24 @@ def main(argv: list[str] | None = None) -> int:
 
     json_path = results_path(args.json, "compare")
     facts = machine_facts()
-    case_list = cases(args.only, args.w3_processes, args.w3_rate)
+    case_list = cases(args.only, args.w3_processes, args.w3_rate, args.w2_rate)
     notes = machine_notes(facts)
+    secured = args.security not in (None, "PLAINTEXT")
+    security_figures = args.security is not None
+    if secured:
+        from tests.perf.clients import kafka_python_supports_sasl_mechanism
+
+        notes.append(f"{args.security}{f' ({SASL_MECHANISM})' if args.security.startswith('SASL_') else ''}: W1 and "
+                     "W2 go through the tests' TLS and SASL proxy (tests/support/secure_proxy.py: one asyncio "
+                     "thread of this process, at most one core, sharing the cores with everything else) in "
+                     "front of Tansu; its CPU is the 'security proxy' rows")
+        if (args.security.startswith("SASL_") and KAFKA_PYTHON in args.clients
+                and not kafka_python_supports_sasl_mechanism(SASL_MECHANISM)):
+            args.clients.remove(KAFKA_PYTHON)
+            notes.append(f"kafka-python {facts['kafka_python']} has no {SASL_MECHANISM}: left out of this run")
+            if not args.clients:
+                print(f"compare: no client left to run with {args.security}", file=sys.stderr)
+                return 2
     print(f"compare: {facts['cores']} cores ({facts['cpu']}), Python {facts['python']}, kafka-sidecar "
           f"{facts['kafka_sidecar']} (git {facts['git']['head'][:10]}"
           f"{', uncommitted changes' if facts['git']['modified'] else ''}), confluent-kafka "
@@ -641,7 +737,11 @@ def main(argv: list[str] | None = None) -> int:
                      "clients": args.clients, "partitions": PARTITIONS, "record_size": RECORD_SIZE,
                      "key_size": KEY_SIZE, "key_count": KEY_COUNT, "acks": "all", "idempotence": True,
                      "linger_ms": LINGER_MS, "batch_size": BATCH_SIZE,
-                     "w3_processes": args.w3_processes, "w3_rate_per_process": args.w3_rate},
+                     "w3_processes": args.w3_processes, "w3_rate_per_process": args.w3_rate,
+                     **({"w2_rate": args.w2_rate} if args.w2_rate != 20_000 else {}),
+                     **({"security": {"security.protocol": args.security,
+                                      "sasl.mechanism": SASL_MECHANISM if args.security.startswith("SASL_") else None}}
+                        if security_figures else {})},
         "notes": notes, "runs": [],
     }
     failures = 0
@@ -658,16 +758,18 @@ def main(argv: list[str] | None = None) -> int:
                 if not phase:
                     continue
                 port = free_port()
-                with _phase(proxied, port, FaultProxy, TansuBroker) as (broker, proxy):
+                broker_class = _SecuredBroker.maker(args.security) if secured and not proxied else TansuBroker
+                with _phase(proxied, port, FaultProxy, broker_class) as (broker, proxy):
                     bootstrap = proxy.address if proxy is not None else broker.bootstrap
-                    warm_up(broker)
+                    security = broker.security if isinstance(broker, _SecuredBroker) else None
+                    warm_up(broker, security)
                     for case in phase:
                         for client in order:
                             print(f"  {case.label:18} {client:15} ...", flush=True)
                             try:
                                 figures = measure(case, client, broker, bootstrap, proxy, args.duration,
                                                   args.warmup_records, run_index, not args.quiet,
-                                                  args.quiet_wait)
+                                                  args.quiet_wait, security, security_figures)
                             except Exception as exc:
                                 failures += 1
                                 message = f"{type(exc).__name__}: {exc}"
@@ -679,11 +781,12 @@ def main(argv: list[str] | None = None) -> int:
                                 print(f"  {case.label:18} {client:15} {_brief(case, figures)}", flush=True)
                             results.setdefault(case.key, {})[client] = figures
                             write_report(json_path, report)
-            run_ratios = {case.key: ratios(results.get(case.key, {}), case.workload) for case in case_list}
+            run_ratios = {case.key: ratios(results.get(case.key, {}), case.workload, security_figures)
+                          for case in case_list}
             checks = targets(results, run_ratios)
             entry.update(ratios=run_ratios, targets=checks)
             print(f"\nrun {run_index + 1}:")
-            print(table(case_list, results, run_ratios))
+            print(table(case_list, results, run_ratios, security_figures))
             print("targets (this run):")
             print_targets(checks)
             write_report(json_path, report)
@@ -692,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
             checks = targets(median_results, median_ratios)
             report["median"] = {"results": median_results, "ratios": median_ratios, "targets": checks}
             print(f"\nmedian of {args.runs} runs (each ratio: the median of the runs' ratios):")
-            print(table(case_list, median_results, median_ratios))
+            print(table(case_list, median_results, median_ratios, security_figures))
             print("targets (medians):")
             print_targets(checks)
     finally:
@@ -734,6 +837,89 @@ class _phase:
                 self.proxy.stop()
 
 
+class _SecuredBroker:
+    """Tansu behind the tests' TLS and SASL proxy (SecureBroker), with certificates made for it in a
+    temporary directory: what ``_phase`` starts for W1 and W2 under --security. ``security`` is what
+    every client is given; ``tansu`` the broker behind the proxy (its process, CLI and own port)."""
+
+    def __init__(self, protocol: str, port: int) -> None:
+        # ``port`` (free, for TansuBroker) is unused: SecureBroker picks the ports of the proxy and Tansu.
+        self.protocol = protocol
+        self.security: Any = None
+        self.secure: Any = None
+        self._directory: tempfile.TemporaryDirectory[str] | None = None
+
+    @classmethod
+    def maker(cls, protocol: str) -> Any:
+        return lambda port: cls(protocol, port)
+
+    def start(self) -> None:
+        from tests.perf.clients import Security
+        from tests.support.certificates import make_certificates
+        from tests.support.secure_proxy import Listener, SecureBroker, ServerTls
+
+        self._directory = tempfile.TemporaryDirectory(prefix="compare-certificates-")
+        certs = make_certificates(Path(self._directory.name))
+        tls = ServerTls(certs.server.certificate, certs.server.key) if self.protocol.endswith("SSL") else None
+        sasl = self.protocol.startswith("SASL_")
+        listener = Listener(self.protocol, tls=tls, mechanisms=(SASL_MECHANISM,) if sasl else (),  # type: ignore[arg-type]
+                            users={SASL_USER: SASL_PASSWORD} if sasl else {})
+        self.security = Security(self.protocol, ca=str(certs.ca) if tls else None,
+                                 mechanism=SASL_MECHANISM if sasl else None, username=SASL_USER if sasl else None,
+                                 password=SASL_PASSWORD if sasl else None)
+        self.secure = SecureBroker(listener)
+        self.secure.start()
+
+    def stop(self) -> None:
+        try:
+            if self.secure is not None:
+                self.secure.stop()
+        finally:
+            if self._directory is not None:
+                self._directory.cleanup()
+
+    @property
+    def bootstrap(self) -> str:
+        return self.secure.bootstrap
+
+    @property
+    def tansu(self) -> Any:
+        return self.secure.broker
+
+    @property
+    def proxy_thread_id(self) -> int | None:
+        """The native id of the proxy's thread (SecureProxy names it after its port)."""
+        name = f"SecureProxy-{self.secure.proxy.port}"
+        return next((t.native_id for t in threading.enumerate() if t.name == name), None)
+
+    def create_topic(self, name: str, partitions: int, timeout: float = 15.0) -> None:
+        """Create ``name`` at Tansu, then wait until every partition has a leader, asked through the proxy
+        with the clients' security (as TansuBroker.create_topic waits)."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        from tests.perf.clients import librdkafka_security
+
+        self.secure.create_topic(name, partitions)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "allow.auto.create.topics": False,
+                             **librdkafka_security(self.security)})
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                topic = admin.list_topics(name, timeout=max(deadline - time.monotonic(), 0.1)).topics.get(name)
+                problem = ("not in metadata" if topic is None else str(topic.error) if topic.error is not None
+                           else None if len(topic.partitions) == partitions
+                           and all(p.leader >= 0 for p in topic.partitions.values())
+                           else f"partition leaders {({i: p.leader for i, p in topic.partitions.items()})}")
+            except KafkaException as exc:
+                problem = str(exc)
+            if problem is None:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"topic {name} not ready after {timeout}s: {problem}")
+            time.sleep(0.1)
+
+
 def _brief(case: Case, f: dict[str, Any]) -> str:
     line = (f"{f['records_per_s']:,.0f} records/s, {f['mb_per_s']:.2f} MB/s, p50 {f['latency_p50_ms']:.1f} ms, "
             f"p99 {f['latency_p99_ms']:.1f} ms, p99.9 {f['latency_p999_ms']:.1f} ms, CPU {f['cpu_s']:.1f} s")
@@ -742,6 +928,8 @@ def _brief(case: Case, f: dict[str, Any]) -> str:
     if case.workload == "W3":
         line += (f", connections {f.get('connections_peak')}, memory added {f['memory_added_mb']:.1f} MB, "
                  f"produce requests {f.get('produce_requests')}")
+    if "proxy_cpu_s" in f:
+        line += f", security proxy {f['proxy_cpu_s']:.1f} CPU s ({f['proxy_cores']:.2f} of a core)"
     if f["errors"]:
         line += f", {f['errors']} DELIVERY ERRORS"
     if f["background_cpu_s"] > 0.05 * f["wall_s"] * (os.cpu_count() or 1):
