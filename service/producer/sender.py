@@ -275,7 +275,7 @@ class Sender:
                 self.accumulator.unmute(batch.tp)
         if response.disconnected:
             code = REQUEST_TIMED_OUT if response.timed_out else NETWORK_EXCEPTION
-            message = str(response.error) if response.error else "disconnected"
+            message = response.error.message if response.error else "disconnected"
             for batch in batches.values():
                 self._settle(batch, self._complete_batch, code, message, now)
             return
