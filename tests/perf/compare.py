@@ -602,7 +602,7 @@ def machine_facts() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "python_implementation": platform.python_implementation(),
         "kafka_sidecar": metadata.version("kafka-sidecar"),
-        "confluent_kafka": confluent_kafka.version()[0],
+        "confluent_kafka": confluent_kafka.__version__,
         "librdkafka": confluent_kafka.libversion()[0],
         "kafka_python": kafka.__version__,
         "kafka_python_idempotence": kafka_python_supports_idempotence(),
