@@ -202,6 +202,9 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
               doc="serve the metrics in Prometheus' text format over HTTP on this port (off when unset)"),
     ConfigKey("sidecar.metrics.host", str, "127.0.0.1",
               doc="the address the metrics port is bound to (loopback: only this host may read them)"),
+    ConfigKey("sidecar.compression.threads", int, 2, 0, 256,
+              doc="threads that compress batches beside the event loop (the codecs release the GIL); 0: the loop "
+                  "compresses each request's batches itself as it sends them"),
     ConfigKey("sidecar.coalesce.batches", _to_bool, True,
               doc="coalesce the small batches of a partition, from any clients, into one of at most batch.size "
                   "bytes when they are sent (a broker takes one batch per partition per request)"),

@@ -294,6 +294,10 @@ class NetworkClient:
 
     # -- the poll --------------------------------------------------------------------------------
 
+    def wakeup(self) -> None:
+        """End the current or next poll() at once; safe from any thread (Java's NetworkClient.wakeup())."""
+        self.selector.wakeup()
+
     def poll(self, timeout_ms: int, now: int | None = None) -> list[ClientResponse]:
         """Do network I/O for up to ``timeout_ms`` and return the completed responses."""
         now = self.clock() if now is None else now

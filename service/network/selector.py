@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import select
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -199,6 +201,10 @@ class Selector:
         self.authentication_failures: dict[int, AuthenticationError] = {}
         self.external_ready: list[Any] = []
         self._completion_wakes = False
+        # wakeup() from another thread ends a poll at once: a byte in this pipe, as Java's Selector.wakeup().
+        self._wakeup_read, self._wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._poller.register(self._wakeup_read, _POLLIN)
+        weakref.finalize(self, _close_fds, self._wakeup_read, self._wakeup_write)
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -257,6 +263,13 @@ class Selector:
             self._poller.unregister(fd)
             del self._interest[fd]
         channel.transport.sock.close()
+
+    def wakeup(self) -> None:
+        """End the current or next poll() at once; safe from any thread."""
+        try:
+            os.write(self._wakeup_write, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
 
     def close_all(self, linger_ms: int = 0) -> None:
         """Close every connection.
@@ -421,6 +434,9 @@ class Selector:
             timeout_ms = 0
         events = self._poller.poll(max(int(timeout_ms), 0))
         for sock, event in events:
+            if sock == self._wakeup_read:
+                self._drain_wakeups()
+                continue
             external = self._external.get(sock)
             if external is not None:
                 self.external_ready.append(external)
@@ -435,6 +451,13 @@ class Selector:
                 self._read(channel)
             if channel.node_id in self._channels and event & _POLLOUT and channel.send is not None:
                 self._write(channel)
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self._wakeup_read, 4096):
+                pass
+        except BlockingIOError:
+            pass
 
     def _finish_connect(self, channel: KafkaChannel) -> None:
         sock = channel.transport.sock
@@ -467,6 +490,11 @@ class Selector:
             if self._interest.get(fd) != flags:
                 self._poller.register(fd, flags)
                 self._interest[fd] = flags
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _poll_key(sock: Any) -> Any:

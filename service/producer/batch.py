@@ -221,6 +221,15 @@ class ProducerBatch:
             raise corrupt_records(self, str(exc)) from None
         self.records_read = True
 
+    def has_payload(self, compression: CompressionType) -> bool:
+        """Whether the payload for ``compression`` is made (:meth:`use_payload`, or a send before)."""
+        return self._payload is not None and self._payload[0] is compression
+
+    def use_payload(self, compression: CompressionType, payload: Buffer) -> None:
+        """Send ``payload``, the records (once read) compressed with ``compression`` elsewhere."""
+        self._payload = (compression, payload)
+        self._header = None
+
     def wire_pieces(self, compression: CompressionType, level: int | None) -> list[Buffer]:
         """The batch as ``[header, payload]`` for a ProduceRequest.
 
@@ -231,12 +240,10 @@ class ProducerBatch:
         """
         if self._released:
             raise RuntimeError(f"{self} was released: it cannot be sent")
-        if self._payload is None or self._payload[0] is not compression:
+        if not self.has_payload(compression):
             self.read_records()
-            payload = self.records if compression is CompressionType.NONE else \
-                compress(compression, self.records, level)
-            self._payload = (compression, payload)
-            self._header = None
+            self.use_payload(compression, self.records if compression is CompressionType.NONE else
+                             compress(compression, self.records, level))
         payload = self._payload[1]
         key = (self.producer_id, self.producer_epoch, self.base_sequence)
         if self._header is None or self._header_key != key:

@@ -134,4 +134,5 @@ class ProducerCore:
         linger_ms = min(self.config["request.timeout.ms"], _CLOSE_LINGER_MS)
         if deadline is not None:
             linger_ms = min(linger_ms, max(deadline - self.clock(), 0))
+        self.sender.close()
         self.client.close_all(linger_ms=linger_ms)

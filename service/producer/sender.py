@@ -6,12 +6,18 @@ connects to the leaders that are not ready, drains what is sendable, expires
 batches past delivery.timeout.ms (queued or in flight), sends one
 ProduceRequest per broker and polls the network. Each response completes its
 batches: success, retry (back to the head of the queue), split, or final error.
+
+With compression on, a request's batches are compressed by a thread pool beside
+the loop (the codecs release the GIL): the request waits, its node drained no
+further, until they are done, and the loop serves everything else meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from client_stub.errors import (
@@ -29,7 +35,7 @@ from ..config import ProducerConfig
 from ..network.client import ClientRequest, ClientResponse, NetworkClient
 from ..network.metadata import Metadata
 from ..protocol import messages as m
-from ..protocol.compression import CompressionType
+from ..protocol.compression import CompressionType, compress
 from .accumulator import FOREVER, RecordAccumulator
 from .batch import ProducerBatch, TopicPartition
 from .metrics import Gauges, SenderMetrics
@@ -51,6 +57,20 @@ CORRUPT_LOG_INTERVAL_MS = 5_000
 
 PartitionData = m.ProduceRequest.TopicProduceData.PartitionProduceData
 TopicData = m.ProduceRequest.TopicProduceData
+
+
+@dataclass
+class _Compressing:
+    """A drained produce request whose batches the compression threads are compressing."""
+
+    batches: list[ProducerBatch]
+    payloads: list[tuple[ProducerBatch, Future[bytes]]]
+    # Its node's connection closed meanwhile: the request is not sent on the next one (the batches that
+    # were in flight there go back to their queues, and this request's go behind them, in sequence order).
+    disconnected: bool = False
+
+    def done(self) -> bool:
+        return all(future.done() for _, future in self.payloads)
 
 
 class Sender:
@@ -76,6 +96,11 @@ class Sender:
             CompressionType.LZ4: config["compression.lz4.level"],
             CompressionType.ZSTD: config["compression.zstd.level"],
         }.get(self.compression)
+        threads = config["sidecar.compression.threads"]
+        self._compressor = ThreadPoolExecutor(threads, thread_name_prefix="compression") \
+            if threads and self.compression is not CompressionType.NONE else None
+        # Per node id, its next request while its batches are compressed.
+        self._compressing: dict[int, _Compressing] = {}
         # Sequence numbers keep an idempotent producer's partitions in order with several batches in
         # flight. Without them a retry would overtake the batches sent after it: the partition is
         # muted while it has a batch in flight (Java does so only with max.in.flight 1).
@@ -96,6 +121,8 @@ class Sender:
         wait = self._maybe_init_producer_id(now)
         poll_timeout = min(self.send_producer_data(now), wait, max_wait_ms)
         self.client.poll(max(poll_timeout, 0), now)
+        for node_id in self._compressing.keys() & self.client.disconnect_reasons.keys():
+            self._compressing[node_id].disconnected = True
 
     def _maybe_init_producer_id(self, now: int) -> int:
         tm = self.transaction_manager
@@ -139,6 +166,8 @@ class Sender:
 
     def send_producer_data(self, now: int) -> int:
         """Drain, expire and send; returns how long the poll may wait."""
+        if self._compressing:
+            self._send_compressed(now)
         cluster = self.metadata.cluster
         result = self.accumulator.ready(cluster, now)
         if result.unknown_leader_topics:
@@ -149,6 +178,8 @@ class Sender:
         not_ready_timeout = FOREVER
         ready_nodes = set()
         for node in result.ready_nodes:
+            if node.id in self._compressing:
+                continue  # drained again once its request is sent: the compression threads wake the loop
             if self.client.ready(node, now):
                 ready_nodes.add(node)
                 continue
@@ -188,8 +219,49 @@ class Sender:
                 elif self.guarantee_message_order:
                     self.accumulator.unmute(batch.tp)
             if sendable:
-                self._send_produce_request(node_id, sendable, now)
+                self._send_or_compress(node_id, sendable, now)
         return max(poll_timeout, 0)
+
+    # -- compression beside the loop -------------------------------------------------------------
+
+    def _send_or_compress(self, node_id: int, batches: list[ProducerBatch], now: int) -> None:
+        """Send the request now, or once the compression threads have compressed its batches."""
+        if self._compressor is not None:
+            payloads = [(batch, self._compressor.submit(compress, self.compression, batch.records,
+                                                        self.compression_level))
+                        for batch in batches if not batch.has_payload(self.compression)]
+            if payloads:
+                self._compressing[node_id] = _Compressing(batches, payloads)
+                for _, future in payloads:
+                    future.add_done_callback(self._wake)
+                return
+        self._send_produce_request(node_id, batches, now)
+
+    def _wake(self, _: Future[bytes]) -> None:
+        self.client.wakeup()
+
+    def _send_compressed(self, now: int) -> None:
+        """Send the requests whose batches are compressed, in the order they were drained."""
+        for node_id, request in list(self._compressing.items()):
+            if not request.done() or not (request.disconnected or self.client.is_ready(node_id, now)):
+                continue
+            del self._compressing[node_id]
+            for batch, future in request.payloads:
+                try:
+                    batch.use_payload(self.compression, future.result())
+                except Exception as exc:
+                    log.exception("compressing %s failed: it fails", batch)
+                    self._settle(batch, self._fail_batch, KafkaError(f"compressing the batch failed: {exc!r}"),
+                                 adjust_sequences=True)
+            # Expired or failed meanwhile, a batch is final: it stays home.
+            sendable = [batch for batch in request.batches if not batch.is_done]
+            if sendable and not request.disconnected:
+                self._send_produce_request(node_id, sendable, now)
+            elif sendable:
+                self._request_over(sendable)
+                for batch in sendable:
+                    self._settle(batch, self._complete_batch, NETWORK_EXCEPTION,
+                                 f"disconnected from node {node_id} before the request was sent", now)
 
     def _fail_corrupt(self, now: int) -> None:
         """Fail the batches the drain found malformed, each alone, with its client's error. Unsent, a batch
@@ -268,11 +340,7 @@ class Sender:
     def _handle_produce_response(self, response: ClientResponse,
                                  batches: dict[TopicPartition, ProducerBatch]) -> None:
         now = response.received_ms
-        for batch in batches.values():
-            batch.in_flight = False
-            # The request is over, whatever its outcome: the partition may send again.
-            if self.guarantee_message_order:
-                self.accumulator.unmute(batch.tp)
+        self._request_over(batches.values())
         if response.disconnected:
             code = REQUEST_TIMED_OUT if response.timed_out else NETWORK_EXCEPTION
             message = response.error.message if response.error else "disconnected"
@@ -311,6 +379,13 @@ class Sender:
             if tp not in answered:
                 self._settle(batch, self._complete_batch, UNKNOWN_SERVER_ERROR,
                              "the produce response did not mention this partition", now)
+
+    def _request_over(self, batches: Iterable[ProducerBatch]) -> None:
+        for batch in batches:
+            batch.in_flight = False
+            # The request is over, whatever its outcome: the partition may send again.
+            if self.guarantee_message_order:
+                self.accumulator.unmute(batch.tp)
 
     def _settle(self, batch: ProducerBatch, settle: Callable[..., object], *args: Any, **kwargs: Any) -> None:
         """``settle(batch, *args, **kwargs)`` for one batch of a response. An exception fails that batch
@@ -431,6 +506,11 @@ class Sender:
 
     def in_flight_batches(self) -> list[ProducerBatch]:
         return [b for batches in self._in_flight_batches.values() for b in batches]
+
+    def close(self) -> None:
+        """Stop the compression threads (what they were compressing is not sent)."""
+        if self._compressor is not None:
+            self._compressor.shutdown(wait=False, cancel_futures=True)
 
     def abort_incomplete(self, error: KafkaError) -> int:
         """Fail every batch queued or in flight with ``error`` (a forced close); returns how many."""

@@ -7,6 +7,7 @@ to ProducerCore; what arrived is read back by the confluent-kafka verifier.
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 
@@ -48,13 +49,14 @@ def test_100k_records_arrive_once_in_order(broker, topic_factory, acks: str) -> 
     assert_delivered_once_in_order(deliveries, consumed, check_offsets=acks != "0")
 
 
-@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
-def test_100k_records_with_each_compression_codec(broker, topic_factory, codec: str) -> None:
+# With the compression threads (the default: 2), and compressed by the loop itself (0).
+@pytest.mark.parametrize(("codec", "threads"), [("gzip", 2), ("snappy", 2), ("lz4", 2), ("zstd", 2), ("lz4", 0)])
+def test_100k_records_with_each_compression_codec(broker, topic_factory, codec: str, threads: int) -> None:
     topic = topic_factory(6)
     deliveries = Deliveries(topic)
     batches = deliveries.numbered(partitions=6, batches_per_partition=70, records_per_batch=240)
     uncompressed = sum(b.size_in_bytes for b in batches)
-    core = make_core(broker.bootstrap, compression_type=codec)
+    core = make_core(broker.bootstrap, compression_type=codec, sidecar_compression_threads=threads)
     for batch in batches:
         core.append(batch)
     assert core.flush(60_000)
@@ -116,6 +118,37 @@ def test_connection_cut_every_few_requests_loses_and_duplicates_nothing(proxied_
     proxy.heal()
     consumed = read_topic(proxy.address, "cut", expected=6 * 40 * 50)
     assert len(consumed) == 6 * 40 * 50
+    assert_delivered_once_in_order(deliveries, consumed, check_offsets=False)
+
+
+def test_a_request_whose_connection_goes_while_it_is_compressed_goes_on_the_next(proxied_broker) -> None:
+    tansu, proxy = proxied_broker
+    tansu.create_topic("compressing", 3)
+    deliveries = Deliveries("compressing")
+    core = make_core(proxy.address, compression_type="zstd", sidecar_compression_threads=1, retry_backoff_ms=10)
+    warm_up = deliveries.numbered(partitions=3, batches_per_partition=1, records_per_batch=10)
+    for batch in warm_up:
+        core.append(batch)
+    assert core.flush(30_000)
+    # The fault: the one compression thread is held, so that a request waits for its batches while its
+    # connection is cut (a real codec takes microseconds: too short a window to cut into).
+    held = threading.Event()
+    assert core.sender._compressor is not None
+    core.sender._compressor.submit(held.wait, 30)
+    batches = deliveries.numbered(partitions=3, batches_per_partition=4, records_per_batch=200)
+    for batch in batches:
+        core.append(batch)
+    run_until(core, lambda: bool(core.sender._compressing))
+    proxy.cut()
+    run_until(core, lambda: all(r.disconnected for r in core.sender._compressing.values()))
+    held.set()
+    assert core.flush(30_000)
+    core.close()
+
+    assert proxy.connections_accepted >= 2
+    assert len(deliveries.succeeded()) == len(warm_up) + len(batches)
+    assert_each_reported_and_released_once(deliveries, warm_up + batches)
+    consumed = read_topic(proxy.address, "compressing", expected=3 * 10 + 3 * 4 * 200)
     assert_delivered_once_in_order(deliveries, consumed, check_offsets=False)
 
 

@@ -489,3 +489,22 @@ def test_a_plain_socket_can_be_polled_too(selector: Selector) -> None:
         poll_until(selector, lambda: selector.external_ready == [a])
         selector.unregister_external(a)
         selector.unregister_external(a)  # no-op the second time
+
+
+def test_wakeup_from_another_thread_ends_a_long_poll(selector: Selector) -> None:
+    waker = threading.Timer(0.2, selector.wakeup)
+    waker.start()
+    started = time.monotonic()
+    selector.poll(60_000)
+    waker.join()
+    assert time.monotonic() - started < 30, "poll() waited out its timeout"
+    assert not selector.disconnected and not selector.external_ready
+
+
+def test_wakeups_before_a_poll_end_only_that_poll(selector: Selector) -> None:
+    for _ in range(70_000):  # more than the pipe holds (64 KiB): the extra wake-ups are dropped, not blocking
+        selector.wakeup()
+    selector.poll(60_000)
+    started = time.monotonic()
+    selector.poll(50)
+    assert time.monotonic() - started >= 0.04, "a wake-up was left for the next poll"
