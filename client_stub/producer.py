@@ -229,8 +229,11 @@ class Producer:
         if info is None or not info.partition_count:
             # The first send to a topic: check it, and wait for the daemon and the metadata.
             ipc.check_topic(topic)
-            deadline = time.monotonic() + self.max_block_ms / 1000
+            started = time.monotonic()
+            deadline = started + self.max_block_ms / 1000
             self._wait_for_welcome(deadline)
+            # The welcome brings the daemon's max.block.ms, which the wait for the topic keeps to.
+            deadline = min(deadline, started + self.max_block_ms / 1000)
             info = self._wait_for_topic(topic, deadline)
         if partition is not None and partition >= info.partition_count:  # type: ignore[operator]
             raise ValueError(f"partition {partition} of topic {topic} does not exist: it has "

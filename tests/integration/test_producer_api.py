@@ -290,6 +290,18 @@ def test_buffer_exhausted_for_a_large_record_no_earlier_than_max_block_ms(proxie
         assert producer.send("large", b"L" * 20_000).result(30).offset >= 0
 
 
+def test_a_missing_topic_fails_the_first_send_after_the_daemons_max_block_ms(broker, sidecar) -> None:
+    # The producer has no max_block_ms of its own: the daemon's, which its welcome brings, is the one kept to
+    # (before, the wait for the topic kept to the 60 000 ms assumed until the welcome came).
+    daemon = sidecar(broker.bootstrap, settings={"allow.auto.create.topics": "false", "max.block.ms": 1000})
+    with Producer(daemon.endpoint) as producer:
+        started = time.monotonic()
+        with pytest.raises(KafkaTimeoutError, match="not present in metadata after 1000 ms"):
+            producer.send("no-such-topic", b"v")
+        waited = time.monotonic() - started
+    assert 1.0 <= waited < 30, waited
+
+
 # -- the endpoint and the package -----------------------------------------------------------------
 
 
