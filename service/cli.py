@@ -61,7 +61,10 @@ def _stats(args: argparse.Namespace) -> int:
 
     if args.watch is not None and args.watch <= 0:
         raise ConfigError(f"--watch takes a number of seconds above 0, got {args.watch}")
-    return main(args.endpoint or ipc.default_endpoint(), json_output=args.json, watch=args.watch)
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout takes a number of seconds above 0, got {args.timeout}")
+    return main(args.endpoint or ipc.default_endpoint(), json_output=args.json, watch=args.watch,
+                timeout=args.timeout)
 
 
 def _quickstart(args: argparse.Namespace) -> int:
@@ -122,6 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true", help="every figure, as JSON")
     stats.add_argument("--watch", type=float, metavar="SECONDS", help="print them again every SECONDS until "
                                                                       "interrupted")
+    stats.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="how long to wait for the daemon's answer (default 10)")
     stats.set_defaults(handler=_stats)
 
     quickstart = commands.add_parser("quickstart", help="run broker, daemon and producers on this machine")

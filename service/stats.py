@@ -98,12 +98,14 @@ def as_text(endpoint: str, figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(endpoint: str, *, json_output: bool = False, watch: float | None = None, out: TextIO = sys.stdout) -> int:
-    """Print the figures once, or every ``watch`` seconds until interrupted; 1 if the daemon does not answer."""
+def main(endpoint: str, *, json_output: bool = False, watch: float | None = None, timeout: float = 10.0,
+         out: TextIO = sys.stdout) -> int:
+    """Print the figures once, or every ``watch`` seconds until interrupted; 1 if the daemon does not answer
+    within ``timeout`` seconds."""
     try:
         while True:
             try:
-                figures = request_stats(endpoint)
+                figures = request_stats(endpoint, timeout)
             except SidecarUnavailableError as exc:
                 print(f"kafka-sidecar: {exc}", file=sys.stderr)
                 return 1

@@ -105,8 +105,8 @@ def test_kafka_sidecar_stats_reads_the_figures_over_the_endpoint(broker, topic_f
 
 
 def test_stats_says_when_no_daemon_answers(tmp_path) -> None:
-    done = subprocess.run([sys.executable, "-m", "service.cli", "stats", "--endpoint", f"ipc://{tmp_path}/none.sock"],
-                          capture_output=True, text=True, cwd=users.ROOT, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "service.cli", "stats", "--endpoint", f"ipc://{tmp_path}/none.sock",
+                           "--timeout", "0.5"], capture_output=True, text=True, cwd=users.ROOT, timeout=60)
     assert done.returncode == 1
     assert done.stderr.strip() == (f"kafka-sidecar: no kafka-sidecar daemon answered at ipc://{tmp_path}/none.sock "
-                                   "within 10 s")
+                                   "within 0.5 s")
