@@ -101,7 +101,8 @@ def test_a_record_kafka_did_not_take_fails_the_task_with_its_error(proxied_broke
 def test_a_task_not_confirmed_within_its_delivery_timeout_fails(proxied_broker, sidecar) -> None:
     tansu, proxy = proxied_broker
     tansu.create_topic("slow", 1)
-    daemon = sidecar(proxy.address)
+    # A short request timeout: once the proxy heals, the requests it swallowed are sent again soon.
+    daemon = sidecar(proxy.address, settings={"request.timeout.ms": 3000})
     options = SinkOptions(topic="slow", endpoint=daemon.endpoint, delivery_timeout_ms=1000)
     write_batches(iter([numbered(0, 10)]), options, Columns(key=True), Origin("job", 0, 0))
     proxy.blackhole()
