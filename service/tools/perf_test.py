@@ -5,7 +5,10 @@ total) and report what Kafka's tool reports: records/s, MB/s, and the latency
 from send() to the delivery report (average, max, 50th, 95th, 99th, 99.9th
 percentiles), with a progress line every few seconds. With a duration
 (``Workload.duration_s``) every process sends until the time is up and the
-record count is only a cap.
+record count is only a cap. Without callbacks (``Workload.callbacks``) no
+record gets a delivery callback: latencies are not measured, and the records
+delivered are those sent less those the client counts as not delivered once
+flush() has returned (``Client.undelivered``).
 
 The measuring is separate from the producer: a worker drives any client through
 an adapter (``make_client(options) -> Client``), so that benchmarks can run
@@ -14,7 +17,9 @@ adapter's module (and calls ``make_client.prepare()`` if the adapter has one, to
 import the client library) before it reports ready, and makes the client only
 after the parent says go: whatever the parent samples between the two (the
 workers' memory, say: ``run(on_ready=...)``) is the cost of an idle process
-with the library loaded, before any producer exists.
+with the library loaded, before any producer exists. Workers are spawned, or
+forked from a server that has imported the client library
+(``run(forkserver_preload=...)``), which starts hundreds of them in seconds.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import random
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -49,17 +54,22 @@ class Client(Protocol):
     """What a worker needs of a producer.
 
     ``send`` hands one record over and arranges for ``on_delivery(err, metadata)``
-    to run once when its delivery report arrives (err None on success). ``poll``
+    to run once when its delivery report arrives (err None on success); with
+    ``on_delivery`` None, no callback of the benchmark's runs for the record. ``poll``
     must not block; the worker calls it after every send, so that clients whose
     callbacks run only in poll() (librdkafka) report as promptly as clients with an
     I/O thread. ``flush`` returns once every record has been reported.
+    ``undelivered`` counts the records sent without a callback that the client
+    knows were not delivered (failed, or still unreported after flush()).
     """
 
-    def send(self, topic: str, key: bytes | None, value: bytes, on_delivery: DeliveryCallback) -> None: ...
+    def send(self, topic: str, key: bytes | None, value: bytes, on_delivery: DeliveryCallback | None) -> None: ...
 
     def poll(self) -> None: ...
 
     def flush(self) -> None: ...
+
+    def undelivered(self) -> int: ...
 
     def close(self) -> None: ...
 
@@ -77,6 +87,8 @@ class Workload:
     # Records each process sends, and waits for, before the measured part (not counted): connections,
     # metadata and producer id are then in place, and the figures show the steady state.
     warmup_records: int = 0
+    # False: no record gets a delivery callback (latency not measured; delivered = sent - client.undelivered()).
+    callbacks: bool = True
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be at least {least}, got {value}" for name, value, least in (
@@ -107,6 +119,7 @@ class Result:
     startup_seconds: float = 0.0  # the slowest process, from go to its producer made and warm-up delivered
     latency_sum_ms: float | None = None  # of every successful delivery (None: take the sample's)
     latency_max_ms: float | None = None
+    callbacks: bool = True  # False: sent without delivery callbacks, no latency measured
 
     @property
     def records_per_s(self) -> float:
@@ -122,25 +135,28 @@ class Result:
             return 0.0
         return ordered[min(int(len(ordered) * fraction), len(ordered) - 1)]
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, float | None]:
+        """Kafka's figures; the latencies None without callbacks (not measured)."""
+        figures: dict[str, float | None] = {
+            "records": self.records, "errors": self.errors, "sent": self.sent, "seconds": round(self.seconds, 3),
+            "records_per_s": round(self.records_per_s, 1), "mb_per_s": round(self.mb_per_s, 3)}
         lat = self.latencies_ms
         ordered = sorted(lat)
         total = self.latency_sum_ms if self.latency_sum_ms is not None else sum(lat)
         most = self.latency_max_ms if self.latency_max_ms is not None else (ordered[-1] if lat else 0.0)
-        return {"records": self.records, "errors": self.errors, "sent": self.sent, "seconds": round(self.seconds, 3),
-                "records_per_s": round(self.records_per_s, 1), "mb_per_s": round(self.mb_per_s, 3),
-                "latency_avg_ms": round(total / self.records, 3) if self.records else 0.0,
-                "latency_max_ms": round(most, 3),
-                "latency_p50_ms": round(self.percentile(0.50, ordered), 3),
-                "latency_p95_ms": round(self.percentile(0.95, ordered), 3),
-                "latency_p99_ms": round(self.percentile(0.99, ordered), 3),
-                "latency_p999_ms": round(self.percentile(0.999, ordered), 3),
-                "cpu_s": round(self.cpu_seconds, 3), "startup_s": round(self.startup_seconds, 3)}
+        latencies = {"latency_avg_ms": total / self.records if self.records else 0.0, "latency_max_ms": most,
+                     **{f"latency_{name}_ms": self.percentile(fraction, ordered)
+                        for name, fraction in (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999))}}
+        figures.update({name: round(value, 3) if self.callbacks else None for name, value in latencies.items()})
+        figures.update(cpu_s=round(self.cpu_seconds, 3), startup_s=round(self.startup_seconds, 3))
+        return figures
 
     def line(self) -> str:
         s = self.summary()
-        return (f"{s['records']} records sent, {s['records_per_s']:.1f} records/sec ({s['mb_per_s']:.2f} MB/sec), "
-                f"{s['latency_avg_ms']:.2f} ms avg latency, {s['latency_max_ms']:.2f} ms max latency, "
+        sent = f"{s['records']} records sent, {s['records_per_s']:.1f} records/sec ({s['mb_per_s']:.2f} MB/sec)"
+        if not self.callbacks:
+            return f"{sent}, latency not measured (no delivery callbacks)."
+        return (f"{sent}, {s['latency_avg_ms']:.2f} ms avg latency, {s['latency_max_ms']:.2f} ms max latency, "
                 f"{s['latency_p50_ms']:.0f} ms 50th, {s['latency_p95_ms']:.0f} ms 95th, "
                 f"{s['latency_p99_ms']:.0f} ms 99th, {s['latency_p999_ms']:.0f} ms 99.9th.")
 
@@ -214,7 +230,7 @@ def make_sidecar_client(options: dict[str, Any]) -> Client:
         def __init__(self) -> None:
             self.producer = Producer(options.get("endpoint"), **options.get("producer", {}))
 
-        def send(self, topic: str, key: bytes | None, value: bytes, on_delivery: DeliveryCallback) -> None:
+        def send(self, topic: str, key: bytes | None, value: bytes, on_delivery: DeliveryCallback | None) -> None:
             self.producer.send(topic, value, key, on_delivery=on_delivery)
 
         def poll(self) -> None:
@@ -222,6 +238,11 @@ def make_sidecar_client(options: dict[str, Any]) -> Client:
 
         def flush(self) -> None:
             self.producer.flush()
+
+        def undelivered(self) -> int:
+            """Records whose future failed, and those still without an outcome (Producer.metrics())."""
+            figures = self.producer.metrics()
+            return int(figures["record-error-total"] + figures["records-outstanding"])
 
         def close(self) -> None:
             self.producer.close()
@@ -307,6 +328,7 @@ def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int,
     client = factory(options)
     topic = workload.topic
     sleep = time.sleep
+    callbacks = workload.callbacks
     if workload.warmup_records > 0:
         warm = [0]
 
@@ -316,15 +338,17 @@ def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int,
             warm[0] += 1
 
         for n in range(workload.warmup_records):
-            client.send(topic, keys[n % key_count], payload, warmed)
+            client.send(topic, keys[n % key_count], payload, warmed if callbacks else None)
             client.poll()
         client.flush()
         deadline = clock() + 60
-        while warm[0] < workload.warmup_records and clock() < deadline:
+        while callbacks and warm[0] < workload.warmup_records and clock() < deadline:
             client.poll()
             sleep(0.001)
-        if errors[0]:
-            raise RuntimeError(f"{errors[0]} of {workload.warmup_records} warm-up records failed")
+        failed = errors[0] if callbacks else client.undelivered()
+        if failed:
+            raise RuntimeError(f"{failed} of {workload.warmup_records} warm-up records failed")
+    undelivered_before = 0 if callbacks else client.undelivered()
     start = clock()
     startup = start - began
     end = start + workload.duration_s if workload.duration_s > 0 else math.inf
@@ -344,20 +368,25 @@ def _work(adapter: str, options: dict[str, Any], workload: Workload, index: int,
         # A partial, not a closure: one object for the garbage collector per record instead of three (the
         # function, its cell and their tuple). They live until the record's report, long enough to be
         # promoted and scanned again and again: collector time that every client would pay, the fastest most.
-        client.send(topic, keys[n % key_count], payload, partial(delivered, now))
+        client.send(topic, keys[n % key_count], payload, partial(delivered, now) if callbacks else None)
         client.poll()
         n += 1
     client.flush()
-    # flush() returns when every record is reported; wait for the callbacks to have run, to be sure.
-    deadline = clock() + 60
-    while tally[0] < n and clock() < deadline:
-        client.poll()
-        sleep(0.001)
+    if callbacks:
+        # flush() returns when every record is reported; wait for the callbacks to have run, to be sure.
+        deadline = clock() + 60
+        while tally[0] < n and clock() < deadline:
+            client.poll()
+            sleep(0.001)
+        good, failed = latencies.seen, errors[0]
+    else:
+        failed = client.undelivered() - undelivered_before
+        good = n - failed
     seconds = clock() - start
     publish()
     client.close()
     cpu = _cpu_seconds() - cpu_start
-    events.put(("result", index, n, latencies.seen, errors[0], seconds, cpu, latencies.values().tobytes(), startup,
+    events.put(("result", index, n, good, failed, seconds, cpu, latencies.values().tobytes(), startup,
                 tally[1], tally[2]))
 
 
@@ -365,15 +394,49 @@ def run(workload: Workload, adapter: str = "service.tools.perf_test:make_sidecar
         options: dict[str, Any] | None = None, progress_every_s: float = 5.0,
         out: Callable[[str], None] = print, *, on_ready: Callable[[list[int]], None] | None = None,
         on_tick: Callable[[], None] | None = None, tick_every_s: float = 1.0,
-        ready_timeout_s: float = 120.0, timeout_s: float | None = None) -> Result:
-    """Run ``workload`` with ``processes`` spawned workers; returns the merged result.
+        ready_timeout_s: float = 120.0, timeout_s: float | None = None,
+        forkserver_preload: Sequence[str] | None = None) -> Result:
+    """Run ``workload`` with ``processes`` workers; returns the merged result.
 
     ``on_ready(pids)`` runs once every worker has loaded its client library and before
     any makes its producer; ``on_tick()`` runs about every ``tick_every_s`` seconds while
     they all send (until the first has finished). ``timeout_s`` bounds the run after go
     (None: no bound). Workers that are still alive when this returns or raises are terminated.
+    The workers are spawned (a fresh interpreter each, ~0.25 CPU s) unless
+    ``forkserver_preload`` names the client library's modules: then they are forked from a
+    server that has imported the parent's main module, the adapter's module and those
+    (as gunicorn --preload and pyspark.daemon fork theirs), and stopped with the run.
     """
-    context = multiprocessing.get_context("spawn")
+    context = _context(adapter, forkserver_preload)
+    try:
+        return _run(context, workload, adapter, options, progress_every_s, out, on_ready, on_tick, tick_every_s,
+                    ready_timeout_s, timeout_s)
+    finally:
+        if forkserver_preload is not None:
+            _stop_forkserver()
+
+
+def _context(adapter: str, forkserver_preload: Sequence[str] | None) -> Any:
+    """The multiprocessing context of a run: spawn, or a forkserver preloading the client library."""
+    if forkserver_preload is None:
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    _stop_forkserver()  # a server preloading another run's library must not fork this run's workers
+    context.set_forkserver_preload(["__main__", adapter.partition(":")[0], *forkserver_preload])
+    return context
+
+
+def _stop_forkserver() -> None:
+    """Stop this process's forkserver, if it runs. Python keeps one per process, with the modules preloaded
+    when it started, and offers no public way to stop it: ``_stop`` is what its own tests use."""
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()  # type: ignore[attr-defined]
+
+
+def _run(context: Any, workload: Workload, adapter: str, options: dict[str, Any] | None, progress_every_s: float,
+         out: Callable[[str], None], on_ready: Callable[[list[int]], None] | None, on_tick: Callable[[], None] | None,
+         tick_every_s: float, ready_timeout_s: float, timeout_s: float | None) -> Result:
     progress = _Progress(context, workload.processes)
     events = context.Queue()
     go = context.Event()
@@ -447,7 +510,7 @@ def run(workload: Workload, adapter: str = "service.tools.perf_test:make_sidecar
                   sent=sum(e[2] for e in finished), cpu_seconds=sum(e[6] for e in finished),
                   worker_cpu_seconds=[e[6] for e in finished], pids=pids,  # type: ignore[arg-type]
                   startup_seconds=max(e[8] for e in finished), latency_sum_ms=sum(e[9] for e in finished),
-                  latency_max_ms=max(e[10] for e in finished))
+                  latency_max_ms=max(e[10] for e in finished), callbacks=workload.callbacks)
 
 
 def _next_event(events: Any, workers: list[Any], timeout: float) -> tuple[Any, ...] | None:

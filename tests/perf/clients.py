@@ -1,7 +1,7 @@
 """perf-test adapters for the anchor producers: confluent-kafka and kafka-python.
 
-Each ``make_*_client(options)`` returns an object with send / poll / flush / close,
-as ``service.tools.perf_test.Client`` asks; ``options`` is ``{"config": {...}}``, the
+Each ``make_*_client(options)`` returns an object with send / poll / flush /
+undelivered / close, as ``service.tools.perf_test.Client`` asks; ``options`` is ``{"config": {...}}``, the
 producer's own configuration. ``client_options(client, ...)`` maps the benchmark's
 settings (acks=all, idempotence, linger.ms, batch.size, compression) onto each
 client's configuration, so that all three run the same producer settings.
@@ -26,6 +26,9 @@ ADAPTERS = {
     "confluent-kafka": "tests.perf.clients:make_confluent_client",
     "kafka-python": "tests.perf.clients:make_kafka_python_client",
 }
+
+# The module each client's prepare() imports: what a forkserver preloads for its workers (perf_test.run).
+LIBRARIES = {"kafka-sidecar": "client_stub", "confluent-kafka": "confluent_kafka", "kafka-python": "kafka"}
 
 # librdkafka's local queue holds at most this many records (default 100000): large, so that the
 # queue never caps throughput; produce() raising BufferError is handled all the same.
@@ -90,12 +93,14 @@ def librdkafka_security(security: Security | None) -> dict[str, str]:
 
 def client_options(client: str, *, bootstrap: str, compression: str = "none", linger_ms: int = 5,
                    batch_size: int = 16384, endpoint: str | None = None,
-                   security: Security | None = None) -> dict[str, Any]:
+                   security: Security | None = None, callbacks: bool = True) -> dict[str, Any]:
     """The adapter options of ``client`` for the benchmark's producer settings.
 
     kafka-sidecar's settings are the daemon's (see ``sidecar_settings``); its client
     takes only the endpoint (and a long max_block_ms: a full pool blocks, as a full
     buffer does in the others). ``security`` (None: PLAINTEXT) is added to the others'.
+    Without ``callbacks`` (records sent without a delivery callback), librdkafka reports
+    failed deliveries only (``delivery.report.only.error``), so that none runs per record.
     """
     if client == "kafka-sidecar":
         return {"endpoint": endpoint, "producer": {"max_block_ms": 120_000}}
@@ -111,6 +116,9 @@ def client_options(client: str, *, bootstrap: str, compression: str = "none", li
             # Java's partitioner, as kafka-sidecar and kafka-python use: the same keys land in the
             # same partitions for all three.
             "partitioner": "murmur2_random",
+            # A librdkafka batch is at most message.max.bytes (its default: 1000000) as well as batch.size.
+            "message.max.bytes": max(batch_size, 1_000_000),
+            **({} if callbacks else {"delivery.report.only.error": True}),
             **librdkafka_security(security),
         }}
     if client == "kafka-python":
@@ -156,15 +164,21 @@ def sidecar_settings(*, compression: str = "none", linger_ms: int = 5, batch_siz
 
 
 def make_confluent_client(options: dict[str, Any]) -> Client:
-    """confluent_kafka.Producer: callbacks run in poll(0), after every send and in flush()."""
+    """confluent_kafka.Producer: callbacks run in poll(0), after every send and in flush(). A record sent
+    without a callback reports to the producer's own ``on_delivery``, which counts the failures."""
     from confluent_kafka import Producer
 
     class ConfluentClient:
         def __init__(self) -> None:
-            self.producer = Producer(options["config"])
+            self.failed = 0
+            self.producer = Producer({**options["config"], "on_delivery": self._count_failure})
             self._poll = self.producer.poll
 
-        def send(self, topic: str, key: bytes | None, value: bytes, on_delivery: DeliveryCallback) -> None:
+        def _count_failure(self, err: Any, _message: Any) -> None:
+            if err is not None:
+                self.failed += 1
+
+        def send(self, topic: str, key: bytes | None, value: bytes, on_delivery: DeliveryCallback | None) -> None:
             while True:
                 try:
                     self.producer.produce(topic, value, key, on_delivery=on_delivery)
@@ -180,6 +194,9 @@ def make_confluent_client(options: dict[str, Any]) -> Client:
             if left:
                 raise TimeoutError(f"confluent-kafka: {left} records still undelivered after flush(120)")
 
+        def undelivered(self) -> int:
+            return self.failed + len(self.producer)
+
         def close(self) -> None:
             pass  # a librdkafka producer has no close(); flush() was called
 
@@ -187,15 +204,24 @@ def make_confluent_client(options: dict[str, Any]) -> Client:
 
 
 def make_kafka_python_client(options: dict[str, Any]) -> Client:
-    """kafka.KafkaProducer: callbacks run on its sender thread."""
+    """kafka.KafkaProducer: callbacks run on its sender thread. It counts no failed records (its metrics
+    have rates only), so a record sent without a callback gets an errback that counts its failure: it
+    runs on failure only, and costs the record one list append."""
     from kafka import KafkaProducer
 
     class KafkaPythonClient:
         def __init__(self) -> None:
+            self.failed = 0
             self.producer = KafkaProducer(**options["config"])
 
-        def send(self, topic: str, key: bytes | None, value: bytes, on_delivery: DeliveryCallback) -> None:
+        def _count_failure(self, _exc: Any) -> None:
+            self.failed += 1
+
+        def send(self, topic: str, key: bytes | None, value: bytes, on_delivery: DeliveryCallback | None) -> None:
             future = self.producer.send(topic, value=value, key=key)
+            if on_delivery is None:
+                future.add_errback(self._count_failure)
+                return
             future.add_callback(on_delivery, None)  # on_delivery(None, metadata)
             future.add_errback(lambda exc: on_delivery(exc, None))
 
@@ -205,11 +231,14 @@ def make_kafka_python_client(options: dict[str, Any]) -> Client:
         def flush(self) -> None:
             self.producer.flush(timeout=120)
 
+        def undelivered(self) -> int:
+            return self.failed
+
         def close(self) -> None:
             self.producer.close(timeout=30)
 
     return KafkaPythonClient()
 
 
-make_confluent_client.prepare = lambda: importlib.import_module("confluent_kafka")  # type: ignore[attr-defined]
-make_kafka_python_client.prepare = lambda: importlib.import_module("kafka")  # type: ignore[attr-defined]
+make_confluent_client.prepare = lambda: importlib.import_module(LIBRARIES["confluent-kafka"])  # type: ignore[attr-defined]
+make_kafka_python_client.prepare = lambda: importlib.import_module(LIBRARIES["kafka-python"])  # type: ignore[attr-defined]

@@ -55,3 +55,11 @@ def test_summary_takes_average_and_maximum_over_every_delivery_not_the_sample() 
 def test_summary_of_a_sample_that_is_every_latency() -> None:
     summary = Result(records=3, errors=0, seconds=1.0, record_size=100, latencies_ms=[1.0, 2.0, 6.0]).summary()
     assert (summary["latency_avg_ms"], summary["latency_max_ms"]) == (3.0, 6.0)
+
+
+def test_without_callbacks_the_summary_has_no_latencies() -> None:
+    result = Result(records=1000, errors=0, seconds=2.0, record_size=100, latencies_ms=[], callbacks=False)
+    summary = result.summary()
+    assert summary["records_per_s"] == 500.0
+    assert all(summary[name] is None for name in summary if name.startswith("latency_"))
+    assert result.line().endswith("latency not measured (no delivery callbacks).")

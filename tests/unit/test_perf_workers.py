@@ -36,3 +36,40 @@ def test_a_worker_loads_the_library_of_its_client_and_no_other(client: str, own:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert set(json.loads(done.stdout)) & LIBRARIES == own
+
+
+FORKED_PROBE = """\
+import json, sys
+sys.path.insert(0, {root!r})
+import tests.perf.compare  # noqa: F401  (compare.py's workers' server imports it, as their main module)
+from service.tools import perf_test
+from tests.perf.clients import ADAPTERS, LIBRARIES
+
+
+def loaded(queue):
+    queue.put(sorted({{name.split('.')[0] for name in sys.modules}}))
+
+
+if __name__ == "__main__":
+    context = perf_test._context(ADAPTERS[{client!r}], [LIBRARIES[{client!r}]])
+    queue = context.SimpleQueue()
+    worker = context.Process(target=loaded, args=(queue,))
+    worker.start()
+    print(json.dumps(queue.get()))
+    worker.join(30)
+    perf_test._stop_forkserver()
+"""
+
+
+@pytest.mark.parametrize(("client", "own"), [
+    ("confluent-kafka", {"confluent_kafka"}),
+    ("kafka-python", {"kafka"}),
+    ("kafka-sidecar", {"client_stub", "zmq", "msgpack"}),
+])
+def test_a_forked_worker_has_the_library_of_its_client_preloaded_and_no_other(client: str, own: set[str],
+                                                                              tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(FORKED_PROBE.format(root=str(ROOT), client=client))
+    done = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert set(json.loads(done.stdout)) & LIBRARIES == own
