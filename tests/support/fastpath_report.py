@@ -1,7 +1,8 @@
 """A pytest plugin (``-p tests.support.fastpath_report``) that says which twins of the per-record work a run used.
 
-At the end of the run, from the process that ran the tests: ``client_stub.fastpath.IMPLEMENTATION``
-and the C extensions that were imported at all. tests/integration/test_pure_python_client.py reads it.
+At the end of the run, from each process that ran tests (the one, or each pytest-xdist worker):
+``client_stub.fastpath.IMPLEMENTATION`` and the C extensions that were imported at all.
+tests/integration/test_pure_python_client.py reads it.
 """
 
 from __future__ import annotations
@@ -21,5 +22,23 @@ def summary() -> str:
     return f"kafka-sidecar fastpath: {implementation}; C extensions imported: {', '.join(loaded) or 'none'}"
 
 
+# Under pytest-xdist the tests run in the workers: each sends its line to the controller, which writes them.
+_workers_lines: set[str] = set()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fastpath_summary"] = summary()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    line = getattr(node, "workeroutput", {}).get("fastpath_summary")
+    if line is not None:
+        _workers_lines.add(line)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    terminalreporter.write_line(summary())
+    for line in sorted(_workers_lines) or [summary()]:
+        terminalreporter.write_line(line)
