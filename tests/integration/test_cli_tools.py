@@ -145,7 +145,7 @@ def test_records_the_broker_never_acknowledges_each_fail_with_a_line(proxied_bro
     # The delivery report's error, as Java's producer gives it: the batch expired after delivery.timeout.ms,
     # or, when its request's timeout came first and left no time to retry, that request timed out.
     expired = re.compile(rf"kafka-sidecar produce: <stdin>:(\d): KafkaTimeoutError: Expiring \d+ record\(s\) "
-                         rf"for {topic}-0: .*")
+                         rf"for {topic}-0:\d+ ms has passed since batch creation")
     timed_out = re.compile(r"kafka-sidecar produce: <stdin>:(\d): REQUEST_TIMED_OUT \(7\): "
                            r"disconnected from node \d+: request timed out")
     for n, line in enumerate(lines[:3], 1):
