@@ -549,11 +549,14 @@ def _stop(workers: list[Any]) -> None:
 def main(args: Any) -> int:
     """The CLI command (see service.cli)."""
     import json
+    import signal
     import subprocess
     import tempfile
 
     from ..config import parse_settings
 
+    # SIGTERM ends the run as Ctrl-C does: the finally below stops the daemon it started and the workers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     settings = parse_settings(args.settings)
     workload = Workload(args.topic, args.num_records, args.record_size, args.processes, args.throughput,
                         args.key_size, args.key_count)

@@ -6,8 +6,11 @@ the keys are the ones asked for.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +97,42 @@ def test_perf_test_settings_need_a_daemon_of_its_own(tmp_path: Path):
                      "--endpoint", f"ipc://{tmp_path}/nobody.sock", timeout=60)
     assert done.returncode == 2
     assert "-X settings go to the daemon" in done.stderr
+
+
+def test_sigterm_stops_perf_test_and_the_daemon_it_started(broker, topic_factory):
+    topic = topic_factory()
+    process = subprocess.Popen([sys.executable, "-m", "service.cli", "perf-test", "--topic", topic, "--num-records",
+                                "100000000", "--record-size", "100", "--throughput", "1000", "--bootstrap-servers",
+                                broker.bootstrap], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    daemons: list[int] = []
+    try:
+        # Sending: the daemon it started is up and the workers have begun (a progress line comes every 5 s).
+        assert process.stdout is not None
+        assert " records sent, " in process.stdout.readline()
+        daemons = _children_running("service.cli", "run", parent=process.pid)
+        assert len(daemons) == 1, daemons
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(90) == 143
+        outlived = [pid for pid in daemons if Path(f"/proc/{pid}").exists()]
+        assert not outlived, "the daemon perf-test started outlived it"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in daemons:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _children_running(*words: str, parent: int) -> list[int]:
+    """The pids of ``parent``'s children whose command line has ``words``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == parent and all(word.encode() in command for word in words):
+            found.append(int(stat.parent.name))
+    return found
