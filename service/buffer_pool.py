@@ -16,6 +16,14 @@ blocks together, granted or sealed (the daemon's default, from
 spare blocks and one for a run waiting at a time. A request that would take its
 process past the limit waits for the process's own blocks to come back, without
 holding back the requests of others.
+
+While batches flow, the pool also limits how many blocks may be sealed and not
+finished (queued in the daemon or in flight) to what the daemon finishes in
+``queue_ms`` (:meth:`BufferPool.limit_queue`, sidecar.buffer.queue.ms), never below
+two requests' worth: past that no block is granted until some come back, so a
+producer faster than the brokers waits in send() rather than its records waiting
+in the pool (at full speed a full pool is buffer.memory of records ahead of each
+new one). When nothing finishes (a broker away), the whole pool buffers, as Java's.
 """
 
 from __future__ import annotations
@@ -27,10 +35,16 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from math import ceil
 
 from client_stub.contract.shared_memory import Layout, Segment, check_segment, create_segment
 
 log = logging.getLogger(__name__)
+
+# How often the queue's limit follows the rate at which sealed blocks finish; how much the last interval's
+# rate weighs in the smoothed one.
+QUEUE_INTERVAL_MS = 100
+_RATE_WEIGHT = 0.3
 
 # A block's state in its client's segment.
 FREE = 0
@@ -122,6 +136,15 @@ class BufferPool:
         self.waiters: deque[Waiter] = deque()
         # How long requests have waited in the FIFO, those waiting now aside (Java's bufferpool-wait-time-ns-total).
         self.wait_time_ns_total = 0
+        # The queue's limit: blocks sealed and not finished, counted as they change and recounted each interval.
+        self._queue_ms = 0
+        self._queue_floor = block_count
+        self.queue_limit = block_count
+        self._sealed = 0
+        self.sealed_finished_total = 0
+        self._finished_before = 0
+        self._rate_per_ms: float | None = None
+        self._queue_checked_ms: int | None = None
 
     @property
     def block_size(self) -> int:
@@ -139,6 +162,44 @@ class BufferPool:
     def exhausted(self) -> bool:
         """Someone is waiting for memory of the pool (not only for blocks of its own to come back)."""
         return any(not self._waits_for_own(w) for w in self.waiters)
+
+    @property
+    def queue_full(self) -> bool:
+        """As many blocks are sealed and not finished as the queue's limit allows: none is granted until some
+        finish (which sending them brings, so there is no reason to ask clients to seal what they hold)."""
+        return bool(self._queue_ms) and self._sealed >= self.queue_limit
+
+    def limit_queue(self, queue_ms: int, floor_blocks: int) -> None:
+        """Limit the blocks sealed and not finished to what finishes in ``queue_ms`` (0: no limit), and at
+        least ``floor_blocks``."""
+        self._queue_ms = queue_ms
+        self._queue_floor = min(max(floor_blocks, 1), self.block_count)
+        if not queue_ms:
+            self.queue_limit = self.block_count
+
+    def follow_queue(self, now_ms: int) -> None:
+        """Once every QUEUE_INTERVAL_MS: set the queue's limit from the rate at which sealed blocks finish."""
+        if not self._queue_ms:
+            return
+        if self._queue_checked_ms is None:
+            self._queue_checked_ms = now_ms
+            return
+        elapsed = now_ms - self._queue_checked_ms
+        if elapsed < QUEUE_INTERVAL_MS:
+            return
+        self._queue_checked_ms = now_ms
+        finished = self.sealed_finished_total - self._finished_before
+        self._finished_before = self.sealed_finished_total
+        self._sealed = self.block_states()[1]
+        if not finished:
+            # Nothing finishes: the brokers are away or nothing is sent. The pool buffers whole, as Java's.
+            self._rate_per_ms = None
+            self.queue_limit = self.block_count
+            return
+        rate = finished / elapsed
+        self._rate_per_ms = rate if self._rate_per_ms is None else \
+            _RATE_WEIGHT * rate + (1 - _RATE_WEIGHT) * self._rate_per_ms
+        self.queue_limit = min(max(self._queue_floor, ceil(self._rate_per_ms * self._queue_ms)), self.block_count)
 
     def held_by(self, client_id: int) -> int:
         """Blocks granted to or sealed by a client and not back in the pool."""
@@ -350,6 +411,8 @@ class BufferPool:
 
     def _grant(self, waiter: Waiter) -> list[int] | None:
         """Blocks for a request within its client's limit, or None if the pool has too few free."""
+        if self.queue_full:
+            return None
         memory = self._memory[waiter.client_id]
         state = memory.state
         if waiter.contiguous:
@@ -438,6 +501,7 @@ class BufferPool:
             raise BlockError(f"length {length} does not fit {count} block(s) of {self.block_size} bytes")
         memory = self._memory[client_id]
         memory.state[first:first + count] = bytes([SEALED]) * count
+        self._sealed += count
         start = self.layout.block_offset(first)
         return memory.segment.buf[start:start + length]
 
@@ -462,6 +526,9 @@ class BufferPool:
                 # Whatever a client sends is checked before it gets here: this is a bug of the daemon.
                 log.error("block %d of client %s is freed but was free already: ignored", block, client_id)
                 continue
+            if state[block] == SEALED:
+                self._sealed -= 1
+                self.sealed_finished_total += 1
             state[block] = FREE
             memory.stack.append(block)
             self._cold.append((client_id, block))

@@ -205,6 +205,11 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("sidecar.compression.threads", int, 2, 0, 256,
               doc="threads that compress batches beside the event loop (the codecs release the GIL); 0: the loop "
                   "compresses each request's batches itself as it sends them"),
+    ConfigKey("sidecar.buffer.queue.ms", int, 50, 0, INT_MAX,
+              doc="while batches flow, the BufferPool's blocks that may be sealed and not yet acknowledged are what "
+                  "the daemon acknowledges in this long (at least two max.request.size worth): a producer faster than "
+                  "the brokers then waits in send() instead of its records waiting in the pool; 0: the whole pool, as "
+                  "Java's buffer.memory"),
     ConfigKey("sidecar.coalesce.batches", _to_bool, True,
               doc="coalesce the small batches of a partition, from any clients, into one of at most batch.size "
                   "bytes when they are sent (a broker takes one batch per partition per request)"),

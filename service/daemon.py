@@ -53,6 +53,8 @@ class SidecarDaemon:
         mode, group = config["sidecar.socket.mode"], config["sidecar.socket.group"]
         self.pool = BufferPool(memory, block_size, max_blocks_per_process=client_block_limit(
             memory, block_size, config["max.request.size"]))
+        # Never below two requests' worth: one in flight and the next ready, however slow the rate.
+        self.pool.limit_queue(config["sidecar.buffer.queue.ms"], 2 * -(-config["max.request.size"] // block_size))
         try:
             self.front = SidecarFront(self.core, self.pool, endpoint,
                                       client_timeout_ms=config["sidecar.client.timeout.ms"],
@@ -139,6 +141,7 @@ class SidecarDaemon:
         try:
             if self.core.selector.external_ready:
                 self.front.handle_ready(self.core.selector.external_ready)
+            self.pool.follow_queue(self.core.clock())
             self.front.after_iteration()
             if self.exporter is not None and self.core.clock() >= self._next_publish_ms:
                 self._next_publish_ms = self.core.clock() + PUBLISH_INTERVAL_MS

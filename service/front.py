@@ -912,8 +912,9 @@ class SidecarFront:
         # Sealed batches are always ready to send here: the pressure is for the clients, to seal what they hold.
         if self.pool.waiters and now - self._seal_now_sent_ms >= _SEAL_NOW_INTERVAL_MS:
             self._seal_now_sent_ms = now
-            # Everyone holds what the pool lacks; a client at its limit waits only for its own blocks.
-            exhausted = self.pool.exhausted
+            # Everyone holds what the pool lacks; a client at its limit waits only for its own blocks. When the
+            # queue is what is full, the blocks that come back are the sealed ones, as they are sent.
+            exhausted = self.pool.exhausted and not self.pool.queue_full
             at_limit = self.pool.clients_at_limit()
             for session in list(self.sessions.values()):
                 if exhausted or session.client_id in at_limit:

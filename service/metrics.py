@@ -117,6 +117,7 @@ def daemon_figures(core: ProducerCore, pool: BufferPool, front: SidecarFront) ->
         "buffer-available-bytes": float(pool.free_blocks * pool.block_size),
         "bufferpool-wait-time-ns-total": float(pool.wait_time_ns_total),
         "waiting-threads": float(len(pool.waiters)),
+        "buffer-queue-limit-bytes": float(pool.queue_limit * pool.block_size),
     })
     nodes = core.metrics.node_figures(now)
     for node_id, figures in core.selector.metrics.node_figures(now).items():
@@ -158,6 +159,8 @@ DESCRIPTIONS: dict[str, str] = {
     "bufferpool-wait-time-ns-total": "The total time in nanoseconds an appender waits for space allocation.",
     "waiting-threads": "The number of user threads blocked waiting for buffer memory to enqueue their records "
                        "(here: block requests of clients waiting in the BufferPool's FIFO).",
+    "buffer-queue-limit-bytes": "Of buffer memory, how much may be sealed and not yet acknowledged now "
+                                "(sidecar.buffer.queue.ms; the sidecar's).",
     "connection-count": "The current number of active connections.",
     "connection-creation-rate": "The number of new connections established per second.",
     "connection-creation-total": "The total number of new connections established.",
