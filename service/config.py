@@ -202,9 +202,10 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
               doc="serve the metrics in Prometheus' text format over HTTP on this port (off when unset)"),
     ConfigKey("sidecar.metrics.host", str, "127.0.0.1",
               doc="the address the metrics port is bound to (loopback: only this host may read them)"),
-    ConfigKey("sidecar.compression.threads", int, 2, 0, 256,
-              doc="threads that compress batches beside the event loop (the codecs release the GIL); 0: the loop "
-                  "compresses each request's batches itself as it sends them"),
+    ConfigKey("sidecar.compression.threads", int, 0, 0, 256,
+              doc="threads that compress batches beside the event loop, for a host with cores to spare (on two "
+                  "busy cores they cost more than they save: the GIL); 0: the loop compresses each request's batches "
+                  "as it sends them"),
     ConfigKey("sidecar.buffer.queue.ms", int, 50, 0, INT_MAX,
               doc="while batches flow, the BufferPool's blocks that may be sealed and not yet acknowledged are what "
                   "the daemon acknowledges in this long (at least two max.request.size worth): a producer faster than "

@@ -7,9 +7,9 @@ batches past delivery.timeout.ms (queued or in flight), sends one
 ProduceRequest per broker and polls the network. Each response completes its
 batches: success, retry (back to the head of the queue), split, or final error.
 
-With compression on, a request's batches are compressed by a thread pool beside
-the loop (the codecs release the GIL): the request waits, its node drained no
-further, until they are done, and the loop serves everything else meanwhile.
+With compression threads (sidecar.compression.threads), a request's batches are
+compressed beside the loop: the request waits, its node drained no further, until
+they are done, and the loop serves everything else meanwhile.
 """
 
 from __future__ import annotations

@@ -49,8 +49,9 @@ def test_100k_records_arrive_once_in_order(broker, topic_factory, acks: str) -> 
     assert_delivered_once_in_order(deliveries, consumed, check_offsets=acks != "0")
 
 
-# With the compression threads (the default: 2), and compressed by the loop itself (0).
-@pytest.mark.parametrize(("codec", "threads"), [("gzip", 2), ("snappy", 2), ("lz4", 2), ("zstd", 2), ("lz4", 0)])
+# Compressed by the loop itself (the default: 0 threads), and by compression threads beside it.
+@pytest.mark.parametrize(("codec", "threads"),
+                         [("gzip", 0), ("snappy", 0), ("lz4", 0), ("zstd", 0), ("lz4", 2), ("zstd", 2)])
 def test_100k_records_with_each_compression_codec(broker, topic_factory, codec: str, threads: int) -> None:
     topic = topic_factory(6)
     deliveries = Deliveries(topic)
