@@ -17,6 +17,10 @@ built, so that it cannot drift from it. A page asks for it with an HTML comment 
 ``<!-- cli -->``
     ``kafka-sidecar --help`` and each command's ``--help``, as argparse prints them (``service/cli.py``).
 
+``<!-- kafka-errors -->``
+    Kafka's error codes, each with its name, whether it is retriable and the exception it is reported as
+    (``client_stub.errors.ERROR_CODES``).
+
 ``<!-- include PATH -->``, ``<!-- include PATH as LANG -->``, ``<!-- include PATH section "HEADING > HEADING" -->``
     A file of the repository as it is: a Markdown file (or the section of one under a heading, down to the next
     heading of the same or a higher level; headings one inside the other with ``>``) inline, any other file as a
@@ -43,30 +47,25 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-_DIRECTIVE = re.compile(r"^<!--\s*(?P<what>settings|metrics|spark-options|cli|include)(?P<args>[^\n]*?)\s*-->[ \t]*$",
-                        re.MULTILINE)
+_DIRECTIVE = re.compile(r"^<!--\s*(?P<what>[a-z-]+)\b(?P<args>[^\n]*?)\s*-->[ \t]*$", re.MULTILINE)
 _INCLUDE = re.compile(r'^\s+(?P<path>\S+)(?:\s+as\s+(?P<lang>\w+)|\s+section\s+"(?P<section>[^"]+)")?$')
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Carry out each directive of a page."""
+    """Carry out each directive of a page (an HTML comment of another word is left as it is)."""
+    tables = {"settings": settings_tables, "metrics": metrics_tables, "spark-options": spark_options_table,
+              "cli": cli_help, "kafka-errors": kafka_errors_table}
 
     def expand(match: re.Match[str]) -> str:
         what, args = match["what"], match["args"]
         where = f"{page.file.src_uri}: {match[0]}"
-        if what == "settings" and not args.strip():
-            return settings_tables()
-        if what == "metrics" and not args.strip():
-            return metrics_tables()
-        if what == "spark-options" and not args.strip():
-            return spark_options_table()
-        if what == "cli" and not args.strip():
-            return cli_help()
-        if what == "include":
-            include = _INCLUDE.match(args)
-            if include is not None:
-                return included(include["path"], include["lang"], include["section"], where)
-        raise PluginError(f"{where}: not a directive of docs/hooks.py")
+        if what in tables and not args.strip():
+            return tables[what]()
+        if what == "include" and (include := _INCLUDE.match(args)) is not None:
+            return included(include["path"], include["lang"], include["section"], where)
+        if what in tables or what == "include":
+            raise PluginError(f"{where}: not a directive of docs/hooks.py (see its docstring)")
+        return match[0]
 
     return _DIRECTIVE.sub(expand, markdown)
 
@@ -162,6 +161,20 @@ def spark_options_table() -> str:
     return "\n".join(out) + "\n"
 
 
+# -- Kafka's error codes ------------------------------------------------------------------------------------------
+
+
+def kafka_errors_table() -> str:
+    """Kafka's error codes as the client reports them."""
+    from client_stub.errors import ERROR_CODES, NONE
+
+    out = ["| code | Kafka's name | retriable | reported as |", "|---|---|---|---|"]
+    for code, row in sorted(ERROR_CODES.items()):
+        if code != NONE:
+            out.append(f"| {code} | `{row.name}` | {'yes' if row.retriable else ''} | `{row.exception.__name__}` |")
+    return "\n".join(out) + "\n"
+
+
 # -- the command line -----------------------------------------------------------------------------------------------
 
 
@@ -240,7 +253,7 @@ def _figures_of_a_daemon() -> dict[str, list[str]]:
     import threading
 
     from client_stub import Producer
-    from client_stub.errors import KafkaTimeoutError
+    from client_stub.errors import KafkaTimeoutError, SidecarUnavailableError
     from service.config import ProducerConfig
     from service.daemon import SidecarDaemon
     from service.metrics import daemon_figures
@@ -259,15 +272,20 @@ def _figures_of_a_daemon() -> dict[str, list[str]]:
         loop = threading.Thread(target=serve)
         loop.start()
         try:
-            producer = Producer(endpoint, max_block_ms=200)
-            try:
-                # The client's session starts with its first send; no broker answers for the topic.
-                producer.send("docs", b"")
-            except KafkaTimeoutError:
-                pass
-            finally:
-                stop.set()
-                loop.join()
+            # The client's session starts with its first send, which then waits for the topic's metadata in vain
+            # (no broker). A machine too busy to welcome the client within the first wait gets a longer one.
+            for max_block_ms in (300, 3_000, 30_000):
+                producer = Producer(endpoint, max_block_ms=max_block_ms)
+                try:
+                    producer.send("docs", b"")
+                except KafkaTimeoutError:
+                    break
+                except SidecarUnavailableError:
+                    producer.close(0)
+            else:
+                raise RuntimeError("the daemon started for the build did not welcome its client")
+            stop.set()
+            loop.join()
             core = daemon.core
             now = core.clock()
             core.metrics.topic("docs")
