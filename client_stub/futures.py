@@ -30,9 +30,13 @@ class RecordMetadata(NamedTuple):
     topic: str
     partition: int
     offset: int
+    """The record's offset in its partition; -1 when the broker does not say (acks=0)."""
     timestamp_ms: int
+    """The record's timestamp, or the broker's append time for a topic with LogAppendTime (ms since the epoch)."""
     serialized_key_size: int
+    """The key's size in bytes once serialized; -1 for a null key."""
     serialized_value_size: int
+    """The value's size in bytes once serialized; -1 for a null value."""
 
 
 # Guards the first use of a RecordFuture's Condition against its completion.

@@ -33,12 +33,19 @@ class SinkOptions:
     """What a write needs on the executors (picklable: it travels with every task)."""
 
     topic: str | None = None
+    """The topic of every row; none: each row's ``topic`` column (the option, when set, overrides the column)."""
     endpoint: str | None = None
+    """The node's daemon; none: ``$KAFKA_SIDECAR_ENDPOINT`` of each executor, else the default ipc socket."""
     linger_ms: int | None = None
+    """How long a task's producer waits for more records before sealing a batch; none: the daemon's linger.ms."""
     max_block_ms: int | None = None
+    """How long send() may wait for the daemon, a topic's metadata or memory; none: the daemon's max.block.ms."""
     partitioner: str = "murmur2_random"
+    """The partitioner of rows whose ``partition`` is null: murmur2_random, consistent_random or random."""
     delivery_timeout_ms: int = DEFAULT_DELIVERY_TIMEOUT_MS
+    """How long a task waits for the reports of its records (at least 1) before it fails."""
     idempotence_header: bool = False
+    """Add the header ``kafka-sidecar-record-id`` (job or query id/batch id/Spark partition/row) to each record."""
 
 
 def parse_options(options: Mapping[str, Any]) -> SinkOptions:
