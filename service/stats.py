@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
-import time
+import threading
 from typing import Any, TextIO
 
 import zmq
@@ -100,20 +101,21 @@ def as_text(endpoint: str, figures: dict[str, Any]) -> str:
 
 def main(endpoint: str, *, json_output: bool = False, watch: float | None = None, timeout: float = 10.0,
          out: TextIO = sys.stdout) -> int:
-    """Print the figures once, or every ``watch`` seconds until interrupted; 1 if the daemon does not answer
-    within ``timeout`` seconds."""
-    try:
-        while True:
-            try:
-                figures = request_stats(endpoint, timeout)
-            except SidecarUnavailableError as exc:
-                print(f"kafka-sidecar: {exc}", file=sys.stderr)
-                return 1
-            print(as_json(figures) if json_output else as_text(endpoint, figures), file=out, flush=True)
-            if watch is None:
-                return 0
-            time.sleep(watch)
-            if not json_output:
-                print(file=out)
-    except KeyboardInterrupt:
-        return 0
+    """Print the figures once, or every ``watch`` seconds until interrupted (SIGINT); 1 if the daemon does not
+    answer within ``timeout`` seconds."""
+    interrupted = threading.Event()
+    if watch is not None:
+        # A flag rather than KeyboardInterrupt: raised at any bytecode, it could leave a socket open, and then
+        # the exit waits forever in ZeroMQ's context termination. The watch ends after the request under way.
+        signal.signal(signal.SIGINT, lambda _signum, _frame: interrupted.set())
+    while True:
+        try:
+            figures = request_stats(endpoint, timeout)
+        except SidecarUnavailableError as exc:
+            print(f"kafka-sidecar: {exc}", file=sys.stderr)
+            return 1
+        print(as_json(figures) if json_output else as_text(endpoint, figures), file=out, flush=True)
+        if watch is None or interrupted.wait(watch):
+            return 0
+        if not json_output:
+            print(file=out)
