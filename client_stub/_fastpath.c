@@ -240,7 +240,7 @@ static int record_from(Record *record, Held *held, long long offset_delta, long 
 /* -- module functions: encoding and murmur2 -------------------------------------------------------- */
 
 PyDoc_STRVAR(encode_record_doc,
-"encode_record(offset_delta, timestamp_delta, key, value, headers=()) -> bytes\n\n"
+"encode_record($module, offset_delta, timestamp_delta, key, value, headers=())\n--\n\n"
 "One record in Kafka's v2 format, its length prefix included.");
 
 static PyObject *encode_record(PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -267,7 +267,7 @@ static PyObject *encode_record(PyObject *module, PyObject *args, PyObject *kwarg
 }
 
 PyDoc_STRVAR(encode_record_into_doc,
-"encode_record_into(buf, pos, offset_delta, timestamp_delta, key, value, headers=()) -> int\n\n"
+"encode_record_into($module, buf, pos, offset_delta, timestamp_delta, key, value, headers=())\n--\n\n"
 "Write one record into the writable buffer ``buf`` at ``pos``; returns the position after it.\n"
 "ValueError if it does not fit.");
 
@@ -301,7 +301,7 @@ static PyObject *encode_record_into(PyObject *module, PyObject *args, PyObject *
 }
 
 PyDoc_STRVAR(record_size_doc,
-"record_size(offset_delta, timestamp_delta, key, value, headers=()) -> int\n\n"
+"record_size($module, offset_delta, timestamp_delta, key, value, headers=())\n--\n\n"
 "Bytes the encoded record takes, its length prefix included.");
 
 static PyObject *record_size(PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -356,7 +356,7 @@ static uint32_t murmur2_of(const unsigned char *data, Py_ssize_t length) {
 }
 
 PyDoc_STRVAR(murmur2_doc,
-"murmur2(data) -> int\n\n"
+"murmur2($module, data, /)\n--\n\n"
 "Kafka's murmur2 (Utils.murmur2) of ``data`` as an unsigned 32-bit value.");
 
 static PyObject *murmur2(PyObject *module, PyObject *arg) {
@@ -564,7 +564,7 @@ static int batch_append(OpenBatch *batch, const Record *record, long long timest
 }
 
 PyDoc_STRVAR(OpenBatch_append_doc,
-"append(key, value, headers, timestamp_ms, future) -> bool\n\n"
+"append($self, key, value, headers, timestamp_ms, future, /)\n--\n\n"
 "Write a record after the others (offset and timestamp deltas from this batch) and keep its future;\n"
 "False if it does not fit.");
 
@@ -596,7 +596,7 @@ static PyObject *OpenBatch_append(OpenBatch *self, PyObject *const *args, Py_ssi
 }
 
 PyDoc_STRVAR(OpenBatch_release_doc,
-"release()\n\nLet go of the shared memory (at seal time): nothing more can be written.");
+"release($self, /)\n--\n\nLet go of the shared memory (at seal time): nothing more can be written.");
 
 static PyObject *OpenBatch_release(OpenBatch *self, PyObject *unused) {
     if (self->buffer.obj != NULL) {
@@ -645,7 +645,7 @@ static PyTypeObject OpenBatchType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "client_stub._fastpath.OpenBatch",
     .tp_doc = PyDoc_STR("OpenBatch(batch_id, topic, partition, first_block, block_count, view, timestamp_ms, "
-                        "created)\n\nA batch this process writes records into, in its blocks of shared memory."),
+                        "created)\n--\n\nA batch this process writes records into, in its blocks of shared memory."),
     .tp_basicsize = sizeof(OpenBatch),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = OpenBatch_new,
@@ -990,7 +990,8 @@ static int send_arguments(PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
 }
 
 PyDoc_STRVAR(Appender_send_doc,
-"send(topic, value=None, key=None, *, partition=None, timestamp_ms=None, headers=None, on_delivery=None)\n\n"
+"send($self, /, topic, value=None, key=None, *, partition=None, timestamp_ms=None, headers=None,\n"
+"     on_delivery=None)\n--\n\n"
 "Producer.send(): the record is appended here when that is the whole job; else slow_send(topic, value,\n"
 "key, partition, timestamp_ms, headers, on_delivery) takes it.");
 
@@ -1044,12 +1045,14 @@ static PyObject *Appender_count_done(Appender *self, PyObject *arg) {
 
 static PyMethodDef Appender_methods[] = {
     {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL | METH_KEYWORDS, Appender_send_doc},
-    {"enable", (PyCFunction)Appender_enable, METH_NOARGS, "let send() take records (the session is up)"},
-    {"disable", (PyCFunction)Appender_disable, METH_NOARGS, "send() takes no record here: the Python path does"},
+    {"enable", (PyCFunction)Appender_enable, METH_NOARGS,
+     "enable($self, /)\n--\n\nLet send() take records (the session is up)."},
+    {"disable", (PyCFunction)Appender_disable, METH_NOARGS,
+     "disable($self, /)\n--\n\nsend() takes no record here: the Python path does."},
     {"count_appended", (PyCFunction)Appender_count_appended, METH_NOARGS,
-     "count a record the Python path appended as outstanding"},
+     "count_appended($self, /)\n--\n\nCount a record the Python path appended as outstanding."},
     {"count_done", (PyCFunction)Appender_count_done, METH_O,
-     "count_done(n): n outstanding records are reported, failed or given up on"},
+     "count_done($self, count, /)\n--\n\nCount outstanding records that are reported, failed or given up on."},
     {NULL},
 };
 
@@ -1062,7 +1065,8 @@ static PyMemberDef Appender_members[] = {
 static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "client_stub._fastpath.Appender",
-    .tp_doc = PyDoc_STR("Appender(lock, open, partition_counts, future_type, seal, slow_send, sticky, murmur2_keys)\n\n"
+    .tp_doc = PyDoc_STR("Appender(lock, open, partition_counts, future_type, seal, slow_send, sticky, murmur2_keys)\n"
+                        "--\n\n"
                         "The open batches of a producer, and its send()."),
     .tp_basicsize = sizeof(Appender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -1240,7 +1244,7 @@ static int run_callback(Completer *self, PyObject *future, PyObject *result, PyO
 }
 
 PyDoc_STRVAR(Completer_complete_doc,
-"complete(futures, first, count, topic, partition, base_offset, log_append_time, error)\n\n"
+"complete($self, futures, first, count, topic, partition, base_offset, log_append_time, error, /)\n--\n\n"
 "Complete futures[first:first + count], the records of one delivery report: with their\n"
 "RecordMetadata (offsets from base_offset on; -1 for all if it is -1), or with ``error``; then run\n"
 "their on_delivery callbacks. A callback that raises is handed to callback_failed.");
@@ -1356,7 +1360,7 @@ static PyMethodDef Completer_methods[] = {
 static PyTypeObject CompleterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "client_stub._fastpath.Completer",
-    .tp_doc = PyDoc_STR("Completer(future_type, metadata_type, condition_lock, callback_failed)\n\n"
+    .tp_doc = PyDoc_STR("Completer(future_type, metadata_type, condition_lock, callback_failed)\n--\n\n"
                         "Turns delivery reports into completed record futures and on_delivery calls."),
     .tp_basicsize = sizeof(Completer),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,

@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import operator
 import struct
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures._base import FINISHED, RUNNING
 from types import MemberDescriptorType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self, SupportsFloat, SupportsIndex, cast, final
 
 from .contract.records import encode_uvarint
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
+
+    from ._fastpath import _Field, _Headers
 
 __all__ = ["Appender", "Completer", "OpenBatch", "encode_record", "encode_record_into", "murmur2", "record_size"]
 
@@ -40,7 +46,7 @@ _MAX_HELD = 64
 # -- arguments, converted as the C argument parser converts them ------------------------------------------
 
 
-def _int64(value: object) -> int:
+def _int64(value: SupportsIndex) -> int:
     """``value`` as a C long long: TypeError unless it is an integer, OverflowError outside int64."""
     value = operator.index(value)
     if not _INT64_MIN <= value <= _INT64_MAX:
@@ -48,7 +54,7 @@ def _int64(value: object) -> int:
     return value
 
 
-def _int32(value: object) -> int:
+def _int32(value: SupportsIndex) -> int:
     """``value`` as a C int."""
     value = operator.index(value)
     if value > _INT32_MAX:
@@ -70,13 +76,13 @@ def _ssize(value: object) -> int:
 def _double(value: object) -> float:
     """``value`` as a C double: a real number (or an integer), not a string."""
     if hasattr(type(value), "__float__"):
-        return float(value)  # type: ignore[arg-type]
-    return float(operator.index(value))
+        return float(cast(SupportsFloat, value))
+    return float(operator.index(cast(SupportsIndex, value)))
 
 
-def _writable_bytes(obj: object) -> memoryview:
+def _writable_bytes(obj: WriteableBuffer) -> memoryview:
     """A writable view of ``obj``'s bytes in one run (PyBUF_WRITABLE), to write at byte positions."""
-    view = memoryview(obj)  # type: ignore[arg-type]
+    view = memoryview(obj)
     with view:
         if view.readonly:
             raise BufferError("Object is not writable.")
@@ -100,10 +106,10 @@ _ATTRIBUTES = b"\x00"
 _NO_HEADERS = _varint(0)
 
 
-def _buffer_bytes(obj: object, what: str) -> bytes:
+def _buffer_bytes(obj: ReadableBuffer, what: str) -> bytes:
     """The bytes of a field given as a buffer (PyBUF_SIMPLE: one contiguous run), else TypeError."""
     try:
-        view = memoryview(obj)  # type: ignore[arg-type]
+        view = memoryview(obj)
     except Exception:
         pass  # C clears whatever taking the buffer raised, and says what the field must be
     else:
@@ -113,35 +119,36 @@ def _buffer_bytes(obj: object, what: str) -> bytes:
     raise TypeError(f"{what} must be bytes-like or None, got {type(obj).__name__}")
 
 
-def _fields(key: object, value: object, headers: object) -> bytes:
+def _fields(key: _Field, value: _Field, headers: _Headers) -> bytes:
     """A record's bytes after its offset delta: key, value and headers (a sequence of (key, value) pairs)."""
     parts: list[bytes] = []
     buffers = 0
 
-    def field(obj: object, what: str) -> None:
+    def field(obj: _Field, what: str) -> None:
         nonlocal buffers
         if obj is None:
             parts.append(_NULL)
             return
-        if type(obj) is not bytes:
-            if isinstance(obj, bytes):
-                obj = bytes.__bytes__(obj)  # a subclass's own bytes, as C reads them: not its __bytes__()
-            else:
-                if buffers == _MAX_HELD:
-                    raise ValueError(f"too many non-bytes buffers in one record ({_MAX_HELD} at most)")
-                obj = _buffer_bytes(obj, what)
-                buffers += 1
-        parts.append(_uvarint(len(obj) << 1))  # type: ignore[arg-type]
-        parts.append(obj)  # type: ignore[arg-type]
+        if type(obj) is bytes:
+            data = obj
+        elif isinstance(obj, bytes):
+            data = bytes.__bytes__(obj)  # a subclass's own bytes, as C reads them: not its __bytes__()
+        else:
+            if buffers == _MAX_HELD:
+                raise ValueError(f"too many non-bytes buffers in one record ({_MAX_HELD} at most)")
+            data = _buffer_bytes(obj, what)
+            buffers += 1
+        parts.append(_uvarint(len(data) << 1))
+        parts.append(data)
 
     field(key, "key")
     field(value, "value")
-    pairs: tuple = ()
+    pairs: tuple[tuple[ReadableBuffer, _Field], ...] = ()
     if headers is not None:
         # A tuple of its own, not the caller's list: reading a buffer may run Python code (a __buffer__,
         # PEP 688) that changes that list.
         try:
-            pairs = tuple(headers)  # type: ignore[arg-type]
+            pairs = tuple(headers)
         except TypeError:
             raise TypeError("headers must be a sequence of (key, value) pairs") from None
     parts.append(_uvarint(len(pairs) << 1))
@@ -176,13 +183,13 @@ def _record(offset_delta: int, timestamp_delta: int, fields: bytes) -> bytes:
 # -- module functions: encoding and murmur2 ------------------------------------------------------------------
 
 
-def encode_record(offset_delta: int, timestamp_delta: int, key: Any, value: Any, headers: Any = ()) -> bytes:
+def encode_record(offset_delta: int, timestamp_delta: int, key: _Field, value: _Field, headers: _Headers = ()) -> bytes:
     """One record in Kafka's v2 format, its length prefix included."""
     return _record(_int64(offset_delta), _int64(timestamp_delta), _fields(key, value, headers))
 
 
-def encode_record_into(buf: Any, pos: int, offset_delta: int, timestamp_delta: int, key: Any, value: Any,
-                       headers: Any = ()) -> int:
+def encode_record_into(buf: WriteableBuffer, pos: int, offset_delta: int, timestamp_delta: int, key: _Field,
+                       value: _Field, headers: _Headers = ()) -> int:
     """Write one record into the writable buffer ``buf`` at ``pos``; returns the position after it.
 
     ValueError if it does not fit.
@@ -202,7 +209,7 @@ def encode_record_into(buf: Any, pos: int, offset_delta: int, timestamp_delta: i
     return pos + size
 
 
-def record_size(offset_delta: int, timestamp_delta: int, key: Any, value: Any, headers: Any = ()) -> int:
+def record_size(offset_delta: int, timestamp_delta: int, key: _Field, value: _Field, headers: _Headers = ()) -> int:
     """Bytes the encoded record takes, its length prefix included."""
     return len(encode_record(offset_delta, timestamp_delta, key, value, headers))
 
@@ -212,7 +219,7 @@ _MURMUR2_M = 0x5BD1E995
 _WORDS = struct.Struct("<I")
 
 
-def murmur2(data: Any) -> int:
+def murmur2(data: ReadableBuffer, /) -> int:
     """Kafka's murmur2 (Utils.murmur2) of ``data`` as an unsigned 32-bit value."""
     if type(data) is not bytes:
         with memoryview(data) as view:
@@ -256,6 +263,16 @@ class _FutureSlots:
 
     __slots__ = ("type", "on_delivery", "timestamp_ms", "key_size", "value_size", "state", "result", "exception",
                  "cond")
+    # Each set by its name in _FUTURE_SLOTS.
+    on_delivery: MemberDescriptorType
+    timestamp_ms: MemberDescriptorType
+    key_size: MemberDescriptorType
+    value_size: MemberDescriptorType
+    state: MemberDescriptorType
+    result: MemberDescriptorType
+    exception: MemberDescriptorType
+    cond: MemberDescriptorType
+    type: type[object]
 
     def __init__(self, future_type: object) -> None:
         if not isinstance(future_type, type):
@@ -277,7 +294,7 @@ class _FutureSlots:
         return future
 
 
-def _slot(descriptor: Any, future: object, default: object = None) -> Any:
+def _slot(descriptor: MemberDescriptorType, future: object, default: object = None) -> Any:
     """The slot's value, or ``default`` where it was never set (NULL in C)."""
     try:
         return descriptor.__get__(future)
@@ -292,6 +309,7 @@ def _read_only(name: str, doc: str | None = None) -> property:
     return property(operator.attrgetter(name), doc=doc)
 
 
+@final
 class OpenBatch:
     """OpenBatch(batch_id, topic, partition, first_block, block_count, view, timestamp_ms, created)
 
@@ -300,9 +318,24 @@ class OpenBatch:
 
     __slots__ = ("_batch_id", "_topic", "_partition", "_first_block", "_block_count", "_view", "_pos",
                  "_base_timestamp", "_max_timestamp", "_futures", "_created", "sealed", "reported")
+    _batch_id: int
+    _topic: str
+    _partition: int
+    _first_block: int
+    _block_count: int
+    _view: memoryview | None
+    _pos: int
+    _base_timestamp: int
+    _max_timestamp: int
+    _futures: list[Any]
+    _created: float
+    sealed: float  # time.monotonic() when sealed, 0 before
+    reported: int  # records whose delivery report arrived
 
-    def __init__(self, batch_id: int, topic: str, partition: int, first_block: int, block_count: int, view: Any,
-                 timestamp_ms: int, created: float) -> None:
+    # Made and initialised in one, as the C type is: no instance exists without its fields.
+    def __new__(cls, batch_id: int, topic: str, partition: int, first_block: int, block_count: int,
+                view: WriteableBuffer, timestamp_ms: int, created: float) -> Self:
+        self = super().__new__(cls)
         self._batch_id = _int64(batch_id)
         if not isinstance(topic, str):
             raise TypeError(f"OpenBatch() argument 2 must be str, not {type(topic).__name__}")
@@ -315,12 +348,13 @@ class OpenBatch:
         # Timestamps are never negative (send() refuses them): a record's delta from the base cannot overflow.
         if self._base_timestamp < 0:
             raise ValueError("timestamp_ms must not be negative")
-        self._view: memoryview | None = _writable_bytes(view)
+        self._view = _writable_bytes(view)
         self._pos = 0
         self._max_timestamp = self._base_timestamp
-        self._futures: list = []
-        self.sealed = 0.0  # time.monotonic() when sealed, 0 before
-        self.reported = 0  # records whose delivery report arrived
+        self._futures = []
+        self.sealed = 0.0
+        self.reported = 0
+        return self
 
     batch_id = _read_only("_batch_id", "this client's number for the batch")
     topic = _read_only("_topic")
@@ -344,7 +378,7 @@ class OpenBatch:
         view = self._view
         return 0 if view is None else view.nbytes
 
-    def append(self, key: Any, value: Any, headers: Any, timestamp_ms: int, future: object, /) -> bool:
+    def append(self, key: _Field, value: _Field, headers: _Headers, timestamp_ms: int, future: object, /) -> bool:
         """Write a record after the others (offset and timestamp deltas from this batch) and keep its future;
         False if it does not fit."""
         timestamp = _int64(timestamp_ms)
@@ -381,6 +415,7 @@ class OpenBatch:
 _MISSING: Any = object()
 
 
+@final
 class Appender:
     """Appender(lock, open, partition_counts, future_type, seal, slow_send, sticky, murmur2_keys)
 
@@ -389,31 +424,43 @@ class Appender:
 
     __slots__ = ("_acquire", "_release", "_open", "_partition_counts", "_sticky", "_seal", "_slow_send", "_slots",
                  "_enabled", "_murmur2_keys", "_outstanding")
+    # The producer's lock, which guards its open batches and the counts: its acquire and release.
+    _acquire: Callable[[bool], bool]
+    _release: Callable[[], None]
+    # The producer's dicts, read here: the accumulator's (topic, partition) -> OpenBatch, and the producer
+    # metadata's topic -> partition count for the topics known without error.
+    _open: dict[tuple[str, int], OpenBatch]
+    _partition_counts: dict[str, int]
+    _sticky: dict[str, int] | None  # topic -> partition for records without a key, or None
+    _seal: Callable[[OpenBatch], object]  # seal(batch), called with the lock held when a batch is full
+    _slow_send: Callable[..., Any]  # the producer's Python path, for what the fast path does not take
+    _slots: _FutureSlots
+    _murmur2_keys: bool  # keyed records go by murmur2 (murmur2_random)
+    _enabled: bool  # off until the session is up, and when the producer cannot take this path
+    _outstanding: int  # records handed off and not yet reported: counted here alone
 
-    def __init__(self, lock: Any, open: dict, partition_counts: dict, future_type: type, seal: Callable,
-                 slow_send: Callable, sticky: dict | None, murmur2_keys: bool) -> None:
+    # Made and initialised in one, as the C type is: no instance exists without its fields.
+    def __new__(cls, lock: threading.Lock, open: dict[tuple[str, int], OpenBatch], partition_counts: dict[str, int],
+                future_type: type[Any], seal: Callable[[OpenBatch], object], slow_send: Callable[..., Any],
+                sticky: dict[str, int] | None, murmur2_keys: bool) -> Self:
         for position, given in ((2, open), (3, partition_counts)):
             if not isinstance(given, dict):
                 raise TypeError(f"Appender() argument {position} must be dict, not {type(given).__name__}")
         if sticky is not None and type(sticky) is not dict:
             raise TypeError("sticky must be a dict or None")
+        self = super().__new__(cls)
         self._slots = _FutureSlots(future_type)
-        # The producer's lock, which guards its open batches and the counts.
         self._acquire = lock.acquire
         self._release = lock.release
-        # The producer's dicts, read here: the accumulator's (topic, partition) -> OpenBatch, and the producer
-        # metadata's topic -> partition count for the topics known without error.
         self._open = open
         self._partition_counts = partition_counts
-        # topic -> partition for records without a key, or None.
         self._sticky = sticky
-        # seal(batch), called with the lock held when a batch is full.
         self._seal = seal
-        # The producer's Python path, for what the fast path does not take.
         self._slow_send = slow_send
-        self._murmur2_keys = bool(murmur2_keys)  # keyed records go by murmur2 (murmur2_random)
-        self._enabled = False  # off until the session is up, and when the producer cannot take this path
-        self._outstanding = 0  # records handed off and not yet reported: counted here alone
+        self._murmur2_keys = bool(murmur2_keys)
+        self._enabled = False
+        self._outstanding = 0
+        return self
 
     @property
     def enabled(self) -> bool:
@@ -454,7 +501,7 @@ class Appender:
         """Count a record the Python path appended as outstanding (the producer's lock held)."""
         self._outstanding += 1
 
-    def count_done(self, count: int) -> None:
+    def count_done(self, count: int, /) -> None:
         """count_done(n): n outstanding records are reported, failed or given up on (the producer's lock held)."""
         count = _ssize(count)
         if count < 0 or count > self._outstanding:
@@ -527,6 +574,7 @@ class Appender:
 _SETTLED, _WATCHED, _DONE_ALREADY = range(3)
 
 
+@final
 class Completer:
     """Completer(future_type, metadata_type, condition_lock, callback_failed)
 
@@ -534,21 +582,29 @@ class Completer:
     """
 
     __slots__ = ("_slots", "_metadata_type", "_acquire", "_release", "_callback_failed")
+    _slots: _FutureSlots
+    _metadata_type: type[tuple[Any, ...]]  # RecordMetadata (a NamedTuple)
+    # The lock that guards a RecordFuture's lazily made Condition against its completion: its acquire and release.
+    _acquire: Callable[[bool], bool]
+    _release: Callable[[], None]
+    _callback_failed: Callable[[Exception], object]  # an on_delivery callback raised
 
-    def __init__(self, future_type: type, metadata_type: type, condition_lock: Any,
-                 callback_failed: Callable[[BaseException], object]) -> None:
+    # Made and initialised in one, as the C type is: no instance exists without its fields.
+    def __new__(cls, future_type: type[Any], metadata_type: type[tuple[Any, ...]], condition_lock: threading.Lock,
+                callback_failed: Callable[[Exception], object]) -> Self:
         if not isinstance(metadata_type, type):
             raise TypeError(f"Completer() argument 2 must be type, not {type(metadata_type).__name__}")
         if not issubclass(metadata_type, tuple):
             raise TypeError("metadata_type must be a tuple type")
+        self = super().__new__(cls)
         self._slots = _FutureSlots(future_type)
-        # The lock that guards a RecordFuture's lazily made Condition against its completion.
         self._acquire = condition_lock.acquire
         self._release = condition_lock.release
-        self._metadata_type = metadata_type  # RecordMetadata (a NamedTuple)
-        self._callback_failed = callback_failed  # an on_delivery callback raised
+        self._metadata_type = metadata_type
+        self._callback_failed = callback_failed
+        return self
 
-    def complete(self, futures: list, first: int, count: int, topic: str, partition: int, base_offset: int,
+    def complete(self, futures: list[Any], first: int, count: int, topic: str, partition: int, base_offset: int,
                  log_append_time: int, error: BaseException | None, /) -> None:
         """complete(futures, first, count, topic, partition, base_offset, log_append_time, error)
 
@@ -569,7 +625,7 @@ class Completer:
         if not done:
             return
         future_type = self._slots.type
-        results = []
+        results: list[tuple[Any, ...] | None] = []
         for i, future in enumerate(done):
             if not issubclass(type(future), future_type):
                 raise TypeError(f"futures must be {future_type.__name__}, got {type(future).__name__}")
@@ -595,7 +651,8 @@ class Completer:
         if raised is not None:
             raise raised
 
-    def _metadata(self, future: object, topic: str, partition: int, offset: int, log_append_time: int) -> tuple:
+    def _metadata(self, future: object, topic: str, partition: int, offset: int,
+                  log_append_time: int) -> tuple[Any, ...]:
         """RecordMetadata(topic, partition, offset, timestamp_ms, serialized_key_size, serialized_value_size)."""
         slots = self._slots
         timestamp = _slot(slots.timestamp_ms, future, _ABSENT)
@@ -608,7 +665,8 @@ class Completer:
         # As the C code makes it: no __new__ of the NamedTuple runs.
         return tuple.__new__(self._metadata_type, (topic, partition, offset, timestamp, key_size, value_size))
 
-    def _settle_quiet(self, futures: list, results: list, error: BaseException | None) -> list[int]:
+    def _settle_quiet(self, futures: list[Any], results: list[tuple[Any, ...] | None],
+                      error: BaseException | None) -> list[int]:
         """Settle the futures nobody watches, in place; the fate of each."""
         slots = self._slots
         fates = []

@@ -40,9 +40,9 @@ class RecordAccumulator:
     def __init__(self, partitioner: Partitioner, post: Callable[[ipc.Message], None],
                  wake: Callable[[], None]) -> None:
         # (topic, partition) -> the open batch. The fast path appends to these batches and reads this dict.
-        self.open: dict[PartitionKey, OpenBatch] = {}
+        self.open: dict[PartitionKey, OpenBatch[RecordFuture]] = {}
         # batch id -> a sealed batch awaiting its report, in the order sealed.
-        self.sealed: dict[int, OpenBatch] = {}
+        self.sealed: dict[int, OpenBatch[RecordFuture]] = {}
         # How many sealed batches of each partition await their reports.
         self._unreported: dict[PartitionKey, int] = {}
         self._notices: list[ipc.SealNotice] = []
@@ -58,27 +58,27 @@ class RecordAccumulator:
         self.wakes_at = 0.0
 
     def open_batch(self, topic: str, partition: int, blocks: list[int], view: memoryview,
-                   timestamp_ms: int) -> OpenBatch:
+                   timestamp_ms: int) -> OpenBatch[RecordFuture]:
         """A new open batch for the partition on ``blocks`` (``view``: their bytes)."""
         key = (topic, partition)
         opened = self.open.get(key)
         if opened is not None:
             # Another thread opened one while this one waited for its blocks: it goes first.
             self.seal(opened)
-        batch = OpenBatch(self._next_batch_id, topic, partition, blocks[0], len(blocks), view, timestamp_ms,
-                          time.monotonic())
+        batch: OpenBatch[RecordFuture] = OpenBatch(self._next_batch_id, topic, partition, blocks[0], len(blocks),
+                                                   view, timestamp_ms, time.monotonic())
         self._next_batch_id += 1
         self.open[key] = batch
         if self._linger_deadline(batch.created) < self.wakes_at and not (self._holding and key in self._unreported):
             self._wake()  # the I/O thread must wake sooner than it planned, for this batch's linger
         return batch
 
-    def seal_filled(self, batch: OpenBatch) -> None:
+    def seal_filled(self, batch: OpenBatch[RecordFuture]) -> None:
         """Seal a batch the fast path filled, unless another thread sealed it meanwhile."""
         if self.open.get((batch.topic, batch.partition)) is batch:
             self.seal(batch)
 
-    def seal(self, batch: OpenBatch) -> None:
+    def seal(self, batch: OpenBatch[RecordFuture]) -> None:
         """Hand a batch to the daemon: its notice goes in the next SEAL message; an empty one's blocks go back."""
         key = (batch.topic, batch.partition)
         del self.open[key]
@@ -146,7 +146,7 @@ class RecordAccumulator:
         notices, self._notices = self._notices, []
         return ipc.Seal(notices)
 
-    def reported(self, rows: list[Any], now: float) -> list[tuple[OpenBatch, ipc.DeliveryReport, int]]:
+    def reported(self, rows: list[Any], now: float) -> list[tuple[OpenBatch[RecordFuture], ipc.DeliveryReport, int]]:
         """Count delivery reports against their batches; the batches still known, each with its report
         (its record_count within the batch) and how many of its records it reports for the first time."""
         reported = []
@@ -172,14 +172,14 @@ class RecordAccumulator:
             reported.append((batch, report._replace(record_count=span), fresh))
         return reported
 
-    def overdue(self, now: float, limit_s: float) -> list[OpenBatch]:
+    def overdue(self, now: float, limit_s: float) -> list[OpenBatch[RecordFuture]]:
         """Forget and return the sealed batches unreported ``limit_s`` after sealing."""
         overdue = [b for b in self.sealed.values() if now - b.sealed > limit_s]
         for batch in overdue:
             self._forget_sealed(batch)
         return overdue
 
-    def _forget_sealed(self, batch: OpenBatch) -> None:
+    def _forget_sealed(self, batch: OpenBatch[RecordFuture]) -> None:
         del self.sealed[batch.batch_id]
         key = (batch.topic, batch.partition)
         left = self._unreported[key] - 1
@@ -205,7 +205,7 @@ class RecordAccumulator:
         return futures
 
 
-def _notice(batch: OpenBatch, now: float) -> ipc.SealNotice:
+def _notice(batch: OpenBatch[RecordFuture], now: float) -> ipc.SealNotice:
     return ipc.SealNotice(batch.batch_id, batch.first_block, batch.block_count, batch.topic, batch.partition,
                           batch.record_count, batch.pos, batch.base_timestamp, batch.max_timestamp,
                           int((now - batch.created) * 1000))

@@ -12,6 +12,7 @@ into exceptions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -39,7 +40,7 @@ class KafkaError(Exception):
             return f"{self.name} ({self.code}): {self.message}"
         return f"{self.name} ({self.code})"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., KafkaError], tuple[object, ...]]:
         # Keep the keyword-only attributes when errors cross process boundaries.
         return (_rebuild_error, (type(self), self.message, self.code, self.name, self.retriable))
 

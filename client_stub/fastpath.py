@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 __all__ = ["IMPLEMENTATION", "PURE_PYTHON_VARIABLE", "Appender", "Completer", "OpenBatch", "encode_record",
            "encode_record_into", "load", "murmur2", "pure_python_requested", "record_size"]
@@ -35,7 +36,13 @@ def load(extension: str, twin: str) -> tuple[ModuleType, str]:
     return importlib.import_module(twin), "python"
 
 
-_module, IMPLEMENTATION = load("client_stub._fastpath", "client_stub._fastpath_py")
+if TYPE_CHECKING:
+    # Whichever twin load() returns has the names and types of the extension's stub, client_stub/_fastpath.pyi.
+    from . import _fastpath as _module
+
+    IMPLEMENTATION: str
+else:
+    _module, IMPLEMENTATION = load("client_stub._fastpath", "client_stub._fastpath_py")
 
 Appender = _module.Appender
 Completer = _module.Completer

@@ -13,15 +13,19 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import RUNNING
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import KafkaError
 from .fastpath import Completer
 
+if TYPE_CHECKING:
+    from concurrent.futures._base import _Waiter
+
 # The producer's logger: a failed callback is the producer's to the application.
 log = logging.getLogger("client_stub.producer")
 
-DeliveryCallback = Callable[["KafkaError | None", "RecordMetadata | None"], None]
+# on_delivery(error, metadata): one of the two is None. What it returns is ignored.
+DeliveryCallback = Callable[["KafkaError | None", "RecordMetadata | None"], object]
 
 
 class RecordMetadata(NamedTuple):
@@ -43,7 +47,7 @@ class RecordMetadata(NamedTuple):
 _CONDITION_LOCK = threading.Lock()
 
 
-class RecordFuture(Future):
+class RecordFuture(Future[RecordMetadata]):
     """The Future of one record, with what its RecordMetadata needs.
 
     A plain Future makes a threading.Condition and two lists when created: most of
@@ -74,6 +78,8 @@ class RecordFuture(Future):
         self._exception: BaseException | None = None
         self._cond: threading.Condition | None = None
 
+    # Future's _condition and _waiters are attributes, which these properties make on first use: an override that
+    # mypy refuses for an attribute that could be written (Future only reads them).
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
         cond = self._cond
@@ -85,25 +91,26 @@ class RecordFuture(Future):
         return cond
 
     @property
-    def _waiters(self) -> list:  # type: ignore[override]
+    def _waiters(self) -> list[_Waiter]:  # type: ignore[override]
         try:
             return self._waiter_list
         except AttributeError:
-            self._waiter_list: list = []
+            self._waiter_list: list[_Waiter] = []
             return self._waiter_list
 
     @property
-    def _done_callbacks(self) -> list:  # type: ignore[override]
+    def _done_callbacks(self) -> list[Callable[[Future[RecordMetadata]], object]]:
         try:
             return self._callback_list
         except AttributeError:
-            self._callback_list: list = []
+            self._callback_list: list[Callable[[Future[RecordMetadata]], object]] = []
             return self._callback_list
 
     def _notify(self, result: RecordMetadata | None, error: KafkaError | None) -> None:
         """Complete a watched future (its Condition exists), then run its callback."""
         try:
-            if error is None:
+            # The metadata of a delivered record, or None with the error of one that failed.
+            if result is not None:
                 self.set_result(result)
             else:
                 self.set_exception(error)
@@ -123,7 +130,7 @@ def _callback_failed(exc: BaseException) -> None:
 def reinit_after_fork() -> None:
     """In a forked child: the parent's I/O thread may have held the lock at the fork, and nobody would
     release it."""
-    _CONDITION_LOCK._at_fork_reinit()  # type: ignore[attr-defined]
+    _CONDITION_LOCK._at_fork_reinit()  # type: ignore[attr-defined]  # CPython's lock has it; typeshed omits it
 
 
 # Completes record futures from delivery reports (the I/O thread).

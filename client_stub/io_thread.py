@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -79,18 +79,21 @@ class Outbox:
         if self._wake_pending or threading.get_ident() == self._io_ident:
             return
         self._wake_pending = True
+        if self._wake_w is None:
+            return  # not started
         try:
-            self._wake_w.send(b"\x00")  # type: ignore[union-attr]
-        except (BlockingIOError, AttributeError):
-            pass  # already woken (the pipe is full), or not started
+            self._wake_w.send(b"\x00")
+        except BlockingIOError:
+            pass  # already woken: the pipe is full
 
     def bind(self) -> int:
         """Called on the I/O thread when it starts, whose own wake() calls are unneeded; returns the file
         descriptor to poll for wake-ups."""
+        assert self._wake_r is not None, "open() first"
         self._io_ident = threading.get_ident()
-        return self._wake_r.fileno()  # type: ignore[union-attr]
+        return self._wake_r.fileno()
 
-    def send_all(self, sock: zmq.Socket) -> None:
+    def send_all(self, sock: zmq.Socket[bytes]) -> None:
         """Send what is queued (I/O thread)."""
         messages = self._messages
         while messages:
@@ -112,8 +115,9 @@ class Outbox:
         # left set, and every later wake() skipped.) One read: a wake-up is one byte, and whatever is left
         # wakes the next poll at once. A small read comes from Python's object allocator; a page-sized one
         # would be a malloc() in this thread's own arena, whose pages stay resident in every client process.
+        assert self._wake_r is not None, "open() first"
         try:
-            self._wake_r.recv(64)  # type: ignore[union-attr]
+            self._wake_r.recv(64)
         except BlockingIOError:
             pass
         self._wake_pending = False
@@ -128,7 +132,7 @@ class IoThread:
     """
 
     def __init__(self, endpoint: str, cond: threading.Condition, outbox: Outbox, accumulator: RecordAccumulator,
-                 grants: BlockGrants, metadata: ProducerMetadata, appender: Appender, *,
+                 grants: BlockGrants, metadata: ProducerMetadata, appender: Appender[RecordFuture], *,
                  hello: Callable[[], ipc.Hello], linger_ms: Callable[[], int],
                  fast_path_allowed: Callable[[], bool]) -> None:
         self.endpoint = endpoint
@@ -168,8 +172,8 @@ class IoThread:
         self.records_delivered = 0
         self.records_failed = 0
         self._stopping = False
-        self._context: zmq.Context | None = None
-        self._sock: zmq.Socket | None = None
+        self._context: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._sock: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
 
     # -- life cycle ------------------------------------------------------------------------------
@@ -181,7 +185,7 @@ class IoThread:
         self._thread = threading.Thread(target=self._run, name="kafka-sidecar-io", daemon=True)
         self._thread.start()
 
-    def _connect(self) -> tuple[zmq.Context, zmq.Socket]:
+    def _connect(self) -> tuple[zmq.Context[zmq.Socket[bytes]], zmq.Socket[bytes]]:
         """A context of this process and its socket to the daemon (which the I/O thread then uses alone).
 
         Made by the caller, not on the I/O thread: what ZeroMQ allocates for the socket (its pipes,
@@ -198,7 +202,7 @@ class IoThread:
             context.term()
             raise ValueError(f"cannot connect to the kafka-sidecar endpoint {self.endpoint!r}: {exc}") from None
 
-    def _socket(self, context: zmq.Context) -> zmq.Socket:
+    def _socket(self, context: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 2000)
         sock.setsockopt(zmq.SNDHWM, 0)
@@ -321,9 +325,9 @@ class IoThread:
 
     # -- messages from the daemon ----------------------------------------------------------------
 
-    def _receive_all(self, sock: zmq.Socket) -> None:
+    def _receive_all(self, sock: zmq.Socket[bytes]) -> None:
         # Asking for the events is cheaper than raising zmq.Again at the end of every batch.
-        while sock.getsockopt(_EVENTS) & _POLLIN:
+        while cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:  # an int option (pyzmq types every option int | bytes)
             data = sock.recv(_NOBLOCK)
             try:
                 self._handle(sock, ipc.decode(data))
@@ -336,7 +340,7 @@ class IoThread:
             except Exception:
                 log.exception("cannot handle a message from the daemon")
 
-    def _handle(self, sock: zmq.Socket, message: ipc.Message) -> None:
+    def _handle(self, sock: zmq.Socket[bytes], message: ipc.Message) -> None:
         if isinstance(message, ipc.Delivery):
             self._deliver(message.reports)
             return
@@ -383,7 +387,7 @@ class IoThread:
 
     # -- the session -----------------------------------------------------------------------------
 
-    def _reconnect(self, poller: zmq.Poller, sock: zmq.Socket) -> zmq.Socket:
+    def _reconnect(self, poller: zmq.Poller, sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
         """A new socket to the daemon, for a HELLO said again: what the old one queued (the last HELLO,
         lost with a dying daemon or waiting for one that is down) is dropped, not delivered one day in a
         heap."""
@@ -394,7 +398,7 @@ class IoThread:
         poller.register(self._sock, zmq.POLLIN)
         return self._sock
 
-    def _say_hello(self, sock: zmq.Socket) -> None:
+    def _say_hello(self, sock: zmq.Socket[bytes]) -> None:
         """HELLO, offering the session of a daemon that is gone if there is one; only its WELCOME counts."""
         hello = self._hello()
         with self._cond:
@@ -414,13 +418,13 @@ class IoThread:
         return ipc.Resume(lost.daemon_id, lost.client_id, lost.block_size, lost.block_count,
                           [list(notice) for notice in self._accumulator.resume_notices(now)])
 
-    def _drain(self, sock: zmq.Socket) -> None:
+    def _drain(self, sock: zmq.Socket[bytes]) -> None:
         """Take what the daemon sent before it went (its last reports, which need not be sent again), as
         ZeroMQ's I/O thread hands it over."""
         while sock.poll(_DRAIN_WAIT_MS):
             self._receive_all(sock)
 
-    def _daemon_shutting_down(self, sock: zmq.Socket, reason: str) -> None:
+    def _daemon_shutting_down(self, sock: zmq.Socket[bytes], reason: str) -> None:
         """The daemon is shutting down (lock held): hand it what this producer holds, as the session's last; it
         delivers or fails all of it before it goes. New records wait for the next daemon."""
         if self.welcome is None:
@@ -437,7 +441,7 @@ class IoThread:
         self.shutdown_reason = reason
         self._daemon_draining = True
 
-    def _lose_session(self, sock: zmq.Socket) -> None:
+    def _lose_session(self, sock: zmq.Socket[bytes]) -> None:
         """The daemon is gone, or does not know this client any more: keep what the session held (its
         segment, its sealed batches) for the next, which HELLO offers."""
         self._daemon_draining = False
@@ -454,7 +458,7 @@ class IoThread:
             self._hold_memory()
         self._say_hello(sock)
 
-    def _welcomed(self, sock: zmq.Socket, welcome: ipc.Welcome) -> None:
+    def _welcomed(self, sock: zmq.Socket[bytes], welcome: ipc.Welcome) -> None:
         """The memory handshake: a new segment, or the lost session's taken back."""
         if self.welcome is not None or welcome.hello_id != self._hello_id:
             return  # the answer to an earlier HELLO, said again since: its session ends with the next
@@ -559,8 +563,10 @@ class IoThread:
         """Fail the records of a lost session, then count them out as _deliver does."""
         with self._cond:
             lost, self._lost = self._lost, []
+            error = self._lost_error
             pending = sum(1 for future in lost if not future.done())
-        fail(lost, self._lost_error)  # type: ignore[arg-type]
+        assert error is not None, "_forget_session() sets it with the records it loses"
+        fail(lost, error)
         with self._cond:
             self.count_done(failed=pending)
             self._cond.notify_all()

@@ -41,14 +41,15 @@ from .errors import (
     SidecarUnavailableError,
 )
 from .fastpath import Appender, OpenBatch, record_size
-from .futures import DeliveryCallback, RecordFuture
+from .futures import DeliveryCallback, RecordFuture, RecordMetadata
 from .io_thread import IoThread, Outbox
 from .metadata import ProducerMetadata, TopicInfo
 from .partitioner import Partitioner
 
 __all__ = ["Producer", "Serializer"]
 
-Serializer = Callable[[Any], "bytes | None"]
+# key_serializer and value_serializer: what they return is taken as send() takes a key or value (str as UTF-8).
+Serializer = Callable[[Any], "bytes | bytearray | memoryview | str | None"]
 
 _producers: weakref.WeakSet[Producer] = weakref.WeakSet()
 
@@ -109,8 +110,9 @@ class Producer:
                                   self._accumulator.seal_filled, self._send,
                                   None if self._partitioner_name == "random" else self._partitioner.sticky,
                                   self._partitioner_name == "murmur2_random")
-        # Each instance's send() is its Appender's: no Python frame per record (see Producer.send).
-        self.send = self._appender.send
+        # Each instance's send() is its Appender's: no Python frame per record (see Producer.send). It takes the
+        # same arguments, which mypy cannot see (a method is not assigned to, as a rule).
+        self.send = self._appender.send  # type: ignore[method-assign]
         self._io = IoThread(self.endpoint, self._cond, self._outbox, self._accumulator, self._grants,
                             self._metadata, self._appender, hello=self._hello, linger_ms=lambda: self.linger_ms,
                             fast_path_allowed=self._fast_path_allowed)
@@ -194,7 +196,7 @@ class Producer:
 
     def send(self, topic: str, value: Any = None, key: Any = None, *, partition: int | None = None,
              timestamp_ms: int | None = None, headers: Sequence[tuple[str, Any]] | Mapping[str, Any] | None = None,
-             on_delivery: DeliveryCallback | None = None) -> Future:
+             on_delivery: DeliveryCallback | None = None) -> Future[RecordMetadata]:
         """Hand a record over; the Future's result is its RecordMetadata.
 
         Blocks up to max_block_ms for the daemon's welcome, the topic's metadata
@@ -235,6 +237,7 @@ class Producer:
             # The welcome brings the daemon's max.block.ms, which the wait for the topic keeps to.
             deadline = min(deadline, started + self.max_block_ms / 1000)
             info = self._wait_for_topic(topic, deadline)
+        # The ignores: a topic waited for has its partition count, which mypy cannot see through the wait.
         if partition is not None and partition >= info.partition_count:  # type: ignore[operator]
             raise ValueError(f"partition {partition} of topic {topic} does not exist: it has "
                              f"{info.partition_count} partitions (0-{info.partition_count - 1})")  # type: ignore[operator]
@@ -266,6 +269,7 @@ class Producer:
                 self._check_session()
                 partition = explicit
                 if partition is None:
+                    # send() waited for the topic's partition count, which mypy cannot see.
                     partition = self._partitioner.partition(topic, key, info.partition_count,  # type: ignore[arg-type]
                                                             info.available)
                 batch = accumulator.open.get((topic, partition))
@@ -286,7 +290,7 @@ class Producer:
                 return
 
     def _new_batch(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-                   headers: Sequence[Header], timestamp_ms: int, deadline: float) -> OpenBatch | None:
+                   headers: Sequence[Header], timestamp_ms: int, deadline: float) -> OpenBatch[RecordFuture] | None:
         """A batch on fresh blocks for the record; None if the lock was released to wait."""
         if not deadline:
             deadline = time.monotonic() + self.max_block_ms / 1000

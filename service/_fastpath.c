@@ -127,7 +127,7 @@ static int next_record(const unsigned char *data, Py_ssize_t len, Py_ssize_t cou
 }
 
 PyDoc_STRVAR(rebase_records_doc,
-"rebase_records(records, record_count, first_offset_delta, timestamp_shift) -> bytes\n\n"
+"rebase_records($module, records, record_count, first_offset_delta, timestamp_shift, /)\n--\n\n"
 "The records of one batch, re-encoded for another that holds them from ``first_offset_delta`` on,\n"
 "with a base timestamp ``timestamp_shift`` ms lower. ValueError unless ``records`` is exactly\n"
 "``record_count`` well-formed records.");
@@ -192,7 +192,7 @@ done:
 }
 
 PyDoc_STRVAR(copy_records_doc,
-"copy_records(records, record_count) -> bytes\n\n"
+"copy_records($module, records, record_count, /)\n--\n\n"
 "A copy of the records of one batch, read once. ValueError unless the copy is exactly ``record_count``\n"
 "well-formed records.");
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client_stub.contract.records import varint
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 __all__ = ["copy_records", "rebase_records"]
 
@@ -114,7 +117,8 @@ def _records(data: bytes, count: int) -> Iterator[tuple[int, int, int, int]]:
         raise ValueError(f"not {count} well-formed records (record {n}, byte {pos} of {end})")
 
 
-def rebase_records(records: Any, record_count: int, first_offset_delta: int, timestamp_shift: int) -> bytes:
+def rebase_records(records: ReadableBuffer, record_count: int, first_offset_delta: int, timestamp_shift: int,
+                   /) -> bytes:
     """The records of one batch, re-encoded for another that holds them from ``first_offset_delta`` on,
     with a base timestamp ``timestamp_shift`` ms lower. ValueError unless ``records`` is exactly
     ``record_count`` well-formed records."""
@@ -136,7 +140,7 @@ def rebase_records(records: Any, record_count: int, first_offset_delta: int, tim
     return b"".join(pieces)
 
 
-def copy_records(records: Any, record_count: int) -> bytes:
+def copy_records(records: ReadableBuffer, record_count: int, /) -> bytes:
     """A copy of the records of one batch, read once. ValueError unless the copy is exactly ``record_count``
     well-formed records."""
     # The records lie in shared memory that their client can still write: what is checked is the copy

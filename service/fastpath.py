@@ -8,11 +8,19 @@ Two twins with the same names, behaviour and errors: the C extension ``service._
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from client_stub.fastpath import load
 
 __all__ = ["IMPLEMENTATION", "copy_records", "rebase_records"]
 
-_module, IMPLEMENTATION = load("service._fastpath", "service._fastpath_py")
+if TYPE_CHECKING:
+    # Whichever twin load() returns has the names and types of the extension's stub, service/_fastpath.pyi.
+    from . import _fastpath as _module
+
+    IMPLEMENTATION: str
+else:
+    _module, IMPLEMENTATION = load("service._fastpath", "service._fastpath_py")
 
 copy_records = _module.copy_records
 rebase_records = _module.rebase_records

@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias, TypeVar
 
 import msgpack
 
@@ -70,6 +70,9 @@ class VersionMismatchError(ValueError):
 
 # -- client -> daemon ---------------------------------------------------------------------------
 
+# A message class is a subclass of the NamedTuple of its fields, which holds its TYPE: in a NamedTuple's own
+# body, type checkers read every assignment as a field.
+
 
 class HelloOptions(NamedTuple):
     """What a client says of itself in its :class:`Hello` (a map by name on the wire)."""
@@ -101,26 +104,18 @@ class Resume(NamedTuple):
     sealed: list[Any]
 
 
-class Hello(NamedTuple):
+class Hello(NamedTuple("Hello", [("version", int), ("pid", int), ("client_name", str), ("options", HelloOptions)])):
     """The handshake, first of a session (again after an ERROR_UNKNOWN_CLIENT, or when the daemon is gone)."""
 
-    TYPE = 1
-
-    version: int
-    pid: int
-    client_name: str
-    options: HelloOptions
+    __slots__ = ()
+    TYPE: Final = 1
 
 
-class Blocks(NamedTuple):
+class Blocks(NamedTuple("Blocks", [("request_id", int), ("count", int), ("contiguous", bool), ("timeout_ms", int)])):
     """Ask for ``count`` blocks (a run of ``count`` if ``contiguous``), waiting up to ``timeout_ms``."""
 
-    TYPE = 2
-
-    request_id: int
-    count: int
-    contiguous: bool
-    timeout_ms: int
+    __slots__ = ()
+    TYPE: Final = 2
 
 
 class SealNotice(NamedTuple):
@@ -138,55 +133,51 @@ class SealNotice(NamedTuple):
     created_ms_ago: int
 
 
-class Seal(NamedTuple):
+class Seal(NamedTuple("Seal", [("notices", list[Any])])):
     """Seal notices, checked by the daemon one by one (a bad notice does not refuse the others)."""
 
-    TYPE = 3
+    __slots__ = ()
+    TYPE: Final = 3
 
-    notices: list[Any]
 
-
-class Release(NamedTuple):
+class Release(NamedTuple("Release", [("blocks", list[int])])):
     """Granted blocks given back unused."""
 
-    TYPE = 4
+    __slots__ = ()
+    TYPE: Final = 4
 
-    blocks: list[int]
 
-
-class Metadata(NamedTuple):
+class Metadata(NamedTuple("Metadata", [("topic", str)])):
     """Follow a topic: its partitions now, and each change later, come as :class:`Topic`."""
 
-    TYPE = 5
+    __slots__ = ()
+    TYPE: Final = 5
 
-    topic: str
 
-
-class Heartbeat(NamedTuple):
+class Heartbeat(NamedTuple("Heartbeat", [])):
     """The client is alive (it says so when it has nothing else to say)."""
 
-    TYPE = 6
+    __slots__ = ()
+    TYPE: Final = 6
 
-
-class Goodbye(NamedTuple):
+class Goodbye(NamedTuple("Goodbye", [])):
     """The end of the session: the client's unsealed blocks return to the pool."""
 
-    TYPE = 7
+    __slots__ = ()
+    TYPE: Final = 7
 
-
-class Stats(NamedTuple):
+class Stats(NamedTuple("Stats", [])):
     """Ask for the daemon's figures (no session needed): answered by a :class:`StatsReport`."""
 
-    TYPE = 8
+    __slots__ = ()
+    TYPE: Final = 8
 
-
-class LastSeal(NamedTuple):
+class LastSeal(NamedTuple("LastSeal", [("notices", list[Any])])):
     """The answer to :class:`Shutdown`: the client's last seal notices of the session (checked as
     :class:`Seal`'s); it hands the daemon nothing more."""
 
-    TYPE = 9
-
-    notices: list[Any]
+    __slots__ = ()
+    TYPE: Final = 9
 
 
 # -- daemon -> client ---------------------------------------------------------------------------
@@ -203,40 +194,29 @@ class WelcomeSettings(NamedTuple):
     heartbeat_interval_ms: int
 
 
-class Welcome(NamedTuple):
+class Welcome(NamedTuple("Welcome", [("version", int), ("client_id", int), ("memory_token", bytes),
+                                     ("block_size", int), ("block_count", int), ("settings", WelcomeSettings),
+                                     ("daemon_id", str), ("resumed", bool), ("hello_id", int)])):
     """The session is open: the client gets its segment over the memory socket with ``memory_token`` (see
     :mod:`.shared_memory`), then may ask for blocks. ``resumed``: the daemon takes back the session the
     client's Hello offered, when the client hands over its segment. ``hello_id``: the Hello's."""
 
-    TYPE = 101
-
-    version: int
-    client_id: int
-    memory_token: bytes
-    block_size: int
-    block_count: int
-    settings: WelcomeSettings
-    daemon_id: str
-    resumed: bool
-    hello_id: int
+    __slots__ = ()
+    TYPE: Final = 101
 
 
-class Grant(NamedTuple):
+class Grant(NamedTuple("Grant", [("request_id", int), ("blocks", list[int])])):
     """Blocks for a :class:`Blocks` request; for a contiguous one, the run in order."""
 
-    TYPE = 102
-
-    request_id: int
-    blocks: list[int]
+    __slots__ = ()
+    TYPE: Final = 102
 
 
-class GrantFailed(NamedTuple):
+class GrantFailed(NamedTuple("GrantFailed", [("request_id", int), ("reason", str)])):
     """The request waited longer than its timeout, or was refused (after an :class:`Error`)."""
 
-    TYPE = 103
-
-    request_id: int
-    reason: str
+    __slots__ = ()
+    TYPE: Final = 103
 
 
 class DeliveryReport(NamedTuple):
@@ -261,67 +241,59 @@ class DeliveryReport(NamedTuple):
 WHOLE_BATCH = 2**31 - 1
 
 
-class Delivery(NamedTuple):
+class Delivery(NamedTuple("Delivery", [("reports", list[Any])])):
     """Delivery reports, as :class:`DeliveryReport` rows."""
 
-    TYPE = 104
+    __slots__ = ()
+    TYPE: Final = 104
 
-    reports: list[Any]
 
-
-class Topic(NamedTuple):
+class Topic(NamedTuple("Topic", [("topic", str), ("partition_count", int | None),
+                                 ("available_partitions", list[int]), ("error", WireError | None)])):
     """A followed topic's state: its partition count (None: not known yet), the partitions with a leader,
     and its last metadata error (a retriable one only to clients that said ``retriable_topic_errors``,
     which wait on)."""
 
-    TYPE = 105
-
-    topic: str
-    partition_count: int | None
-    available_partitions: list[int]
-    error: WireError | None
+    __slots__ = ()
+    TYPE: Final = 105
 
 
-class SealNow(NamedTuple):
+class SealNow(NamedTuple("SealNow", [])):
     """The pool is exhausted: seal what you hold, give back your spare blocks."""
 
-    TYPE = 106
+    __slots__ = ()
+    TYPE: Final = 106
 
-
-class Error(NamedTuple):
+class Error(NamedTuple("Error", [("code", str), ("message", str)])):
     """The last message was refused; ``code`` is one of the ``ERROR_*`` strings."""
 
-    TYPE = 107
-
-    code: str
-    message: str
+    __slots__ = ()
+    TYPE: Final = 107
 
 
-class StatsReport(NamedTuple):
+class StatsReport(NamedTuple("StatsReport", [("figures", dict[str, Any])])):
     """The daemon's figures, by the names of :func:`service.metrics.daemon_figures`: ``producer``,
     ``nodes``, ``topics`` (Kafka's producer metrics), ``sidecar``, ``processes`` (its own); and its
     BufferPool's by client (``clients``: [client id, pid, blocks held] of each session; ``held``:
     [client id, blocks held] of each segment)."""
 
-    TYPE = 108
+    __slots__ = ()
+    TYPE: Final = 108
 
-    figures: dict[str, Any]
 
-
-class Shutdown(NamedTuple):
+class Shutdown(NamedTuple("Shutdown", [("reason", str)])):
     """The daemon is shutting down (``reason``): seal what you hold and say :class:`LastSeal`; what you
     sealed is delivered or failed before the daemon exits, and new records wait for the next daemon."""
 
-    TYPE = 109
-
-    reason: str
+    __slots__ = ()
+    TYPE: Final = 109
 
 
 Message: TypeAlias = (Hello | Blocks | Seal | Release | Metadata | Heartbeat | Goodbye | Stats | LastSeal | Welcome
                       | Grant | GrantFailed | Delivery | Topic | SealNow | Error | StatsReport | Shutdown)
 
 # By type number on the wire (each class's TYPE: clients' messages from 1, the daemon's from 101).
-_CLASSES: dict[int, type[Any]] = {cls.TYPE: cls for cls in (Hello, Blocks, Seal, Release, Metadata, Heartbeat,
+_CLASSES: dict[int, type[Message]] = {cls.TYPE: cls for cls in (Hello, Blocks, Seal, Release, Metadata, Heartbeat,
                                                              Goodbye, Stats, LastSeal, Welcome, Grant, GrantFailed,
                                                              Delivery, Topic, SealNow, Error, StatsReport,
                                                              Shutdown)}
@@ -361,7 +333,11 @@ def from_fields(fields: list[Any]) -> Message:
     return cls._make(values)
 
 
-def _named(cls: type[Any], value: Any, what: str, *, partial: bool) -> Any:
+# The messages' fields that are maps by name on the wire.
+_Named = TypeVar("_Named", HelloOptions, WelcomeSettings)
+
+
+def _named(cls: type[_Named], value: Any, what: str, *, partial: bool) -> _Named:
     """A NamedTuple from a map by name. Names this side does not know are left out (a newer peer's);
     those it needs must be there unless ``partial``, which takes the defaults."""
     if not isinstance(value, dict):
@@ -377,7 +353,8 @@ def pack(*fields: Any) -> bytes:
     """One msgpack array of ``fields`` (the wire's layer below :func:`encode`)."""
     # msgpack's Packer starts with a 256 KiB buffer: a malloc() per message, which in the client's
     # I/O thread takes pages of a malloc arena of its own. A small buffer is Python's (it grows as needed).
-    return msgpack.packb(fields, use_bin_type=True, buf_size=256)
+    packed: bytes = msgpack.packb(fields, use_bin_type=True, buf_size=256)  # msgpack has no types: say what it is
+    return packed
 
 
 def unpack(data: bytes) -> list[Any]:

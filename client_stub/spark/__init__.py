@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .options import SinkOptions
 from .schema import Columns, check_write
-from .task import IDEMPOTENCE_HEADER, Origin, WriteTotals, write_batches
+from .task import IDEMPOTENCE_HEADER, Origin, WriteTotals, task_context, write_batches
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -74,9 +74,8 @@ class _PartitionWriter:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
-        from pyspark import TaskContext
 
-        origin = Origin(self.job_id, self.batch_id, TaskContext.get().partitionId())
+        origin = Origin(self.job_id, self.batch_id, task_context().partitionId())
         totals = write_batches(batches, self.options, self.columns, origin)
         topics = sorted(totals.records)
         yield pa.RecordBatch.from_pydict(

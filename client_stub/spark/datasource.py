@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -27,7 +26,7 @@ from pyspark.sql.types import StructType
 from ..errors import ConfigError
 from .options import SinkOptions
 from .schema import Columns, check_write
-from .task import Origin, WriteTotals, write_batches
+from .task import Origin, WriteTotals, task_context, write_batches
 
 log = logging.getLogger("client_stub.spark")
 
@@ -73,7 +72,7 @@ class KafkaSidecarWriter(DataSourceArrowWriter):
         self.job_id = job_id
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SidecarCommitMessage:
-        origin = Origin(self.job_id, 0, TaskContext.get().partitionId())
+        origin = Origin(self.job_id, 0, task_context().partitionId())
         return SidecarCommitMessage(write_batches(iterator, self.options, self.columns, origin))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -91,7 +90,7 @@ class KafkaSidecarStreamWriter(DataSourceStreamArrowWriter):
         self.columns = columns
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SidecarCommitMessage:
-        context = TaskContext.get()
+        context = task_context()
         query_id, batch_id = (context.getLocalProperty(_QUERY_ID_PROPERTY),
                               context.getLocalProperty(_BATCH_ID_PROPERTY))
         if self.options.idempotence_header and not (query_id and batch_id):

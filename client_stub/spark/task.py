@@ -17,8 +17,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+# pyarrow has no types (pyproject.toml's [tool.mypy]): what its calls return is declared where it is kept.
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import TaskContext
 
 from ..errors import KafkaError, KafkaTimeoutError
 from ..futures import RecordMetadata
@@ -66,6 +68,14 @@ class Origin:
     query: str
     batch_id: int
     partition: int
+
+
+def task_context() -> TaskContext:
+    """The context of the Spark task this runs in (a writer's write(), a mapInArrow function)."""
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("kafka-sidecar's Spark writer runs in a Spark task, and this is none")
+    return context
 
 
 _producers: dict[tuple[Any, ...], Producer] = {}
@@ -142,7 +152,7 @@ class _Task:
         try:
             if rows is None:
                 # The common case, nothing per row but the key and the value: the fast path of send().
-                topic = self.options.topic
+                topic = self._topic_option()
                 key_list = keys.to_pylist() if keys is not None else itertools.repeat(None)
                 # strict=False: a column the batch lacks is itertools.repeat(None), which never ends.
                 for row, (value, key) in enumerate(  # noqa: B007 (row: for the note below)
@@ -156,6 +166,11 @@ class _Task:
         except Exception as exc:
             exc.add_note(f"kafka-sidecar: while sending row {row} of Spark partition {self.origin.partition}")
             raise
+
+    def _topic_option(self) -> str:
+        """The topic of the rows, when the DataFrame has no topic column (check_schema then requires the option)."""
+        assert self.options.topic is not None, "check_schema lets no DataFrame without a topic through"
+        return self.options.topic
 
     def _rows(self, batch: pa.RecordBatch, values: pa.Array, keys: pa.Array | None, topics: pa.Array | None,
               first_row: int) -> Iterator[tuple[Any, ...]] | None:
@@ -183,7 +198,7 @@ class _Task:
         """Add the batch to the totals: records, and the bytes of keys and values, per topic."""
         totals = self.totals
         if topics is None:
-            topic: str = self.options.topic  # type: ignore[assignment]  (check_schema: a topic option or column)
+            topic = self._topic_option()
             totals.records[topic] += len(values)
             totals.bytes[topic] += _byte_count(values) + (_byte_count(keys) if keys is not None else 0)
             return
@@ -219,10 +234,14 @@ def _byte_count(column: pa.Array) -> int:
     """The bytes of a binary or large_binary column's values: from its offsets when it has no nulls (no pass
     over the rows; the offsets of a null may span bytes)."""
     if column.null_count or not len(column):
-        return pc.sum(pc.binary_length(column)).as_py() or 0
+        total: int = pc.sum(pc.binary_length(column)).as_py() or 0
+        return total
     offsets = memoryview(column.buffers()[1]).cast("q" if pa.types.is_large_binary(column.type) else "i")
-    return offsets[column.offset + len(column)] - offsets[column.offset]
+    first: int = column.offset
+    return offsets[first + len(column)] - offsets[first]
 
 
 def _timestamps_ms(column: pa.Array) -> list[int | None]:
-    return pc.divide(column.cast(pa.timestamp("us", column.type.tz)).cast(pa.int64()), 1000).to_pylist()
+    timestamps: list[int | None] = pc.divide(column.cast(pa.timestamp("us", column.type.tz)).cast(pa.int64()),
+                                             1000).to_pylist()
+    return timestamps

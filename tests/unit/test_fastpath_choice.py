@@ -10,11 +10,10 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from types import ModuleType
 
 import pytest
 
-from tests.support.fastpath import CLIENT, DAEMON, c_extension
+from tests.support.fastpath import c_extension
 
 BUILT = c_extension("client_stub._fastpath") is not None and c_extension("service._fastpath") is not None
 needs_extensions = pytest.mark.skipif(not BUILT, reason="the C extensions are not built")
@@ -56,22 +55,6 @@ def test_the_c_extensions_are_chosen_unless_the_variable_is_true(variable: str |
 
 def test_extensions_that_cannot_be_imported_leave_the_python_twins() -> None:
     assert choice(None, prelude=BLOCKED) == PYTHON
-
-
-def _public(module: ModuleType) -> set[str]:
-    return {name for name in dir(module) if not name.startswith("_")}
-
-
-@pytest.mark.parametrize(("twins", "names"), [
-    pytest.param(CLIENT, {"Appender", "Completer", "OpenBatch", "encode_record", "encode_record_into", "murmur2",
-                          "record_size"}, id="client"),
-    pytest.param(DAEMON, {"copy_records", "rebase_records"}, id="daemon"),
-])
-def test_the_twins_have_the_same_names(twins: list, names: set[str]) -> None:
-    c_module, python_module = (param.values[0] for param in twins)
-    assert set(python_module.__all__) == names
-    if c_module is not None:
-        assert _public(c_module) == names  # copy_records and rebase_records are the daemon's alone
 
 
 def test_where_there_is_a_compiler_the_extensions_are_built() -> None:
