@@ -1,5 +1,5 @@
-"""The package is typed: mypy --strict passes on what pyproject.toml's [tool.mypy] names, and the stubs of the C
-extensions say what the extensions and their pure-Python twins are.
+"""The package is typed: mypy --strict passes on what pyproject.toml's [tool.mypy] names and on the Python examples
+of the documentation, and the stubs of the C extensions say what the extensions and their pure-Python twins are.
 
 mypy keeps its cache in the project's .mypy_cache: a run after the first checks only what changed.
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 import mypy.api
 import pytest
 
+from tests.support.docs import examples
 from tests.support.fastpath import c_extension
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +35,20 @@ client_stub\\._fastpath_py\\.Appender\\.send
 def test_mypy_strict_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # the files [tool.mypy] names, and the cache, are the project's
     stdout, stderr, status = mypy.api.run(["--strict", "--config-file", "pyproject.toml"])
+    assert status == 0, stdout + stderr
+
+
+def test_the_documentations_examples_pass_mypy_strict(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Each example a module of its own, named after its page and line, as a reader would paste it into a file.
+    files = []
+    for example in examples():
+        if example.language in ("python", "spark"):
+            path = tmp_path / f"{example.page.replace('/', '_').removesuffix('.md')}_{example.line}.py"
+            path.write_text(example.code)
+            files.append(str(path))
+    assert files, "the documentation has no Python example"
+    monkeypatch.chdir(ROOT)  # the project's settings and cache; the files given replace what [tool.mypy] names
+    stdout, stderr, status = mypy.api.run(["--strict", "--config-file", "pyproject.toml", *files])
     assert status == 0, stdout + stderr
 
 
