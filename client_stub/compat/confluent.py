@@ -735,15 +735,20 @@ def _read_settings(config: Mapping[str, Any]) -> _Settings:
         raise _invalid("on_delivery requires a callable object")
 
     def number(names: tuple[str, ...], low: int, high: int) -> int | None:
+        """The integer given for a property (``names[0]``, or an alias of it: the last given wins, as in
+        librdkafka), None if none was."""
         value = None
-        for name in names:  # of aliases, the last given wins, as in librdkafka
-            if name in config:
+        for name, given in config.items():
+            if name in names:
                 try:
-                    value = None if isinstance(config[name], bool) else int(config[name])
+                    value = None if isinstance(given, bool) else int(given)
                 except (TypeError, ValueError):
                     value = None
-                if value is None or not low <= value <= high:
+                if value is None:
                     raise _invalid(f'Invalid value for configuration property "{names[0]}"')
+                if not low <= value <= high:
+                    raise _invalid(f'Configuration property "{names[0]}" value {value} is outside allowed range '
+                                   f"{low}..{high}\n")
         return value
 
     partitioner = str(config.get("partitioner", "consistent_random"))
@@ -764,7 +769,7 @@ def _read_settings(config: Mapping[str, Any]) -> _Settings:
     propagation = number(("topic.metadata.propagation.max.ms",), 0, 3_600_000)
     return _Settings(endpoint=None if endpoint is None else str(endpoint),
                      client_id=None if client_id is None else str(client_id),
-                     linger_ms=number(("linger.ms", "queue.buffering.max.ms"), 0, 900_000),
+                     linger_ms=number(("queue.buffering.max.ms", "linger.ms"), 0, 900_000),
                      partitioner=partitioner,
                      max_messages=100_000 if max_messages is None else max_messages,
                      propagation_ms=30_000 if propagation is None else propagation,
@@ -984,9 +989,11 @@ class Producer:
             if now >= expires:
                 self._fail_waiting(topic, KafkaError(KafkaError._MSG_TIMED_OUT), now)
                 continue
+            # Till the topic may be called unknown, wait for its metadata; after, look often: the first word that
+            # the cluster does not have it fails its records.
+            until = min(expires, unknown_after if now < unknown_after else now + _RETRY_S)
             try:
-                self._producer.partitions_for(topic, (min(expires, unknown_after) if unknown_after > now
-                                                      else expires) - now)
+                self._producer.partitions_for(topic, until - now)
             except errors.KafkaTimeoutError as exc:
                 if (isinstance(exc.__cause__, errors.KafkaError) and exc.__cause__.code == _UNKNOWN_TOPIC
                         and time.monotonic() >= unknown_after):

@@ -103,7 +103,7 @@ class BrokerResponseError(KafkaError):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.description = cls.__doc__
+        cls.description = " ".join((cls.__doc__ or "").split()) or None
 
     def __str__(self) -> str:
         return f"[Error {self.errno}] {super().__str__()}"
@@ -392,31 +392,29 @@ class Serializer(ABC):
     """kafka.serializer.Serializer: turns a key or value into bytes."""
 
     @abstractmethod
-    def serialize(self, topic: str, headers: list[tuple[str, bytes]], data: Any) -> bytes | None:
-        """The bytes of ``data``, a key or value for ``topic``."""
+    def serialize(self, topic: str, headers: list[tuple[str, bytes]], data: Any) -> Any:
+        """The bytes of ``data``, a key or value for ``topic`` (bytes, bytearray, memoryview or None)."""
 
     def close(self) -> None:  # noqa: B027 (kafka-python's: a serializer need not have one)
         """Called when the producer closes."""
 
 
 class DefaultSerializer(Serializer):
-    """Bytes as they are, text encoded (utf-8 unless told)."""
+    """Bytes as they are, text encoded (in utf-8 unless told)."""
 
     def __init__(self, encoding: str = "utf-8") -> None:
         self.encoding = encoding
 
-    def serialize(self, topic: str, headers: list[tuple[str, bytes]], data: Any) -> bytes | None:
-        if data is None or isinstance(data, bytes):
+    def serialize(self, topic: str, headers: list[tuple[str, bytes]], data: Any) -> Any:
+        if data is None or isinstance(data, (bytes, bytearray, memoryview)):
             return data
-        if isinstance(data, (bytearray, memoryview)):
-            return bytes(data)
-        return str(data).encode(self.encoding)
+        return data.encode(self.encoding)
 
 
 class JsonSerializer(DefaultSerializer):
     """Values as JSON text (None stays None)."""
 
-    def serialize(self, topic: str, headers: list[tuple[str, bytes]], data: Any) -> bytes | None:
+    def serialize(self, topic: str, headers: list[tuple[str, bytes]], data: Any) -> Any:
         if data is None:
             return None
         return super().serialize(topic, headers, json.dumps(data))
