@@ -35,6 +35,7 @@ from .. import errors
 from ..contract import ipc
 from ..futures import RecordMetadata
 from ..producer import Producer as _SidecarProducer
+from ..producer import _headers as _record_headers
 from ._settings import SettingsCheck
 
 __all__ = ["TIMESTAMP_CREATE_TIME", "TIMESTAMP_LOG_APPEND_TIME", "TIMESTAMP_NOT_AVAILABLE", "ClusterMetadata",
@@ -1003,11 +1004,8 @@ class Producer:
                 with self._lock:
                     self._cond.wait(_RETRY_S)  # the daemon may refuse at once: not a busy loop
                 continue
-            except errors.ProducerClosedError as exc:
-                self._fail_waiting(topic, _error(exc))
-                continue
             except errors.KafkaError as exc:
-                self._fail_waiting(topic, _error(exc))  # the cluster's final error on the topic
+                self._fail_waiting(topic, _error(exc))  # the cluster's final error on the topic, or closed
                 continue
             self._hand_off_queue(topic)
 
@@ -1106,7 +1104,7 @@ class Producer:
 
     # -- metadata and the end ----------------------------------------------------------------------------
 
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+    def list_topics(self, topic: str | None = None, timeout: float | None = -1) -> ClusterMetadata:
         """The metadata of ``topic`` (its partitions, or the cluster's error on it), waiting up to ``timeout``
         seconds (negative: the daemon's max.block.ms). KafkaException(_NOT_IMPLEMENTED) without a topic: the
         daemon, not this client, knows the cluster."""
@@ -1149,7 +1147,7 @@ def _deadline(timeout: float | None) -> float | None:
     return None if timeout is None or timeout < 0 else time.monotonic() + timeout
 
 
-def _bytes(data: str | bytes | None, what: str) -> bytes | None:
+def _bytes(data: object, what: str) -> bytes | None:
     if data is None or type(data) is bytes:
         return data
     if isinstance(data, str):
@@ -1160,16 +1158,7 @@ def _bytes(data: str | bytes | None, what: str) -> bytes | None:
 
 
 def _headers(headers: Headers | None) -> list[tuple[str, bytes | None]] | None:
-    """Headers as (name, bytes) pairs: a dict or pairs, names str, values str, bytes or None."""
+    """Headers as (name, bytes) pairs (None if there are none), from a dict or pairs: as the record will have them."""
     if not headers:
         return None
-    pairs = []
-    for item in headers.items() if isinstance(headers, Mapping) else headers:
-        try:
-            name, value = item
-        except (TypeError, ValueError):
-            raise TypeError("headers are (name, value) pairs or a dict") from None
-        if not isinstance(name, str):
-            raise TypeError(f"a header name must be a str, not {type(name).__name__}")
-        pairs.append((name, _bytes(value, f"header {name!r}")))
-    return pairs
+    return [(name.decode("utf-8"), value) for name, value in _record_headers(headers)]
