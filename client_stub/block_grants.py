@@ -49,6 +49,8 @@ class BlockGrants:
         self._blocks_taken = 0  # since the last grant request
         self._grant_asked = 0.0  # time.monotonic() of the last grant request
         self._spare_requested = False
+        # Requests for spare blocks the daemon could not grant in time (at once, for a timeout of 0).
+        self.refusals = 0
         self.pool_blocks = 0  # the pool's size, once welcomed
 
     def take_spare(self, max_block_ms: int) -> int | None:
@@ -117,6 +119,7 @@ class BlockGrants:
         elif request is not None:
             del self._requests[failed.request_id]
             self._spare_requested = self._spare_requested and request.contiguous
+            self.refusals += not request.contiguous
 
     def give_back_spare(self) -> None:
         """The pool is exhausted (SEAL_NOW): spare blocks go back to the daemon."""

@@ -192,6 +192,11 @@ class Producer:
         settings = self._io.settings
         return 60000 if settings is None else settings.max_block_ms
 
+    @property
+    def daemon_settings(self) -> ipc.WelcomeSettings | None:
+        """The settings of the daemon that last welcomed this producer (None until one has)."""
+        return self._io.settings
+
     # -- send ------------------------------------------------------------------------------------
 
     def send(self, topic: str, value: Any = None, key: Any = None, *, partition: int | None = None,
@@ -232,11 +237,8 @@ class Producer:
             # The first send to a topic: check it, and wait for the daemon and the metadata.
             ipc.check_topic(topic)
             started = time.monotonic()
+            info = self._wait_for_metadata(topic, started, None)
             deadline = started + self.max_block_ms / 1000
-            self._wait_for_welcome(deadline)
-            # The welcome brings the daemon's max.block.ms, which the wait for the topic keeps to.
-            deadline = min(deadline, started + self.max_block_ms / 1000)
-            info = self._wait_for_topic(topic, deadline)
         # The ignores: a topic waited for has its partition count, which mypy cannot see through the wait.
         if partition is not None and partition >= info.partition_count:  # type: ignore[operator]
             raise ValueError(f"partition {partition} of topic {topic} does not exist: it has "
@@ -318,9 +320,16 @@ class Producer:
                                             timestamp_ms)
 
     def _take_blocks(self, count: int, deadline: float) -> list[int] | None:
-        """``count`` blocks (contiguous if more than one), or None after waiting (lock released)."""
+        """``count`` blocks (contiguous if more than one), or None after waiting (lock released).
+
+        With max_block_ms 0, as Java's max.block.ms=0, nothing waits for memory the pool does not have now: the
+        wait is for the daemon's answer alone, and a refusal is BufferExhaustedError at once.
+        """
         grants = self._grants
+        # Without a deadline for memory, the wait ends with the daemon's answer (or the session).
+        memory_deadline = deadline if self.max_block_ms else None
         if count == 1:
+            refusals = grants.refusals
             block = grants.take_spare(self.max_block_ms)
             if block is not None:
                 return [block]
@@ -328,18 +337,22 @@ class Producer:
             def waiting() -> bool:
                 if self._io.welcome is None:
                     return False  # the session ended (the daemon went, or shuts down): look again
+                if memory_deadline is None and grants.refusals != refusals:
+                    raise exhausted()
                 # Spare blocks may go back to the daemon meanwhile (SEAL_NOW): ask again if so.
                 grants.top_up(self.max_block_ms)
                 return not grants.spare
 
-            self._wait_for_memory(deadline, waiting,
-                                  lambda: BufferExhaustedError(f"Failed to allocate memory within the configured "
-                                                               f"max blocking time {self.max_block_ms} ms."))
+            def exhausted() -> BufferExhaustedError:
+                return BufferExhaustedError(f"Failed to allocate memory within the configured max blocking time "
+                                            f"{self.max_block_ms} ms.")
+
+            self._wait_for_memory(memory_deadline, waiting, exhausted)
             return None
         request = grants.request(count, True, self.max_block_ms)
         failed = f"Failed to allocate {count} consecutive blocks for a large record within {self.max_block_ms} ms"
         try:
-            self._wait_for_memory(deadline, lambda: request.blocks is None and request.error is None
+            self._wait_for_memory(memory_deadline, lambda: request.blocks is None and request.error is None
                                   and self._io.welcome is not None, lambda: BufferExhaustedError(failed + "."))
         finally:
             current = grants.finished(request)  # given up on, a late grant goes back to the daemon
@@ -350,7 +363,7 @@ class Producer:
             raise BufferExhaustedError(f"{failed}: {request.error}")
         return request.blocks
 
-    def _wait_for_memory(self, deadline: float, waiting: Callable[[], bool],
+    def _wait_for_memory(self, deadline: float | None, waiting: Callable[[], bool],
                          timeout_error: Callable[[], KafkaError]) -> None:
         """:meth:`_wait` for blocks of the BufferPool, timed (bufferpool-wait-time-ns-total)."""
         started = time.monotonic_ns()
@@ -359,15 +372,19 @@ class Producer:
         finally:
             self._bufferpool_wait_ns += time.monotonic_ns() - started
 
-    def _wait(self, deadline: float, waiting: Callable[[], bool], timeout_error: Callable[[], KafkaError]) -> None:
-        """Wait on the condition while ``waiting()`` (lock held); raise ``timeout_error()`` at the deadline."""
+    def _wait(self, deadline: float | None, waiting: Callable[[], bool],
+              timeout_error: Callable[[], KafkaError]) -> None:
+        """Wait on the condition while ``waiting()`` (lock held); raise ``timeout_error()`` at the deadline
+        (None: no deadline, ``waiting()`` ends the wait)."""
         while waiting():
             self._check_session()
             self._check_open()
             self._check_not_io_thread("send() would have to wait")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise timeout_error()
+            remaining = None
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise timeout_error()
             self._cond.wait(remaining)
 
     def _check_session(self) -> None:
@@ -399,7 +416,26 @@ class Producer:
         return SidecarUnavailableError(f"no kafka-sidecar daemon answered at {self.endpoint} "
                                        f"within {self.max_block_ms} ms{refused}")
 
-    def _wait_for_topic(self, topic: str, deadline: float) -> TopicInfo:
+    def partitions_for(self, topic: str, timeout: float | None = None) -> list[int]:
+        """The partitions of ``topic``, as Java's partitionsFor: waits up to ``timeout`` seconds (None: max_block_ms)
+        for the daemon and the topic's metadata, then raises SidecarUnavailableError or KafkaTimeoutError (whose
+        ``__cause__`` is the cluster's last error on the topic, if it gave one); the cluster's final error on the
+        topic (TOPIC_AUTHORIZATION_FAILED...) at once."""
+        ipc.check_topic(topic)
+        self._ensure_started()
+        info = self._wait_for_metadata(topic, time.monotonic(), timeout)
+        return list(range(info.partition_count))  # type: ignore[arg-type]
+
+    def _wait_for_metadata(self, topic: str, started: float, timeout: float | None) -> TopicInfo:
+        """The topic's metadata, waiting from ``started`` up to ``timeout`` seconds for the daemon's welcome and
+        for the topic (None: max_block_ms, the daemon's once its welcome has come)."""
+        def deadline() -> float:
+            return started + (self.max_block_ms / 1000 if timeout is None else timeout)
+
+        self._wait_for_welcome(deadline())
+        return self._wait_for_topic(topic, started, deadline())
+
+    def _wait_for_topic(self, topic: str, started: float, deadline: float) -> TopicInfo:
         info = self._metadata.topics.get(topic)
         if info is not None and info.partition_count:
             return info
@@ -416,7 +452,10 @@ class Producer:
 
             def timed_out() -> KafkaTimeoutError:
                 cause = f" (the cluster answers {info.error.name})" if info.error is not None else ""
-                return KafkaTimeoutError(f"Topic {topic} not present in metadata after {self.max_block_ms} ms{cause}.")
+                error = KafkaTimeoutError(f"Topic {topic} not present in metadata after "
+                                          f"{round((deadline - started) * 1000)} ms{cause}.")
+                error.__cause__ = info.error
+                return error
 
             self._wait(deadline, waiting, timed_out)
             return info

@@ -478,12 +478,15 @@ class SidecarFront:
             self._by_id[session.client_id] = session
         self.sessions[identity] = session
         self._by_token[session.token] = session
-        settings = ipc.WelcomeSettings(max_request_size=self.core.config["max.request.size"],
-                                       linger_ms=self.core.config["linger.ms"],
-                                       max_block_ms=self.core.config["max.block.ms"],
-                                       delivery_timeout_ms=self.core.config["delivery.timeout.ms"],
-                                       buffer_memory=self.pool.block_count * self.pool.block_size,
-                                       heartbeat_interval_ms=max(self.client_timeout_ms // 10, 100))
+        config = self.core.config
+        settings = ipc.WelcomeSettings(
+            max_request_size=config["max.request.size"], linger_ms=config["linger.ms"],
+            max_block_ms=config["max.block.ms"], delivery_timeout_ms=config["delivery.timeout.ms"],
+            buffer_memory=self.pool.block_count * self.pool.block_size,
+            heartbeat_interval_ms=max(self.client_timeout_ms // 10, 100), batch_size=self.pool.block_size,
+            # The others added later, each the Kafka setting of its name (a client checks its own against them).
+            **{name: config[name.replace("_", ".")] for name in ipc.WelcomeSettings._field_defaults
+               if name != "batch_size"})
         hello_id = message.options.hello_id if _is_int(message.options.hello_id) else 0
         self._send(session, ipc.Welcome(PROTOCOL_VERSION, session.client_id, session.token, self.pool.block_size,
                                         self.pool.block_count, settings, self.daemon_id, session.resume is not None,

@@ -184,7 +184,8 @@ class LastSeal(NamedTuple("LastSeal", [("notices", list[Any])])):
 
 
 class WelcomeSettings(NamedTuple):
-    """The daemon's settings a client works with (a map by name on the wire)."""
+    """The daemon's settings a client works with (a map by name on the wire), by their Kafka names with ``_`` for
+    ``.``. Those with a default were added later: a daemon of an earlier release leaves them out (None)."""
 
     max_request_size: int
     linger_ms: int
@@ -192,6 +193,16 @@ class WelcomeSettings(NamedTuple):
     delivery_timeout_ms: int
     buffer_memory: int
     heartbeat_interval_ms: int
+    # What the daemon's producer does with the records, which a client checks its own settings against.
+    acks: int | None = None
+    compression_type: str | None = None
+    enable_idempotence: bool | None = None
+    retries: int | None = None
+    batch_size: int | None = None
+    request_timeout_ms: int | None = None
+    max_in_flight_requests_per_connection: int | None = None
+    retry_backoff_ms: int | None = None
+    allow_auto_create_topics: bool | None = None
 
 
 class Welcome(NamedTuple("Welcome", [("version", int), ("client_id", int), ("memory_token", bytes),
@@ -327,9 +338,9 @@ def from_fields(fields: list[Any]) -> Message:
     if len(values) != len(cls._fields):
         raise ValueError(f"{name} has {len(cls._fields)} fields, got {len(values)}")
     if cls is Hello:
-        values[3] = _named(HelloOptions, values[3], "HELLO options", partial=True)
+        values[3] = _named(HelloOptions, values[3], "HELLO options")
     elif cls is Welcome:
-        values[5] = _named(WelcomeSettings, values[5], "WELCOME settings", partial=False)
+        values[5] = _named(WelcomeSettings, values[5], "WELCOME settings")
     return cls._make(values)
 
 
@@ -337,16 +348,15 @@ def from_fields(fields: list[Any]) -> Message:
 _Named = TypeVar("_Named", HelloOptions, WelcomeSettings)
 
 
-def _named(cls: type[_Named], value: Any, what: str, *, partial: bool) -> _Named:
-    """A NamedTuple from a map by name. Names this side does not know are left out (a newer peer's);
-    those it needs must be there unless ``partial``, which takes the defaults."""
+def _named(cls: type[_Named], value: Any, what: str) -> _Named:
+    """A NamedTuple from a map by name. Names this side does not know are left out (a newer peer's); those
+    with a default may be missing (an older peer's), the others must be there."""
     if not isinstance(value, dict):
         raise ValueError(f"{what} are a map")
-    known = {name: value[name] for name in cls._fields if name in value}
-    if not partial and len(known) != len(cls._fields):
-        missing = ", ".join(name for name in cls._fields if name not in value)
-        raise ValueError(f"{what} lack {missing}")
-    return cls(**known)
+    missing = [name for name in cls._fields if name not in value and name not in cls._field_defaults]
+    if missing:
+        raise ValueError(f"{what} lack {', '.join(missing)}")
+    return cls(**{name: value[name] for name in cls._fields if name in value})
 
 
 def pack(*fields: Any) -> bytes:

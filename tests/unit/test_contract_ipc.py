@@ -14,7 +14,10 @@ from client_stub.contract import PROTOCOL_VERSION, ipc
 
 
 SETTINGS = ipc.WelcomeSettings(max_request_size=1048576, linger_ms=5, max_block_ms=60000,
-                               delivery_timeout_ms=120000, buffer_memory=32 << 20, heartbeat_interval_ms=3000)
+                               delivery_timeout_ms=120000, buffer_memory=32 << 20, heartbeat_interval_ms=3000,
+                               acks=-1, compression_type="lz4", enable_idempotence=True, retries=2**31 - 1,
+                               batch_size=16384, request_timeout_ms=30000, max_in_flight_requests_per_connection=5,
+                               retry_backoff_ms=100, allow_auto_create_topics=False)
 RESUME = ipc.Resume("f00d", 3, 16384, 2048,
                     [ipc.SealNotice(9, 0, 2, "orders", 3, 10, 5000, 1_700_000_000_000, 1_700_000_000_010, 40)])
 TYPED = [
@@ -91,6 +94,15 @@ def test_welcome_settings_must_all_be_there() -> None:
     del settings["heartbeat_interval_ms"]
     with pytest.raises(ValueError, match="WELCOME settings lack heartbeat_interval_ms"):
         ipc.decode(ipc.pack(ipc.Welcome.TYPE, PROTOCOL_VERSION, 3, b"token", 16384, 8, settings, "d", False, 1))
+
+
+def test_welcome_settings_an_earlier_daemon_leaves_out_read_as_not_said() -> None:
+    # A daemon of an earlier release sends only the settings it had: those added since read as None.
+    added = ipc.WelcomeSettings._field_defaults
+    first = {name: value for name, value in SETTINGS._asdict().items() if name not in added}
+    welcome = ipc.decode(ipc.pack(ipc.Welcome.TYPE, PROTOCOL_VERSION, 3, b"token", 16384, 8, first, "d", False, 1))
+    assert welcome.settings == SETTINGS._replace(**dict.fromkeys(ipc.WelcomeSettings._field_defaults))
+    assert welcome.settings.acks is None and welcome.settings.compression_type is None
 
 
 @pytest.mark.parametrize("fields, error", [

@@ -311,7 +311,11 @@ def test_hello_gets_a_welcome_then_its_segment_over_the_memory_socket(env: Env) 
                                                                            BLOCK, BLOCKS, False, 7)
     assert settings == {"max_request_size": MAX_REQUEST_SIZE, "linger_ms": 5, "max_block_ms": 60000,
                         "delivery_timeout_ms": 120000, "buffer_memory": BLOCKS * BLOCK,
-                        "heartbeat_interval_ms": TIMEOUT_MS // 10}
+                        "heartbeat_interval_ms": TIMEOUT_MS // 10,
+                        # What the daemon's producer does, for clients to check their settings against.
+                        "acks": -1, "compression_type": "none", "enable_idempotence": True, "retries": 2**31 - 1,
+                        "batch_size": BLOCK, "request_timeout_ms": 30000, "max_in_flight_requests_per_connection": 5,
+                        "retry_backoff_ms": 100, "allow_auto_create_topics": True}
     assert daemon_id == env.front.daemon_id
     # An inproc endpoint has no file beside which to put the memory socket: it is an abstract one.
     assert env.front.memory.path == shared_memory.memory_socket_path(env.endpoint, daemon_id)
