@@ -104,18 +104,23 @@ def main(endpoint: str, *, json_output: bool = False, watch: float | None = None
     """Print the figures once, or every ``watch`` seconds until interrupted (SIGINT); 1 if the daemon does not
     answer within ``timeout`` seconds."""
     interrupted = threading.Event()
-    if watch is not None:
+    previous = None
+    if watch is not None and threading.current_thread() is threading.main_thread():
         # A flag rather than KeyboardInterrupt: raised at any bytecode, it could leave a socket open, and then
         # the exit waits forever in ZeroMQ's context termination. The watch ends after the request under way.
-        signal.signal(signal.SIGINT, lambda _signum, _frame: interrupted.set())
-    while True:
-        try:
-            figures = request_stats(endpoint, timeout)
-        except SidecarUnavailableError as exc:
-            print(f"kafka-sidecar: {exc}", file=sys.stderr)
-            return 1
-        print(as_json(figures) if json_output else as_text(endpoint, figures), file=out, flush=True)
-        if watch is None or interrupted.wait(watch):
-            return 0
-        if not json_output:
-            print(file=out)
+        previous = signal.signal(signal.SIGINT, lambda _signum, _frame: interrupted.set())
+    try:
+        while True:
+            try:
+                figures = request_stats(endpoint, timeout)
+            except SidecarUnavailableError as exc:
+                print(f"kafka-sidecar: {exc}", file=sys.stderr)
+                return 1
+            print(as_json(figures) if json_output else as_text(endpoint, figures), file=out, flush=True)
+            if watch is None or interrupted.wait(watch):
+                return 0
+            if not json_output:
+                print(file=out)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)

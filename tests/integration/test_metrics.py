@@ -18,6 +18,7 @@ from service.tools.embedded import free_port
 from service.tools.readback import read_topic
 from tests.support import users
 from tests.support.sidecar import wait_until
+from tests.support.workers import default_sigint
 
 pytestmark = pytest.mark.broker
 
@@ -95,14 +96,21 @@ def test_kafka_sidecar_stats_reads_the_figures_over_the_endpoint(broker, topic_f
         text = subprocess.run(stats, capture_output=True, text=True, check=True, cwd=users.ROOT).stdout
         assert "1,001 sent" in text and topic in text
         # --watch prints again until interrupted.
-        watch = subprocess.Popen([*stats, "--watch", "0.2"], stdout=subprocess.PIPE, text=True, cwd=users.ROOT)
+        # -X faulthandler: a watch that outlives its SIGINT is made to say where it is (SIGABRT).
+        watch = subprocess.Popen([sys.executable, "-X", "faulthandler", *stats[1:], "--watch", "0.2"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=users.ROOT,
+                                 preexec_fn=default_sigint)
         try:
             lines = [watch.stdout.readline() for _ in range(30)]  # type: ignore[union-attr]
             assert sum(line.startswith("kafka-sidecar at") for line in lines) >= 2
         finally:
             watch.send_signal(signal.SIGINT)
-            assert watch.wait(10) == 0
-
+            try:
+                status = watch.wait(10)
+            except subprocess.TimeoutExpired:
+                watch.send_signal(signal.SIGABRT)
+                pytest.fail(f"stats --watch did not exit within 10 s of SIGINT:\n{watch.communicate(30)[1]}")
+            assert status == 0, watch.communicate()[1]
 
 def test_stats_says_when_no_daemon_answers(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "service.cli", "stats", "--endpoint", f"ipc://{tmp_path}/none.sock",

@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -170,3 +171,10 @@ if __name__ == "__main__":
     endpoint, topic, client, sealed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     sys.stdout.write(f"PID {os.getpid()}\n")
     seal_then_keep_writing(endpoint, topic, client, sealed)
+
+
+def default_sigint() -> None:
+    """A subprocess's preexec_fn: SIGINT's default disposition in the child, which a Python program then takes as
+    KeyboardInterrupt, as from a terminal, however this run was started (a shell's background job starts with
+    SIGINT ignored, and a child inherits that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
