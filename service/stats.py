@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import sys
-import threading
+import time
 from typing import Any, TextIO
 
 import zmq
@@ -101,14 +100,8 @@ def as_text(endpoint: str, figures: dict[str, Any]) -> str:
 
 def main(endpoint: str, *, json_output: bool = False, watch: float | None = None, timeout: float = 10.0,
          out: TextIO = sys.stdout) -> int:
-    """Print the figures once, or every ``watch`` seconds until interrupted (SIGINT); 1 if the daemon does not
-    answer within ``timeout`` seconds."""
-    interrupted = threading.Event()
-    previous = None
-    if watch is not None and threading.current_thread() is threading.main_thread():
-        # A flag rather than KeyboardInterrupt: raised at any bytecode, it could leave a socket open, and then
-        # the exit waits forever in ZeroMQ's context termination. The watch ends after the request under way.
-        previous = signal.signal(signal.SIGINT, lambda _signum, _frame: interrupted.set())
+    """Print the figures once, or every ``watch`` seconds until interrupted; 1 if the daemon does not answer
+    within ``timeout`` seconds."""
     try:
         while True:
             try:
@@ -117,10 +110,10 @@ def main(endpoint: str, *, json_output: bool = False, watch: float | None = None
                 print(f"kafka-sidecar: {exc}", file=sys.stderr)
                 return 1
             print(as_json(figures) if json_output else as_text(endpoint, figures), file=out, flush=True)
-            if watch is None or interrupted.wait(watch):
+            if watch is None:
                 return 0
+            time.sleep(watch)
             if not json_output:
                 print(file=out)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    except KeyboardInterrupt:
+        return 0
