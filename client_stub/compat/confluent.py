@@ -36,7 +36,7 @@ from ..contract import ipc
 from ..futures import RecordMetadata
 from ..producer import Producer as _SidecarProducer
 from ..producer import _headers as _record_headers
-from ._settings import SettingsCheck
+from ._settings import SettingsCheck, close_producer
 
 __all__ = ["TIMESTAMP_CREATE_TIME", "TIMESTAMP_LOG_APPEND_TIME", "TIMESTAMP_NOT_AVAILABLE", "ClusterMetadata",
            "KafkaError", "KafkaException", "Message", "PartitionMetadata", "Producer", "TopicMetadata"]
@@ -851,6 +851,10 @@ class Producer:
                                           max_block_ms=0, partitioner=self._settings.partitioner,
                                           client_name=self._settings.client_id)
         self._closed = False
+        # As confluent-kafka's, a producer dropped without close() ends its session (what it had not flushed is
+        # lost, as librdkafka purges it). A record in flight holds the producer (its report does): none is.
+        # The finalizer holds the client's producer, not this one, which it would keep alive.
+        self._close = weakref.finalize(self, close_producer, self._producer, 0)
         self._init_state()
         _producers.add(self)
 
@@ -1135,7 +1139,7 @@ class Producer:
             return True
         self.flush()
         self._closed = True
-        self._producer.close()
+        self._close()
         _producers.discard(self)
         return True
 

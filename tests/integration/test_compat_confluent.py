@@ -255,3 +255,22 @@ def test_a_setting_the_daemon_owns_warns_once_if_it_differs(broker, topic_factor
     assert len(read_topic(broker.bootstrap, topic, expected=4)) == 4
     first.close()
     second.close()
+
+
+# -- the producer's life ----------------------------------------------------------------------------------------
+
+
+def test_producers_dropped_without_close_end_their_sessions(broker, topic_factory, sidecar) -> None:
+    # confluent-kafka's usual pattern: a Producer made in a function, flushed, never closed. More of them, one
+    # after another, than the daemon takes sessions of one process (sidecar.process.max.sessions).
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap, settings={"sidecar.process.max.sessions": 2})
+
+    def send_one(n: int) -> int:
+        producer = Producer({"sidecar.endpoint": daemon.endpoint})
+        producer.produce(topic, b"v%d" % n)
+        return producer.flush(30)
+
+    assert [send_one(n) for n in range(5)] == [0] * 5
+    values = {r.value for r in read_topic(broker.bootstrap, topic, expected=5)}
+    assert values == {b"v%d" % n for n in range(5)}
