@@ -35,7 +35,7 @@ from typing import Any, ClassVar, NamedTuple
 from .. import errors
 from ..futures import RecordMetadata as _SidecarRecordMetadata
 from ..producer import Producer as _SidecarProducer
-from ._settings import SettingsCheck
+from ._settings import SettingsCheck, close_producer
 
 __all__ = ["BrokerResponseError", "DefaultSerializer", "FutureRecordMetadata", "IllegalStateError", "JsonSerializer",
            "KafkaConfigurationError", "KafkaConnectionError", "KafkaError", "KafkaProducer", "KafkaTimeoutError",
@@ -658,12 +658,13 @@ class KafkaProducer:
 
     def close(self, timeout: float | None = None) -> None:
         """Flush (up to ``timeout`` seconds), end the session with the daemon, close the serializers. Records not
-        delivered by then fail with IllegalStateError."""
+        delivered by then fail with IllegalStateError. From a callback (the I/O thread) the timeout is 0, as
+        kafka-python's on its sender thread: waiting there would wait for the thread itself."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self._cleanup)
-        self._producer.close(timeout)
+        close_producer(self._producer, timeout)
         for serializer in (self._key_serializer, self._value_serializer):
             if isinstance(serializer, Serializer):
                 serializer.close()

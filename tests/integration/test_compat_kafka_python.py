@@ -23,6 +23,7 @@ import pytest
 from client_stub.compat import DaemonSettingWarning
 from client_stub.compat.kafka_python import (
     FutureRecordMetadata,
+    IllegalStateError,
     KafkaProducer,
     KafkaTimeoutError,
     RecordMetadata,
@@ -152,3 +153,27 @@ def test_a_setting_the_daemon_owns_warns_once_if_it_differs(broker, topic_factor
         "compression_type='zstd' is not what the kafka-sidecar daemon does: its compression.type is 'none', which "
         "applies to every record; set it in the daemon's configuration"]
     assert len(read_topic(broker.bootstrap, topic, expected=4)) == 4
+
+
+def test_close_from_a_callback_closes_without_waiting(broker, topic_factory, sidecar) -> None:
+    # One session per process: the next producer gets one only if the closed producer's ended.
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap, settings={"sidecar.process.max.sessions": 1})
+    producer = KafkaProducer(sidecar_endpoint=daemon.endpoint)
+    raised: list[BaseException] = []
+
+    def close_it(metadata: RecordMetadata) -> None:
+        try:
+            producer.close(timeout=30)  # kafka-python closes with timeout 0 from its own thread
+        except BaseException as exc:
+            raised.append(exc)
+
+    producer.send(topic, b"first").add_callback(close_it).get(30)
+    with pytest.raises(IllegalStateError, match="KafkaProducer already closed!"):
+        producer.send(topic, b"after close")
+    next_one = KafkaProducer(sidecar_endpoint=daemon.endpoint, max_block_ms=30_000)
+    assert next_one.send(topic, b"second").get(30).offset >= 0
+    next_one.close()
+    assert raised == []
+    assert sorted(r.value for r in read_topic(broker.bootstrap, topic, expected=2)) == [b"first", b"second"]
+
