@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import inspect
 import json
 import logging
 import weakref
@@ -420,15 +421,26 @@ class JsonSerializer(DefaultSerializer):
         return super().serialize(topic, headers, json.dumps(data))
 
 
-SerializerLike = Serializer | Callable[[Any], "bytes | None"]
+_SerializeFunction = Callable[[str, list[tuple[str, bytes]], Any], Any]
 
 
-def _serialize(serializer: SerializerLike | None, topic: str, headers: list[tuple[str, bytes]], data: Any) -> Any:
+def _serializer(serializer: object, what: str) -> _SerializeFunction | None:
+    """A serializer as kafka-python takes it (duck-typed, as it does), as one function of (topic, headers, data):
+    a callable is given the data; an object's serialize() (a kafka.serializer.Serializer's) the topic, headers
+    and data, or the topic and data if that is its signature (kafka-python 2's)."""
     if serializer is None:
-        return data
-    if isinstance(serializer, Serializer):
-        return serializer.serialize(topic, headers, data)
-    return serializer(data)
+        return None
+    if callable(serializer):
+        return lambda topic, headers, data: serializer(data)
+    serialize = getattr(serializer, "serialize", None)
+    if not callable(serialize):
+        raise TypeError(f"{what} must be callable or have serialize(topic, headers, data), "
+                        f"not {type(serializer).__name__}")
+    try:
+        inspect.signature(serialize).bind("topic", [], None)
+    except TypeError:
+        return lambda topic, headers, data: serialize(topic, data)
+    return serialize  # type: ignore[no-any-return]
 
 
 # -- kafka.producer.future ------------------------------------------------------------------------------------
@@ -608,8 +620,9 @@ class KafkaProducer:
                                               "partitioner does (murmur2 of the key)")
         self._check = SettingsCheck({kafka_name: (name, configs[name]) for name, kafka_name in _DAEMON_OWNED.items()
                                      if name in configs})
-        self._key_serializer: SerializerLike | None = configs.get("key_serializer")
-        self._value_serializer: SerializerLike | None = configs.get("value_serializer")
+        self._serializers = (configs.get("key_serializer"), configs.get("value_serializer"))
+        self._serialize_key = _serializer(configs.get("key_serializer"), "key_serializer")
+        self._serialize_value = _serializer(configs.get("value_serializer"), "value_serializer")
         self._producer = _SidecarProducer(configs.get("sidecar_endpoint"), linger_ms=configs.get("linger_ms"),
                                           max_block_ms=configs.get("max_block_ms"), partitioner="murmur2_random",
                                           client_name=configs.get("client_id"))
@@ -630,8 +643,8 @@ class KafkaProducer:
         if value is None and key is None:
             raise ValueError("Need at least one: key or value")
         header_list = headers or []
-        key_bytes = _serialize(self._key_serializer, topic, header_list, key)
-        value_bytes = _serialize(self._value_serializer, topic, header_list, value)
+        key_bytes = key if self._serialize_key is None else self._serialize_key(topic, header_list, key)
+        value_bytes = value if self._serialize_value is None else self._serialize_value(topic, header_list, value)
         header_size = sum(len(name.encode("utf-8")) + len(data or b"") for name, data in headers) if headers else -1
         try:
             future = self._producer.send(topic, value_bytes, key_bytes, partition=partition, timestamp_ms=timestamp_ms,
@@ -665,9 +678,10 @@ class KafkaProducer:
         self._closed = True
         atexit.unregister(self._cleanup)
         close_producer(self._producer, timeout)
-        for serializer in (self._key_serializer, self._value_serializer):
-            if isinstance(serializer, Serializer):
-                serializer.close()
+        for serializer in self._serializers:
+            close = getattr(serializer, "close", None)
+            if callable(close):  # kafka-python's: a serializer need not have one
+                close()
 
     def partitions_for(self, topic: str) -> set[int]:
         """The topic's partitions, waiting up to max_block_ms for its metadata (KafkaTimeoutError then)."""

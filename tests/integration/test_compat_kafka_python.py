@@ -8,6 +8,7 @@ back with the confluent-kafka verifier.
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import kafka.serializer
 import pytest
 
 from client_stub.compat import DaemonSettingWarning
@@ -177,3 +179,38 @@ def test_close_from_a_callback_closes_without_waiting(broker, topic_factory, sid
     assert raised == []
     assert sorted(r.value for r in read_topic(broker.bootstrap, topic, expected=2)) == [b"first", b"second"]
 
+
+class Base64Serializer(kafka.serializer.Serializer):
+    """A kafka.serializer.Serializer of an application's: kafka-python 3's serialize(topic, headers, data)."""
+
+    closed = False
+
+    def serialize(self, topic: str, headers: list[tuple[str, bytes]], data: bytes) -> bytes:
+        return base64.b64encode(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class UpperSerializer:
+    """An object with kafka-python 2's serialize(topic, data), no Serializer subclass."""
+
+    def serialize(self, topic: str, data: str) -> bytes:
+        return data.upper().encode()
+
+
+def test_kafka_pythons_serializers_serialize(broker, topic_factory, daemon) -> None:
+    topic = topic_factory(1)
+    values = Base64Serializer()
+    producer = KafkaProducer(sidecar_endpoint=daemon.endpoint, value_serializer=values,
+                             key_serializer=UpperSerializer())
+    producer.send(topic, b"value", key="key").get(30)
+    json_producer = KafkaProducer(sidecar_endpoint=daemon.endpoint,
+                                  value_serializer=kafka.serializer.JsonSerializer(),
+                                  key_serializer=kafka.serializer.DefaultSerializer())
+    json_producer.send(topic, {"a": 1}, key="k").get(30)
+    json_producer.close()
+    producer.close()
+    assert values.closed
+    records = read_topic(broker.bootstrap, topic, expected=2)
+    assert [(r.key, r.value) for r in records] == [(b"KEY", b"dmFsdWU="), (b"k", b'{"a": 1}')]
