@@ -885,7 +885,8 @@ class Producer:
 
         Never waits: BufferError if the BufferPool has no room now or ``queue.buffering.max.messages`` records
         are waiting; KafkaException(MSG_SIZE_TOO_LARGE) past max.request.size, (_UNKNOWN_PARTITION) for a
-        partition the topic does not have, (_INVALID_ARG) for an invalid topic name or timestamp.
+        partition the topic does not have, (_INVALID_ARG) for an invalid topic name or timestamp, or an endpoint that
+        cannot be connected to.
         """
         if self._closed:
             raise RuntimeError("Producer has been closed")
@@ -924,9 +925,9 @@ class Producer:
         except errors.RecordTooLargeError:
             self._not_handed_off()
             raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)) from None
-        except ValueError:
-            self._not_handed_off()  # the topic has no such partition
-            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION)) from None
+        except ValueError as exc:
+            self._not_handed_off()
+            raise KafkaException(self._refusal(record, exc)) from None
         except errors.KafkaError as exc:
             self._finish(record, _error(exc))  # the cluster's final error on the topic: reported as a delivery's
         except BaseException:
@@ -938,6 +939,20 @@ class Producer:
         self._producer.send(record.topic, message._value, message._key, partition=record.partition,
                             timestamp_ms=record.timestamp_ms, headers=message._headers,
                             on_delivery=functools.partial(self._delivered, record))
+
+    def _refusal(self, record: _Record, exc: ValueError) -> KafkaError:
+        """librdkafka's error for a record the client refused: _UNKNOWN_PARTITION for a partition the topic does
+        not have, else _INVALID_ARG (an endpoint that cannot be connected to, a ConfigError) with the reason."""
+        if record.partition is not None:
+            try:  # the topic's metadata has come if the partition was checked against it
+                known = self._producer.partitions_for(record.topic, 0)
+            except (ValueError, errors.KafkaError):
+                known = None
+            if known is not None and record.partition not in known:
+                return KafkaError(KafkaError._UNKNOWN_PARTITION)
+        if isinstance(exc, errors.KafkaError):
+            return _error(exc)
+        return KafkaError(KafkaError._INVALID_ARG, str(exc))
 
     def _not_handed_off(self) -> None:
         with self._lock:
@@ -1033,8 +1048,8 @@ class Producer:
                     queue.appendleft(record)
                     self._cond.wait(_RETRY_S)
                 return
-            except ValueError:
-                self._finish(record, KafkaError(KafkaError._UNKNOWN_PARTITION))
+            except ValueError as exc:
+                self._finish(record, self._refusal(record, exc))
             except errors.KafkaError as exc:
                 self._finish(record, _error(exc))
 

@@ -274,3 +274,23 @@ def test_producers_dropped_without_close_end_their_sessions(broker, topic_factor
     assert [send_one(n) for n in range(5)] == [0] * 5
     values = {r.value for r in read_topic(broker.bootstrap, topic, expected=5)}
     assert values == {b"v%d" % n for n in range(5)}
+
+
+def test_produce_refusals_keep_their_reason(broker, topic_factory, daemon) -> None:
+    topic = topic_factory(2)
+    producer = Producer({"sidecar.endpoint": daemon.endpoint})
+    producer.produce(topic, b"known", partition=1)
+    assert producer.flush(30) == 0
+    # Only a partition the topic does not have is _UNKNOWN_PARTITION, as librdkafka's.
+    with pytest.raises(KafkaException) as unknown:
+        producer.produce(topic, b"nowhere", partition=2)
+    assert unknown.value.args[0].code() == KafkaError._UNKNOWN_PARTITION
+    producer.close()
+    # An endpoint that cannot be connected to is a bad configuration, with the reason given.
+    misconfigured = Producer({"sidecar.endpoint": "bogus://nowhere"})
+    with pytest.raises(KafkaException) as invalid:
+        misconfigured.produce(topic, b"v", partition=0)
+    err = invalid.value.args[0]
+    assert err.code() == KafkaError._INVALID_ARG
+    assert "cannot connect to the kafka-sidecar endpoint 'bogus://nowhere'" in err.str()
+    misconfigured.close()
