@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import logging
 import os
 import threading
 import time
@@ -40,6 +41,8 @@ from ._settings import SettingsCheck, close_producer
 
 __all__ = ["TIMESTAMP_CREATE_TIME", "TIMESTAMP_LOG_APPEND_TIME", "TIMESTAMP_NOT_AVAILABLE", "ClusterMetadata",
            "KafkaError", "KafkaException", "Message", "PartitionMetadata", "Producer", "TopicMetadata"]
+
+log = logging.getLogger(__name__)
 
 TIMESTAMP_NOT_AVAILABLE = 0
 TIMESTAMP_CREATE_TIME = 1
@@ -808,6 +811,11 @@ def _error(exc: errors.KafkaError) -> KafkaError:
                       retriable=exc.retriable)
 
 
+def _unexpected(exc: Exception) -> KafkaError:
+    """The KafkaError of a record that an error nobody expected (a bug) kept from its delivery."""
+    return KafkaError(KafkaError._FAIL, f"kafka-sidecar could not hand the record off: {exc!r}")
+
+
 # -- the producer -------------------------------------------------------------------------------------------
 
 # While a record cannot be handed off for want of memory or of a daemon, it is tried again this often.
@@ -996,6 +1004,18 @@ class Producer:
     def _hand_off_waiting(self, topic: str) -> None:
         """The thread of a topic's records that wait here: hands them off, in order, once the topic's metadata
         has come and the daemon has room, or fails them as librdkafka fails its unassigned messages."""
+        try:
+            self._hand_off_topic(topic)
+        except Exception as exc:
+            # A bug: the records that wait fail, saying so, rather than keep flush() and close() waiting forever;
+            # the topic's next record starts a thread anew.
+            log.exception("handing off the records of topic %s that waited failed", topic)
+            with self._lock:
+                failed = self._waiting.pop(topic)
+            for record in failed:
+                self._finish(record, _unexpected(exc), handed_off=False)
+
+    def _hand_off_topic(self, topic: str) -> None:
         unknown_after = time.monotonic() + self._settings.propagation_ms / 1000
         while True:
             with self._lock:
@@ -1052,6 +1072,9 @@ class Producer:
                 self._finish(record, self._refusal(record, exc))
             except errors.KafkaError as exc:
                 self._finish(record, _error(exc))
+            except Exception as exc:
+                self._finish(record, _unexpected(exc))
+                raise
 
     def _fail_waiting(self, topic: str, error: KafkaError, expired_at: float | None = None) -> None:
         """Fail the topic's waiting records (those produced before ``expired_at`` minus the message timeout, if

@@ -294,3 +294,28 @@ def test_produce_refusals_keep_their_reason(broker, topic_factory, daemon) -> No
     assert err.code() == KafkaError._INVALID_ARG
     assert "cannot connect to the kafka-sidecar endpoint 'bogus://nowhere'" in err.str()
     misconfigured.close()
+
+
+def test_records_waiting_on_a_broken_hand_off_fail_instead_of_hanging(topic_factory, daemon, monkeypatch,
+                                                                      caplog) -> None:
+    topic = topic_factory(1)
+    reports = Reports()
+    producer = Producer({"sidecar.endpoint": daemon.endpoint})
+
+    def broken(topic: str, timeout: float | None = None) -> list[int]:
+        raise RuntimeError("a bug")
+
+    # The topic's metadata is not there yet: the records wait in the process, for a hand-off that breaks.
+    monkeypatch.setattr(producer._producer, "partitions_for", broken)
+    producer.produce(topic, b"one", on_delivery=reports)
+    producer.produce(topic, b"two", on_delivery=reports)
+    assert producer.flush(30) == 0
+    assert [(err.code(), msg.value()) for err, msg, _ in reports.calls] == [
+        (KafkaError._FAIL, b"one"), (KafkaError._FAIL, b"two")]
+    assert "RuntimeError('a bug')" in reports.calls[0][0].str()
+    assert "RuntimeError: a bug" in caplog.text
+    monkeypatch.undo()
+    producer.produce(topic, b"three", on_delivery=reports)  # the topic's records are handed off again
+    assert producer.flush(30) == 0
+    assert reports.calls[-1][0] is None
+    producer.close()
