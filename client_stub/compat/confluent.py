@@ -22,6 +22,7 @@ unknown one raises KafkaException(_INVALID_ARG), as confluent-kafka does. The da
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import logging
 import os
@@ -30,7 +31,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .. import errors
 from ..contract import ipc
@@ -289,7 +290,7 @@ class KafkaError:
     __repr__ = __str__
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, KafkaError):
+        if isinstance(other, _OwnKafkaError):
             return self._code == other._code
         if isinstance(other, int):
             return self._code == other
@@ -503,6 +504,16 @@ _NAMES: dict[int, str] = {code: name for name, code in vars(KafkaError).items()
 
 class KafkaException(Exception):
     """confluent_kafka.KafkaException: ``args[0]`` is the KafkaError."""
+
+
+# The classes above stand in for confluent-kafka's where it is not installed. Where it is, its own are used (it
+# builds them from Python: KafkaError(code, reason)), so that the application's ``except KafkaException`` and
+# ``isinstance(err, KafkaError)`` of confluent_kafka's names hold; the type checker sees the above, of the same
+# shape.
+_OwnKafkaError, _OwnKafkaException = KafkaError, KafkaException
+if not TYPE_CHECKING:
+    with contextlib.suppress(ImportError):
+        from confluent_kafka import KafkaError, KafkaException
 
 
 class Message:
@@ -802,13 +813,13 @@ _LOCAL_CODES: tuple[tuple[type[errors.KafkaError], int], ...] = (
 
 
 def _error(exc: errors.KafkaError) -> KafkaError:
-    """The KafkaError confluent-kafka reports for an error of kafka-sidecar's."""
+    """The KafkaError confluent-kafka reports for an error of kafka-sidecar's. Not retriable(), not fatal(): as
+    confluent-kafka's of a delivery report or produce(), which it builds with the flags unset."""
     if exc.code is not None:
-        return KafkaError(exc.code, retriable=exc.retriable)
+        return KafkaError(exc.code)
     code = next((code for cls, code in _LOCAL_CODES if isinstance(exc, cls)), KafkaError._FAIL)
     description = _DESCRIPTIONS[code]
-    return KafkaError(code, f"{description}: {exc.message}" if exc.message else description,
-                      retriable=exc.retriable)
+    return KafkaError(code, f"{description}: {exc.message}" if exc.message else description)
 
 
 def _unexpected(exc: Exception) -> KafkaError:

@@ -8,10 +8,11 @@
 
 ``send()`` returns a :class:`FutureRecordMetadata` (``get(timeout)``, ``add_callback``, ``add_errback``,
 ``succeeded()``, ``failed()``, ``value``, ``exception``) whose callbacks run on the client's I/O thread, as
-kafka-python runs them on its sender thread; errors are kafka-python's classes (``kafka.errors``' names:
-:class:`KafkaTimeoutError`, :class:`MessageSizeTooLargeError`, :class:`UnknownTopicOrPartitionError`...), and so
-are the serializers (:class:`Serializer`, :class:`DefaultSerializer`, :class:`JsonSerializer`; a plain callable
-works too). As kafka-python's, a producer not closed is closed (after a flush of up to a second) when it is
+kafka-python runs them on its sender thread. Errors are kafka-python's own classes where it is installed, else
+stand-ins of ``kafka.errors``' names and hierarchy (:class:`KafkaTimeoutError`, :class:`MessageSizeTooLargeError`,
+:class:`UnknownTopicOrPartitionError`...). Serializers are taken as kafka-python takes them: a callable, or an
+object with ``serialize()`` (:class:`Serializer`, :class:`DefaultSerializer`, :class:`JsonSerializer`, or
+kafka.serializer's). As kafka-python's, a producer not closed is closed (after a flush of up to a second) when it is
 garbage-collected or the interpreter exits.
 
 Settings: docs/migration/kafka-python.md says which are honoured, which the daemon owns (checked against the
@@ -23,6 +24,7 @@ unknown keyword raises ValueError, as kafka-python's does. The daemon's endpoint
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import inspect
 import json
@@ -31,7 +33,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .. import errors
 from ..futures import RecordMetadata as _SidecarRecordMetadata
@@ -362,6 +364,19 @@ def for_code(error_code: int) -> type[BrokerResponseError]:
     if cls is None:
         cls = type("UnrecognizedBrokerError", (UnknownError,), {"errno": error_code})
     return cls
+
+
+# The classes above stand in for kafka.errors' where kafka-python is not installed. Where it is, its own are used
+# (its for_code and kafka_errors too, whose table has every code), so that the application's ``except
+# kafka.errors.KafkaTimeoutError`` holds; the type checker sees the above, of the same names and hierarchy.
+_OWN_ERRORS: dict[str, type[KafkaError]] = {name: cls for name, cls in list(globals().items())
+                                             if isinstance(cls, type) and issubclass(cls, KafkaError)}
+if not TYPE_CHECKING:
+    with contextlib.suppress(ImportError):
+        import kafka.errors
+
+        globals().update({name: getattr(kafka.errors, name) for name in _OWN_ERRORS},
+                         for_code=kafka.errors.for_code, kafka_errors=kafka.errors.kafka_errors)
 
 
 # The class kafka-python raises for each of kafka-sidecar's errors that is not the broker's (the first that fits).

@@ -215,6 +215,7 @@ def test_a_missing_topic_reaches_on_delivery_as_confluent_kafka_reports_it(broke
     assert (err.code(), err.name(), msg.topic(), msg.partition(), msg.offset(), msg.value()) == (
         KafkaError.UNKNOWN_TOPIC_OR_PART, "UNKNOWN_TOPIC_OR_PART", topic, None, None, b"nowhere to go")
     assert err == 3 and msg.error() is err
+    assert isinstance(err, confluent_kafka.KafkaError)  # confluent-kafka's own class, installed
 
     # confluent-kafka itself, on the same broker with auto-creation off, reports the same.
     theirs: list[tuple[confluent_kafka.KafkaError, confluent_kafka.Message]] = []
@@ -282,7 +283,7 @@ def test_produce_refusals_keep_their_reason(broker, topic_factory, daemon) -> No
     producer.produce(topic, b"known", partition=1)
     assert producer.flush(30) == 0
     # Only a partition the topic does not have is _UNKNOWN_PARTITION, as librdkafka's.
-    with pytest.raises(KafkaException) as unknown:
+    with pytest.raises(confluent_kafka.KafkaException) as unknown:  # confluent-kafka's own class, installed
         producer.produce(topic, b"nowhere", partition=2)
     assert unknown.value.args[0].code() == KafkaError._UNKNOWN_PARTITION
     producer.close()

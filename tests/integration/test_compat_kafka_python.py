@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import kafka.errors
 import kafka.serializer
 import pytest
 
@@ -129,7 +130,8 @@ def test_send_to_a_missing_topic_times_out_as_kafka_python_does(broker, sidecar)
     daemon = sidecar(broker.bootstrap, settings={"allow.auto.create.topics": "false"})
     producer = KafkaProducer(sidecar_endpoint=daemon.endpoint, max_block_ms=500)
     topic = f"missing-{uuid.uuid4().hex[:8]}"
-    with pytest.raises(KafkaTimeoutError, match=f"Topic {topic} not present in metadata after 500 ms"):
+    # Caught as kafka-python's own class, by code that imports it from kafka.errors.
+    with pytest.raises(kafka.errors.KafkaTimeoutError, match=f"Topic {topic} not present in metadata after 500 ms"):
         producer.send(topic, b"v")
     with pytest.raises(KafkaTimeoutError):
         producer.partitions_for(topic)
