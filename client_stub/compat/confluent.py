@@ -519,9 +519,9 @@ if not TYPE_CHECKING:
 class Message:
     """confluent_kafka.Message, as a delivery report gives it: the record produced and where it went.
 
-    ``partition()`` is None while the record had none (it failed before one was chosen), ``offset()`` None
-    unless the broker gave one; ``timestamp()`` is (TIMESTAMP_CREATE_TIME or TIMESTAMP_LOG_APPEND_TIME,
-    milliseconds); ``latency()`` the seconds from produce() to the report.
+    ``partition()`` is None while the record had none (none was given, and it failed before one was chosen),
+    ``offset()`` None unless the broker gave one; ``timestamp()`` is (TIMESTAMP_CREATE_TIME or
+    TIMESTAMP_LOG_APPEND_TIME, milliseconds); ``latency()`` the seconds from produce() to the report.
     """
 
     __slots__ = ("_topic", "_partition", "_offset", "_key", "_value", "_headers", "_error", "_timestamp",
@@ -919,9 +919,11 @@ class Producer:
         if type(timestamp) is not int or not 0 <= timestamp < 2**63:
             raise _invalid(f"timestamp must be milliseconds from 0 to 2**63-1, got {timestamp!r}")
         timestamp = timestamp or time.time_ns() // 1_000_000
-        message = Message(topic, key=_bytes(key, "key"), value=_bytes(value, "value"), headers=_headers(headers),
-                          timestamp=(TIMESTAMP_CREATE_TIME, timestamp))
-        record = _Record(topic, message, timestamp, None if partition == -1 else partition,
+        explicit = None if partition == -1 else partition
+        # An explicit partition is the report's even if the delivery fails, as confluent-kafka's.
+        message = Message(topic, explicit, key=_bytes(key, "key"), value=_bytes(value, "value"),
+                          headers=_headers(headers), timestamp=(TIMESTAMP_CREATE_TIME, timestamp))
+        record = _Record(topic, message, timestamp, explicit,
                          callback or on_delivery or self._settings.on_delivery, time.monotonic())
         with self._lock:
             limit = self._settings.max_messages

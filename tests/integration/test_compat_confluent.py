@@ -227,6 +227,16 @@ def test_a_missing_topic_reaches_on_delivery_as_confluent_kafka_reports_it(broke
     assert (err.code(), err.name(), err.str(), err.retriable(), msg.partition(), msg.offset()) == (
         their_err.code(), their_err.name(), their_err.str(), their_err.retriable(), their_msg.partition(),
         their_msg.offset())
+
+    # A record of an explicit partition fails with it, as confluent-kafka reports it (another topic: confluent-kafka
+    # refuses at produce() a topic it knows to be missing).
+    other = f"missing-{uuid.uuid4().hex[:8]}"
+    producer.produce(other, b"to partition 0", partition=0, on_delivery=reports)
+    real.produce(other, b"to partition 0", partition=0, on_delivery=lambda e, m: theirs.append((e, m)))
+    assert producer.flush(30) == real.flush(30) == 0
+    (err, msg, _), (their_err, their_msg) = reports.calls[-1], theirs[-1]
+    assert (err.code(), msg.partition(), msg.offset()) == (their_err.code(), their_msg.partition(),
+                                                           their_msg.offset()) == (3, 0, None)
     producer.close()
 
 
