@@ -1,16 +1,18 @@
 """What the drop-in producers share: the settings the daemon owns, read as Kafka names them and checked against
-the daemon's."""
+the daemon's; closing the client's producer from any thread."""
 
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..contract.ipc import WelcomeSettings
+from ..producer import Producer
 
-__all__ = ["DAEMON_SETTINGS", "DaemonSettingWarning", "SettingsCheck"]
+__all__ = ["DAEMON_SETTINGS", "DaemonSettingWarning", "SettingsCheck", "close_producer"]
 
 _INT_MAX = 2**31 - 1
 _CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -108,3 +110,13 @@ class SettingsCheck:
             warnings.warn(f"{own_name}={wanted!r} is not what the kafka-sidecar daemon does: its {kafka_name} is "
                           f"{actual!r}, which applies to every record; set it in the daemon's configuration",
                           DaemonSettingWarning, stacklevel=3)
+
+
+def close_producer(producer: Producer, timeout: float | None) -> None:
+    """Close the client's ``producer``, waiting up to ``timeout`` seconds for its records; on its own I/O thread (a
+    delivery callback, or a finalizer run there) with timeout 0, from a thread of its own: close() there would
+    wait for the I/O thread itself."""
+    if producer._io.is_current():
+        threading.Thread(target=producer.close, args=(0,), name="kafka-sidecar-close").start()
+    else:
+        producer.close(timeout)

@@ -22,24 +22,28 @@ unknown one raises KafkaException(_INVALID_ARG), as confluent-kafka does. The da
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
+import logging
 import os
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .. import errors
 from ..contract import ipc
 from ..futures import RecordMetadata
 from ..producer import Producer as _SidecarProducer
 from ..producer import _headers as _record_headers
-from ._settings import SettingsCheck
+from ._settings import SettingsCheck, close_producer
 
 __all__ = ["TIMESTAMP_CREATE_TIME", "TIMESTAMP_LOG_APPEND_TIME", "TIMESTAMP_NOT_AVAILABLE", "ClusterMetadata",
            "KafkaError", "KafkaException", "Message", "PartitionMetadata", "Producer", "TopicMetadata"]
+
+log = logging.getLogger(__name__)
 
 TIMESTAMP_NOT_AVAILABLE = 0
 TIMESTAMP_CREATE_TIME = 1
@@ -286,7 +290,7 @@ class KafkaError:
     __repr__ = __str__
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, KafkaError):
+        if isinstance(other, _OwnKafkaError):
             return self._code == other._code
         if isinstance(other, int):
             return self._code == other
@@ -502,12 +506,22 @@ class KafkaException(Exception):
     """confluent_kafka.KafkaException: ``args[0]`` is the KafkaError."""
 
 
+# The classes above stand in for confluent-kafka's where it is not installed. Where it is, its own are used (it
+# builds them from Python: KafkaError(code, reason)), so that the application's ``except KafkaException`` and
+# ``isinstance(err, KafkaError)`` of confluent_kafka's names hold; the type checker sees the above, of the same
+# shape.
+_OwnKafkaError, _OwnKafkaException = KafkaError, KafkaException
+if not TYPE_CHECKING:
+    with contextlib.suppress(ImportError):
+        from confluent_kafka import KafkaError, KafkaException
+
+
 class Message:
     """confluent_kafka.Message, as a delivery report gives it: the record produced and where it went.
 
-    ``partition()`` is None while the record had none (it failed before one was chosen), ``offset()`` None
-    unless the broker gave one; ``timestamp()`` is (TIMESTAMP_CREATE_TIME or TIMESTAMP_LOG_APPEND_TIME,
-    milliseconds); ``latency()`` the seconds from produce() to the report.
+    ``partition()`` is None while the record had none (none was given, and it failed before one was chosen),
+    ``offset()`` None unless the broker gave one; ``timestamp()`` is (TIMESTAMP_CREATE_TIME or
+    TIMESTAMP_LOG_APPEND_TIME, milliseconds); ``latency()`` the seconds from produce() to the report.
     """
 
     __slots__ = ("_topic", "_partition", "_offset", "_key", "_value", "_headers", "_error", "_timestamp",
@@ -799,13 +813,18 @@ _LOCAL_CODES: tuple[tuple[type[errors.KafkaError], int], ...] = (
 
 
 def _error(exc: errors.KafkaError) -> KafkaError:
-    """The KafkaError confluent-kafka reports for an error of kafka-sidecar's."""
+    """The KafkaError confluent-kafka reports for an error of kafka-sidecar's. Not retriable(), not fatal(): as
+    confluent-kafka's of a delivery report or produce(), which it builds with the flags unset."""
     if exc.code is not None:
-        return KafkaError(exc.code, retriable=exc.retriable)
+        return KafkaError(exc.code)
     code = next((code for cls, code in _LOCAL_CODES if isinstance(exc, cls)), KafkaError._FAIL)
     description = _DESCRIPTIONS[code]
-    return KafkaError(code, f"{description}: {exc.message}" if exc.message else description,
-                      retriable=exc.retriable)
+    return KafkaError(code, f"{description}: {exc.message}" if exc.message else description)
+
+
+def _unexpected(exc: Exception) -> KafkaError:
+    """The KafkaError of a record that an error nobody expected (a bug) kept from its delivery."""
+    return KafkaError(KafkaError._FAIL, f"kafka-sidecar could not hand the record off: {exc!r}")
 
 
 # -- the producer -------------------------------------------------------------------------------------------
@@ -851,6 +870,10 @@ class Producer:
                                           max_block_ms=0, partitioner=self._settings.partitioner,
                                           client_name=self._settings.client_id)
         self._closed = False
+        # As confluent-kafka's, a producer dropped without close() ends its session (what it had not flushed is
+        # lost, as librdkafka purges it). A record in flight holds the producer (its report does): none is.
+        # The finalizer holds the client's producer, not this one, which it would keep alive.
+        self._close = weakref.finalize(self, close_producer, self._producer, 0)
         self._init_state()
         _producers.add(self)
 
@@ -881,7 +904,8 @@ class Producer:
 
         Never waits: BufferError if the BufferPool has no room now or ``queue.buffering.max.messages`` records
         are waiting; KafkaException(MSG_SIZE_TOO_LARGE) past max.request.size, (_UNKNOWN_PARTITION) for a
-        partition the topic does not have, (_INVALID_ARG) for an invalid topic name or timestamp.
+        partition the topic does not have, (_INVALID_ARG) for an invalid topic name or timestamp, or an endpoint that
+        cannot be connected to.
         """
         if self._closed:
             raise RuntimeError("Producer has been closed")
@@ -895,9 +919,11 @@ class Producer:
         if type(timestamp) is not int or not 0 <= timestamp < 2**63:
             raise _invalid(f"timestamp must be milliseconds from 0 to 2**63-1, got {timestamp!r}")
         timestamp = timestamp or time.time_ns() // 1_000_000
-        message = Message(topic, key=_bytes(key, "key"), value=_bytes(value, "value"), headers=_headers(headers),
-                          timestamp=(TIMESTAMP_CREATE_TIME, timestamp))
-        record = _Record(topic, message, timestamp, None if partition == -1 else partition,
+        explicit = None if partition == -1 else partition
+        # An explicit partition is the report's even if the delivery fails, as confluent-kafka's.
+        message = Message(topic, explicit, key=_bytes(key, "key"), value=_bytes(value, "value"),
+                          headers=_headers(headers), timestamp=(TIMESTAMP_CREATE_TIME, timestamp))
+        record = _Record(topic, message, timestamp, explicit,
                          callback or on_delivery or self._settings.on_delivery, time.monotonic())
         with self._lock:
             limit = self._settings.max_messages
@@ -920,9 +946,9 @@ class Producer:
         except errors.RecordTooLargeError:
             self._not_handed_off()
             raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)) from None
-        except ValueError:
-            self._not_handed_off()  # the topic has no such partition
-            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION)) from None
+        except ValueError as exc:
+            self._not_handed_off()
+            raise KafkaException(self._refusal(record, exc)) from None
         except errors.KafkaError as exc:
             self._finish(record, _error(exc))  # the cluster's final error on the topic: reported as a delivery's
         except BaseException:
@@ -934,6 +960,20 @@ class Producer:
         self._producer.send(record.topic, message._value, message._key, partition=record.partition,
                             timestamp_ms=record.timestamp_ms, headers=message._headers,
                             on_delivery=functools.partial(self._delivered, record))
+
+    def _refusal(self, record: _Record, exc: ValueError) -> KafkaError:
+        """librdkafka's error for a record the client refused: _UNKNOWN_PARTITION for a partition the topic does
+        not have, else _INVALID_ARG (an endpoint that cannot be connected to, a ConfigError) with the reason."""
+        if record.partition is not None:
+            try:  # the topic's metadata has come if the partition was checked against it
+                known = self._producer.partitions_for(record.topic, 0)
+            except (ValueError, errors.KafkaError):
+                known = None
+            if known is not None and record.partition not in known:
+                return KafkaError(KafkaError._UNKNOWN_PARTITION)
+        if isinstance(exc, errors.KafkaError):
+            return _error(exc)
+        return KafkaError(KafkaError._INVALID_ARG, str(exc))
 
     def _not_handed_off(self) -> None:
         with self._lock:
@@ -977,6 +1017,18 @@ class Producer:
     def _hand_off_waiting(self, topic: str) -> None:
         """The thread of a topic's records that wait here: hands them off, in order, once the topic's metadata
         has come and the daemon has room, or fails them as librdkafka fails its unassigned messages."""
+        try:
+            self._hand_off_topic(topic)
+        except Exception as exc:
+            # A bug: the records that wait fail, saying so, rather than keep flush() and close() waiting forever;
+            # the topic's next record starts a thread anew.
+            log.exception("handing off the records of topic %s that waited failed", topic)
+            with self._lock:
+                failed = self._waiting.pop(topic)
+            for record in failed:
+                self._finish(record, _unexpected(exc), handed_off=False)
+
+    def _hand_off_topic(self, topic: str) -> None:
         unknown_after = time.monotonic() + self._settings.propagation_ms / 1000
         while True:
             with self._lock:
@@ -1029,10 +1081,13 @@ class Producer:
                     queue.appendleft(record)
                     self._cond.wait(_RETRY_S)
                 return
-            except ValueError:
-                self._finish(record, KafkaError(KafkaError._UNKNOWN_PARTITION))
+            except ValueError as exc:
+                self._finish(record, self._refusal(record, exc))
             except errors.KafkaError as exc:
                 self._finish(record, _error(exc))
+            except Exception as exc:
+                self._finish(record, _unexpected(exc))
+                raise
 
     def _fail_waiting(self, topic: str, error: KafkaError, expired_at: float | None = None) -> None:
         """Fail the topic's waiting records (those produced before ``expired_at`` minus the message timeout, if
@@ -1135,7 +1190,7 @@ class Producer:
             return True
         self.flush()
         self._closed = True
-        self._producer.close()
+        self._close()
         _producers.discard(self)
         return True
 

@@ -8,10 +8,11 @@
 
 ``send()`` returns a :class:`FutureRecordMetadata` (``get(timeout)``, ``add_callback``, ``add_errback``,
 ``succeeded()``, ``failed()``, ``value``, ``exception``) whose callbacks run on the client's I/O thread, as
-kafka-python runs them on its sender thread; errors are kafka-python's classes (``kafka.errors``' names:
-:class:`KafkaTimeoutError`, :class:`MessageSizeTooLargeError`, :class:`UnknownTopicOrPartitionError`...), and so
-are the serializers (:class:`Serializer`, :class:`DefaultSerializer`, :class:`JsonSerializer`; a plain callable
-works too). As kafka-python's, a producer not closed is closed (after a flush of up to a second) when it is
+kafka-python runs them on its sender thread. Errors are kafka-python's own classes where it is installed, else
+stand-ins of ``kafka.errors``' names and hierarchy (:class:`KafkaTimeoutError`, :class:`MessageSizeTooLargeError`,
+:class:`UnknownTopicOrPartitionError`...). Serializers are taken as kafka-python takes them: a callable, or an
+object with ``serialize()`` (:class:`Serializer`, :class:`DefaultSerializer`, :class:`JsonSerializer`, or
+kafka.serializer's). As kafka-python's, a producer not closed is closed (after a flush of up to a second) when it is
 garbage-collected or the interpreter exits.
 
 Settings: docs/migration/kafka-python.md says which are honoured, which the daemon owns (checked against the
@@ -23,19 +24,21 @@ unknown keyword raises ValueError, as kafka-python's does. The daemon's endpoint
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
+import inspect
 import json
 import logging
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .. import errors
 from ..futures import RecordMetadata as _SidecarRecordMetadata
 from ..producer import Producer as _SidecarProducer
-from ._settings import SettingsCheck
+from ._settings import SettingsCheck, close_producer
 
 __all__ = ["BrokerResponseError", "DefaultSerializer", "FutureRecordMetadata", "IllegalStateError", "JsonSerializer",
            "KafkaConfigurationError", "KafkaConnectionError", "KafkaError", "KafkaProducer", "KafkaTimeoutError",
@@ -363,6 +366,19 @@ def for_code(error_code: int) -> type[BrokerResponseError]:
     return cls
 
 
+# The classes above stand in for kafka.errors' where kafka-python is not installed. Where it is, its own are used
+# (its for_code and kafka_errors too, whose table has every code), so that the application's ``except
+# kafka.errors.KafkaTimeoutError`` holds; the type checker sees the above, of the same names and hierarchy.
+_OWN_ERRORS: dict[str, type[KafkaError]] = {name: cls for name, cls in list(globals().items())
+                                             if isinstance(cls, type) and issubclass(cls, KafkaError)}
+if not TYPE_CHECKING:
+    with contextlib.suppress(ImportError):
+        import kafka.errors
+
+        globals().update({name: getattr(kafka.errors, name) for name in _OWN_ERRORS},
+                         for_code=kafka.errors.for_code, kafka_errors=kafka.errors.kafka_errors)
+
+
 # The class kafka-python raises for each of kafka-sidecar's errors that is not the broker's (the first that fits).
 _LOCAL_ERRORS: tuple[tuple[type[errors.KafkaError], type[KafkaError]], ...] = (
     (errors.KafkaTimeoutError, KafkaTimeoutError),  # BufferExhaustedError too, as kafka-python's
@@ -420,15 +436,26 @@ class JsonSerializer(DefaultSerializer):
         return super().serialize(topic, headers, json.dumps(data))
 
 
-SerializerLike = Serializer | Callable[[Any], "bytes | None"]
+_SerializeFunction = Callable[[str, list[tuple[str, bytes]], Any], Any]
 
 
-def _serialize(serializer: SerializerLike | None, topic: str, headers: list[tuple[str, bytes]], data: Any) -> Any:
+def _serializer(serializer: object, what: str) -> _SerializeFunction | None:
+    """A serializer as kafka-python takes it (duck-typed, as it does), as one function of (topic, headers, data):
+    a callable is given the data; an object's serialize() (a kafka.serializer.Serializer's) the topic, headers
+    and data, or the topic and data if that is its signature (kafka-python 2's)."""
     if serializer is None:
-        return data
-    if isinstance(serializer, Serializer):
-        return serializer.serialize(topic, headers, data)
-    return serializer(data)
+        return None
+    if callable(serializer):
+        return lambda topic, headers, data: serializer(data)
+    serialize = getattr(serializer, "serialize", None)
+    if not callable(serialize):
+        raise TypeError(f"{what} must be callable or have serialize(topic, headers, data), "
+                        f"not {type(serializer).__name__}")
+    try:
+        inspect.signature(serialize).bind("topic", [], None)
+    except TypeError:
+        return lambda topic, headers, data: serialize(topic, data)
+    return serialize  # type: ignore[no-any-return]
 
 
 # -- kafka.producer.future ------------------------------------------------------------------------------------
@@ -608,8 +635,9 @@ class KafkaProducer:
                                               "partitioner does (murmur2 of the key)")
         self._check = SettingsCheck({kafka_name: (name, configs[name]) for name, kafka_name in _DAEMON_OWNED.items()
                                      if name in configs})
-        self._key_serializer: SerializerLike | None = configs.get("key_serializer")
-        self._value_serializer: SerializerLike | None = configs.get("value_serializer")
+        self._serializers = (configs.get("key_serializer"), configs.get("value_serializer"))
+        self._serialize_key = _serializer(configs.get("key_serializer"), "key_serializer")
+        self._serialize_value = _serializer(configs.get("value_serializer"), "value_serializer")
         self._producer = _SidecarProducer(configs.get("sidecar_endpoint"), linger_ms=configs.get("linger_ms"),
                                           max_block_ms=configs.get("max_block_ms"), partitioner="murmur2_random",
                                           client_name=configs.get("client_id"))
@@ -630,8 +658,8 @@ class KafkaProducer:
         if value is None and key is None:
             raise ValueError("Need at least one: key or value")
         header_list = headers or []
-        key_bytes = _serialize(self._key_serializer, topic, header_list, key)
-        value_bytes = _serialize(self._value_serializer, topic, header_list, value)
+        key_bytes = key if self._serialize_key is None else self._serialize_key(topic, header_list, key)
+        value_bytes = value if self._serialize_value is None else self._serialize_value(topic, header_list, value)
         header_size = sum(len(name.encode("utf-8")) + len(data or b"") for name, data in headers) if headers else -1
         try:
             future = self._producer.send(topic, value_bytes, key_bytes, partition=partition, timestamp_ms=timestamp_ms,
@@ -658,15 +686,17 @@ class KafkaProducer:
 
     def close(self, timeout: float | None = None) -> None:
         """Flush (up to ``timeout`` seconds), end the session with the daemon, close the serializers. Records not
-        delivered by then fail with IllegalStateError."""
+        delivered by then fail with IllegalStateError. From a callback (the I/O thread) the timeout is 0, as
+        kafka-python's on its sender thread: waiting there would wait for the thread itself."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self._cleanup)
-        self._producer.close(timeout)
-        for serializer in (self._key_serializer, self._value_serializer):
-            if isinstance(serializer, Serializer):
-                serializer.close()
+        close_producer(self._producer, timeout)
+        for serializer in self._serializers:
+            close = getattr(serializer, "close", None)
+            if callable(close):  # kafka-python's: a serializer need not have one
+                close()
 
     def partitions_for(self, topic: str) -> set[int]:
         """The topic's partitions, waiting up to max_block_ms for its metadata (KafkaTimeoutError then)."""

@@ -215,6 +215,7 @@ def test_a_missing_topic_reaches_on_delivery_as_confluent_kafka_reports_it(broke
     assert (err.code(), err.name(), msg.topic(), msg.partition(), msg.offset(), msg.value()) == (
         KafkaError.UNKNOWN_TOPIC_OR_PART, "UNKNOWN_TOPIC_OR_PART", topic, None, None, b"nowhere to go")
     assert err == 3 and msg.error() is err
+    assert isinstance(err, confluent_kafka.KafkaError)  # confluent-kafka's own class, installed
 
     # confluent-kafka itself, on the same broker with auto-creation off, reports the same.
     theirs: list[tuple[confluent_kafka.KafkaError, confluent_kafka.Message]] = []
@@ -226,6 +227,16 @@ def test_a_missing_topic_reaches_on_delivery_as_confluent_kafka_reports_it(broke
     assert (err.code(), err.name(), err.str(), err.retriable(), msg.partition(), msg.offset()) == (
         their_err.code(), their_err.name(), their_err.str(), their_err.retriable(), their_msg.partition(),
         their_msg.offset())
+
+    # A record of an explicit partition fails with it, as confluent-kafka reports it (another topic: confluent-kafka
+    # refuses at produce() a topic it knows to be missing).
+    other = f"missing-{uuid.uuid4().hex[:8]}"
+    producer.produce(other, b"to partition 0", partition=0, on_delivery=reports)
+    real.produce(other, b"to partition 0", partition=0, on_delivery=lambda e, m: theirs.append((e, m)))
+    assert producer.flush(30) == real.flush(30) == 0
+    (err, msg, _), (their_err, their_msg) = reports.calls[-1], theirs[-1]
+    assert (err.code(), msg.partition(), msg.offset()) == (their_err.code(), their_msg.partition(),
+                                                           their_msg.offset()) == (3, 0, None)
     producer.close()
 
 
@@ -255,3 +266,67 @@ def test_a_setting_the_daemon_owns_warns_once_if_it_differs(broker, topic_factor
     assert len(read_topic(broker.bootstrap, topic, expected=4)) == 4
     first.close()
     second.close()
+
+
+# -- the producer's life ----------------------------------------------------------------------------------------
+
+
+def test_producers_dropped_without_close_end_their_sessions(broker, topic_factory, sidecar) -> None:
+    # confluent-kafka's usual pattern: a Producer made in a function, flushed, never closed. More of them, one
+    # after another, than the daemon takes sessions of one process (sidecar.process.max.sessions).
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap, settings={"sidecar.process.max.sessions": 2})
+
+    def send_one(n: int) -> int:
+        producer = Producer({"sidecar.endpoint": daemon.endpoint})
+        producer.produce(topic, b"v%d" % n)
+        return producer.flush(30)
+
+    assert [send_one(n) for n in range(5)] == [0] * 5
+    values = {r.value for r in read_topic(broker.bootstrap, topic, expected=5)}
+    assert values == {b"v%d" % n for n in range(5)}
+
+
+def test_produce_refusals_keep_their_reason(broker, topic_factory, daemon) -> None:
+    topic = topic_factory(2)
+    producer = Producer({"sidecar.endpoint": daemon.endpoint})
+    producer.produce(topic, b"known", partition=1)
+    assert producer.flush(30) == 0
+    # Only a partition the topic does not have is _UNKNOWN_PARTITION, as librdkafka's.
+    with pytest.raises(confluent_kafka.KafkaException) as unknown:  # confluent-kafka's own class, installed
+        producer.produce(topic, b"nowhere", partition=2)
+    assert unknown.value.args[0].code() == KafkaError._UNKNOWN_PARTITION
+    producer.close()
+    # An endpoint that cannot be connected to is a bad configuration, with the reason given.
+    misconfigured = Producer({"sidecar.endpoint": "bogus://nowhere"})
+    with pytest.raises(KafkaException) as invalid:
+        misconfigured.produce(topic, b"v", partition=0)
+    err = invalid.value.args[0]
+    assert err.code() == KafkaError._INVALID_ARG
+    assert "cannot connect to the kafka-sidecar endpoint 'bogus://nowhere'" in err.str()
+    misconfigured.close()
+
+
+def test_records_waiting_on_a_broken_hand_off_fail_instead_of_hanging(topic_factory, daemon, monkeypatch,
+                                                                      caplog) -> None:
+    topic = topic_factory(1)
+    reports = Reports()
+    producer = Producer({"sidecar.endpoint": daemon.endpoint})
+
+    def broken(topic: str, timeout: float | None = None) -> list[int]:
+        raise RuntimeError("a bug")
+
+    # The topic's metadata is not there yet: the records wait in the process, for a hand-off that breaks.
+    monkeypatch.setattr(producer._producer, "partitions_for", broken)
+    producer.produce(topic, b"one", on_delivery=reports)
+    producer.produce(topic, b"two", on_delivery=reports)
+    assert producer.flush(30) == 0
+    assert [(err.code(), msg.value()) for err, msg, _ in reports.calls] == [
+        (KafkaError._FAIL, b"one"), (KafkaError._FAIL, b"two")]
+    assert "RuntimeError('a bug')" in reports.calls[0][0].str()
+    assert "RuntimeError: a bug" in caplog.text
+    monkeypatch.undo()
+    producer.produce(topic, b"three", on_delivery=reports)  # the topic's records are handed off again
+    assert producer.flush(30) == 0
+    assert reports.calls[-1][0] is None
+    producer.close()

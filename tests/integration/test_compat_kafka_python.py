@@ -8,6 +8,7 @@ back with the confluent-kafka verifier.
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -18,11 +19,14 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import kafka.errors
+import kafka.serializer
 import pytest
 
 from client_stub.compat import DaemonSettingWarning
 from client_stub.compat.kafka_python import (
     FutureRecordMetadata,
+    IllegalStateError,
     KafkaProducer,
     KafkaTimeoutError,
     RecordMetadata,
@@ -126,7 +130,8 @@ def test_send_to_a_missing_topic_times_out_as_kafka_python_does(broker, sidecar)
     daemon = sidecar(broker.bootstrap, settings={"allow.auto.create.topics": "false"})
     producer = KafkaProducer(sidecar_endpoint=daemon.endpoint, max_block_ms=500)
     topic = f"missing-{uuid.uuid4().hex[:8]}"
-    with pytest.raises(KafkaTimeoutError, match=f"Topic {topic} not present in metadata after 500 ms"):
+    # Caught as kafka-python's own class, by code that imports it from kafka.errors.
+    with pytest.raises(kafka.errors.KafkaTimeoutError, match=f"Topic {topic} not present in metadata after 500 ms"):
         producer.send(topic, b"v")
     with pytest.raises(KafkaTimeoutError):
         producer.partitions_for(topic)
@@ -152,3 +157,62 @@ def test_a_setting_the_daemon_owns_warns_once_if_it_differs(broker, topic_factor
         "compression_type='zstd' is not what the kafka-sidecar daemon does: its compression.type is 'none', which "
         "applies to every record; set it in the daemon's configuration"]
     assert len(read_topic(broker.bootstrap, topic, expected=4)) == 4
+
+
+def test_close_from_a_callback_closes_without_waiting(broker, topic_factory, sidecar) -> None:
+    # One session per process: the next producer gets one only if the closed producer's ended.
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap, settings={"sidecar.process.max.sessions": 1})
+    producer = KafkaProducer(sidecar_endpoint=daemon.endpoint)
+    raised: list[BaseException] = []
+
+    def close_it(metadata: RecordMetadata) -> None:
+        try:
+            producer.close(timeout=30)  # kafka-python closes with timeout 0 from its own thread
+        except BaseException as exc:
+            raised.append(exc)
+
+    producer.send(topic, b"first").add_callback(close_it).get(30)
+    with pytest.raises(IllegalStateError, match="KafkaProducer already closed!"):
+        producer.send(topic, b"after close")
+    next_one = KafkaProducer(sidecar_endpoint=daemon.endpoint, max_block_ms=30_000)
+    assert next_one.send(topic, b"second").get(30).offset >= 0
+    next_one.close()
+    assert raised == []
+    assert sorted(r.value for r in read_topic(broker.bootstrap, topic, expected=2)) == [b"first", b"second"]
+
+
+class Base64Serializer(kafka.serializer.Serializer):
+    """A kafka.serializer.Serializer of an application's: kafka-python 3's serialize(topic, headers, data)."""
+
+    closed = False
+
+    def serialize(self, topic: str, headers: list[tuple[str, bytes]], data: bytes) -> bytes:
+        return base64.b64encode(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class UpperSerializer:
+    """An object with kafka-python 2's serialize(topic, data), no Serializer subclass."""
+
+    def serialize(self, topic: str, data: str) -> bytes:
+        return data.upper().encode()
+
+
+def test_kafka_pythons_serializers_serialize(broker, topic_factory, daemon) -> None:
+    topic = topic_factory(1)
+    values = Base64Serializer()
+    producer = KafkaProducer(sidecar_endpoint=daemon.endpoint, value_serializer=values,
+                             key_serializer=UpperSerializer())
+    producer.send(topic, b"value", key="key").get(30)
+    json_producer = KafkaProducer(sidecar_endpoint=daemon.endpoint,
+                                  value_serializer=kafka.serializer.JsonSerializer(),
+                                  key_serializer=kafka.serializer.DefaultSerializer())
+    json_producer.send(topic, {"a": 1}, key="k").get(30)
+    json_producer.close()
+    producer.close()
+    assert values.closed
+    records = read_topic(broker.bootstrap, topic, expected=2)
+    assert [(r.key, r.value) for r in records] == [(b"KEY", b"dmFsdWU="), (b"k", b'{"a": 1}')]

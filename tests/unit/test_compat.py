@@ -6,7 +6,6 @@ reference. No daemon is needed: a producer connects on its first record.
 
 from __future__ import annotations
 
-import inspect
 import re
 import warnings
 from pathlib import Path
@@ -32,19 +31,26 @@ SETTINGS = ipc.WelcomeSettings(max_request_size=1048576, linger_ms=5, max_block_
 # -- confluent-kafka ------------------------------------------------------------------------------------------
 
 
+def test_the_error_classes_are_confluent_kafkas_when_it_is_installed() -> None:
+    # The application's own except clauses and isinstance checks hold.
+    assert confluent.KafkaError is confluent_kafka.KafkaError
+    assert confluent.KafkaException is confluent_kafka.KafkaException
+
+
 def test_kafka_error_has_librdkafkas_codes_names_and_descriptions() -> None:
+    # The stand-in used where confluent-kafka is not installed.
+    own = confluent._OwnKafkaError
     theirs = {name: code for name, code in vars(confluent_kafka.KafkaError).items() if type(code) is int}
-    ours = {name: code for name, code in vars(confluent.KafkaError).items()
-            if type(code) is int and not name.startswith("__")}
+    ours = {name: code for name, code in vars(own).items() if type(code) is int and not name.startswith("__")}
     assert ours == theirs
     for code in ours.values():
-        assert (confluent.KafkaError(code).name(), confluent.KafkaError(code).str()) == (
+        assert (own(code).name(), own(code).str()) == (
             confluent_kafka.KafkaError(code).name(), confluent_kafka.KafkaError(code).str())
-    assert str(confluent.KafkaError(3)) == str(confluent_kafka.KafkaError(3))
-    assert str(confluent.KafkaError(-192, "why")) == str(confluent_kafka.KafkaError(-192, "why"))
+    assert str(own(3)) == str(confluent_kafka.KafkaError(3))
+    assert str(own(-192, "why")) == str(confluent_kafka.KafkaError(-192, "why"))
     # Compared with codes, as confluent-kafka's users do.
-    assert confluent.KafkaError(3) == confluent.KafkaError.UNKNOWN_TOPIC_OR_PART == 3
-    assert confluent.KafkaError(3) == confluent.KafkaError(3) != confluent.KafkaError(-192)
+    assert own(3) == own.UNKNOWN_TOPIC_OR_PART == 3
+    assert own(3) == own(3) != own(-192)
 
 
 @pytest.mark.parametrize("config", [
@@ -106,29 +112,26 @@ def test_the_settings_table_of_the_confluent_page_is_the_code_s() -> None:
 # -- kafka-python ---------------------------------------------------------------------------------------------
 
 
-def _kafka_python_errors() -> list[type[kafka_python.KafkaError]]:
-    return [cls for cls in vars(kafka_python).values()
-            if inspect.isclass(cls) and issubclass(cls, kafka_python.KafkaError)]
-
-
 def test_error_classes_are_kafka_pythons() -> None:
-    for ours in _kafka_python_errors():
-        theirs = getattr(kafka.errors, ours.__name__)
+    for name, ours in kafka_python._OWN_ERRORS.items():
+        # Installed, kafka-python's own classes are the module's; the stand-ins have their names and hierarchy.
+        theirs = getattr(kafka.errors, name)
+        assert getattr(kafka_python, name) is theirs
         assert (ours.retriable, ours.invalid_metadata) == (theirs.retriable, theirs.invalid_metadata), ours
         assert [b.__name__ for b in ours.__bases__] == [b.__name__ for b in theirs.__bases__], ours
-        if issubclass(ours, kafka_python.BrokerResponseError):
+        if issubclass(ours, kafka_python._OWN_ERRORS["BrokerResponseError"]):
             assert (ours.errno, ours.message) == (theirs.errno, theirs.message), ours
             assert ours.description == theirs.description or theirs.description is None, ours
-    assert str(kafka_python.UnknownTopicOrPartitionError("t")) == str(kafka.errors.UnknownTopicOrPartitionError("t"))
-    assert str(kafka_python.KafkaTimeoutError("late")) == str(kafka.errors.KafkaTimeoutError("late"))
-    assert kafka_python.for_code(3) is kafka_python.UnknownTopicOrPartitionError
-    assert kafka_python.for_code(9999).errno == 9999  # a code it does not know, kept
+            assert str(ours("t")) == str(theirs("t"))
+    assert str(kafka_python._OWN_ERRORS["KafkaTimeoutError"]("late")) == str(kafka.errors.KafkaTimeoutError("late"))
+    assert kafka_python.for_code is kafka.errors.for_code
 
 
 def test_sidecar_errors_map_to_kafka_python_classes() -> None:
     cases = [
         (errors.for_code(3), kafka_python.UnknownTopicOrPartitionError),
         (errors.for_code(10), kafka_python.MessageSizeTooLargeError),
+        (errors.for_code(15), kafka.errors.CoordinatorNotAvailableError),  # kafka.errors' full table, retriable
         (errors.for_code(133), kafka_python.UnknownError),
         (errors.KafkaTimeoutError("Expiring 3 record(s)"), kafka_python.KafkaTimeoutError),
         (errors.BufferExhaustedError("no memory"), kafka_python.KafkaTimeoutError),
@@ -142,6 +145,7 @@ def test_sidecar_errors_map_to_kafka_python_classes() -> None:
         mapped = kafka_python._error(ours)
         assert type(mapped) is cls or (cls is kafka_python.UnknownError and isinstance(mapped, cls)), ours
         assert mapped.__cause__ is ours
+        assert mapped.retriable == cls.retriable
 
 
 def test_configuration_as_kafka_python_takes_it() -> None:
