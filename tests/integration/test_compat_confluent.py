@@ -34,6 +34,7 @@ from client_stub.compat.confluent import (
 from service.tools.readback import read_topic
 from tests.support.broker import TansuBroker
 from tests.support.sidecar import SidecarProcess
+from tests.support.workers import default_sigint
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = Path(__file__).parent / "compat_examples"
@@ -86,7 +87,8 @@ def test_the_json_example_runs_with_its_serializer(broker, topic_factory, daemon
     answers = "".join(f"{name}\n{address}\n{number}\n{color}\n" for name, address, number, color in users)
     process = subprocess.Popen([sys.executable, str(EXAMPLES / "confluent_json_producer.py"), "-b", "ignored",
                                 "-s", "no-schema-registry", "-t", topic], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=example_env(daemon), cwd=ROOT)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=example_env(daemon), cwd=ROOT,
+                               preexec_fn=default_sigint)  # the example stops on ^C
     try:
         assert process.stdin is not None and process.stdout is not None
         process.stdin.write(answers.encode())
