@@ -27,10 +27,13 @@ def _integer(value: Any) -> int:
         raise ValueError("an integer, not a boolean")
     if isinstance(value, float) and math.isinf(value) and value > 0:
         return _INT_MAX  # kafka-python's retries=float('inf'): as many as Kafka counts
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"an integer, not {value}")
+    # As librdkafka reads an integer property: a fraction is cut off.
+    if isinstance(value, (int, float)):
         return int(value)
-    if isinstance(value, (int, str)):
-        return int(value)
+    if isinstance(value, str):
+        return int(float(value))
     raise ValueError(f"an integer, not {type(value).__name__}")
 
 
@@ -44,11 +47,22 @@ def _acks(value: Any) -> int:
 
 
 def _boolean(value: Any) -> bool:
+    # As librdkafka reads a boolean: true or false in any case, or 1 or 0 (a number or a string).
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
     raise ValueError("true or false")
+
+
+def whole_ms(value: Any) -> int:
+    """A number of milliseconds as the client takes them, whole: a fraction (librdkafka's linger.ms is a double,
+    kafka-python's may be a float) rounds up, so that a wait asked for is never none. ValueError if no number."""
+    if isinstance(value, bool):
+        raise ValueError("a number of milliseconds, not a boolean")
+    return math.ceil(float(value))
 
 
 def _compression(value: Any) -> str:

@@ -38,7 +38,7 @@ from ..contract import ipc
 from ..futures import RecordMetadata
 from ..producer import Producer as _SidecarProducer
 from ..producer import _headers as _record_headers
-from ._settings import SettingsCheck, close_producer
+from ._settings import SettingsCheck, close_producer, whole_ms
 
 __all__ = ["TIMESTAMP_CREATE_TIME", "TIMESTAMP_LOG_APPEND_TIME", "TIMESTAMP_NOT_AVAILABLE", "ClusterMetadata",
            "KafkaError", "KafkaException", "Message", "PartitionMetadata", "Producer", "TopicMetadata"]
@@ -750,14 +750,14 @@ def _read_settings(config: Mapping[str, Any]) -> _Settings:
         raise _invalid("on_delivery requires a callable object")
 
     def number(names: tuple[str, ...], low: int, high: int) -> int | None:
-        """The integer given for a property (``names[0]``, or an alias of it: the last given wins, as in
-        librdkafka), None if none was."""
+        """The number given for a property (``names[0]``, or an alias of it: the last given wins, as in
+        librdkafka), whole (a fraction rounds up, see whole_ms), None if none was."""
         value = None
         for name, given in config.items():
             if name in names:
                 try:
-                    value = None if isinstance(given, bool) else int(given)
-                except (TypeError, ValueError):
+                    value = whole_ms(given)
+                except (TypeError, ValueError, OverflowError):
                     value = None
                 if value is None:
                     raise _invalid(f'Invalid value for configuration property "{names[0]}"')

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from .. import errors
 from ..futures import RecordMetadata as _SidecarRecordMetadata
 from ..producer import Producer as _SidecarProducer
-from ._settings import SettingsCheck, close_producer
+from ._settings import SettingsCheck, close_producer, whole_ms
 
 __all__ = ["BrokerResponseError", "DefaultSerializer", "FutureRecordMetadata", "IllegalStateError", "JsonSerializer",
            "KafkaConfigurationError", "KafkaConnectionError", "KafkaError", "KafkaProducer", "KafkaTimeoutError",
@@ -638,8 +638,13 @@ class KafkaProducer:
         self._serializers = (configs.get("key_serializer"), configs.get("value_serializer"))
         self._serialize_key = _serializer(configs.get("key_serializer"), "key_serializer")
         self._serialize_value = _serializer(configs.get("value_serializer"), "value_serializer")
-        self._producer = _SidecarProducer(configs.get("sidecar_endpoint"), linger_ms=configs.get("linger_ms"),
-                                          max_block_ms=configs.get("max_block_ms"), partitioner="murmur2_random",
+        try:
+            linger_ms, max_block_ms = (None if configs.get(name) is None else whole_ms(configs[name])
+                                       for name in ("linger_ms", "max_block_ms"))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise KafkaConfigurationError(f"linger_ms and max_block_ms are numbers of milliseconds: {exc}") from None
+        self._producer = _SidecarProducer(configs.get("sidecar_endpoint"), linger_ms=linger_ms,
+                                          max_block_ms=max_block_ms, partitioner="murmur2_random",
                                           client_name=configs.get("client_id"))
         self._closed = False
         self._cleanup = functools.partial(_close_at_exit, weakref.ref(self))

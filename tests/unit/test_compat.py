@@ -83,6 +83,21 @@ def test_configuration_as_confluent_kafka_takes_it() -> None:
         confluent.Producer({"compression.codec": "brotli"})
 
 
+@pytest.mark.parametrize("config", [
+    {"enable.idempotence": 1}, {"enable.idempotence": "0"}, {"enable.idempotence": "True"},
+    {"linger.ms": 0.5}, {"linger.ms": "2.5"}, {"retries": "3"}, {"retries": 2.5},
+], ids=lambda c: ",".join(f"{k}={v!r}" for k, v in c.items()))
+def test_values_librdkafka_takes_are_taken(config) -> None:
+    confluent_kafka.Producer(config)  # librdkafka takes it: so must the adapter
+    confluent.Producer(config)
+
+
+def test_a_fraction_of_a_millisecond_lingers_a_whole_one() -> None:
+    assert confluent._read_settings({"linger.ms": 0.5}).linger_ms == 1
+    assert confluent._read_settings({"linger.ms": "2.5"}).linger_ms == 3
+    assert confluent._read_settings({"linger.ms": 0}).linger_ms == 0
+
+
 def test_sidecar_errors_map_to_confluent_kafka_codes() -> None:
     cases = [
         (errors.for_code(3, "topic t: UNKNOWN_TOPIC_OR_PARTITION"), confluent.KafkaError.UNKNOWN_TOPIC_OR_PART),
@@ -161,6 +176,10 @@ def test_configuration_as_kafka_python_takes_it() -> None:
         kafka_python.KafkaProducer(compression_type="brotli")
     kafka_python.KafkaProducer(bootstrap_servers=["b:9092"], security_protocol="SSL", buffer_memory=1 << 20,
                                api_version=(2, 8), retries=float("inf")).close()
+    # Values kafka-python takes as they are: a boolean as 1, milliseconds as floats.
+    kafka_python.KafkaProducer(enable_idempotence=1, linger_ms=0.5, max_block_ms=2500.0).close()
+    with pytest.raises(kafka_python.KafkaConfigurationError, match="numbers of milliseconds"):
+        kafka_python.KafkaProducer(linger_ms="soon")
 
 
 def test_the_serializers_are_kafka_pythons() -> None:
