@@ -416,6 +416,12 @@ class Producer:
         return SidecarUnavailableError(f"no kafka-sidecar daemon answered at {self.endpoint} "
                                        f"within {self.max_block_ms} ms{refused}")
 
+    def wait_for_daemon(self, timeout: float | None = None) -> None:
+        """Start this producer's session if it has none, and wait up to ``timeout`` seconds (None: max_block_ms)
+        for the daemon's welcome: SidecarUnavailableError if none comes. A health check."""
+        self._ensure_started()
+        self._wait_for_welcome(time.monotonic() + (self.max_block_ms / 1000 if timeout is None else timeout))
+
     def partitions_for(self, topic: str, timeout: float | None = None) -> list[int]:
         """The partitions of ``topic``, as Java's partitionsFor: waits up to ``timeout`` seconds (None: max_block_ms)
         for the daemon and the topic's metadata, then raises SidecarUnavailableError or KafkaTimeoutError (whose

@@ -25,6 +25,7 @@ import builtins
 import contextlib
 import functools
 import logging
+import operator
 import os
 import threading
 import time
@@ -884,6 +885,7 @@ class Producer:
         self._waiting: dict[str, deque[_Record]] = {}  # by topic: not handed off yet, in order
         self._waiting_count = 0
         self._reports: deque[tuple[DeliveryCallback, Message]] = deque()  # reported, callback not run yet
+        self._topics: set[str] = set()  # produced to: what list_topics() without a topic lists
 
     def _forget_parent(self) -> None:
         # In a forked child: the records were the parent's, and so were the threads that handed them off.
@@ -914,9 +916,14 @@ class Producer:
             ipc.check_topic(topic)
         except ValueError as exc:
             raise _invalid(str(exc)) from None
-        if type(partition) is not int or partition < -1:
+        try:
+            # Any integer (a numpy one too), as librdkafka takes a C integer.
+            partition, timestamp = operator.index(partition), operator.index(timestamp)
+        except TypeError:
+            raise _invalid(f"partition and timestamp are integers, got {partition!r} and {timestamp!r}") from None
+        if partition < -1:
             raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
-        if type(timestamp) is not int or not 0 <= timestamp < 2**63:
+        if not 0 <= timestamp < 2**63:
             raise _invalid(f"timestamp must be milliseconds from 0 to 2**63-1, got {timestamp!r}")
         timestamp = timestamp or time.time_ns() // 1_000_000
         explicit = None if partition == -1 else partition
@@ -926,6 +933,7 @@ class Producer:
         record = _Record(topic, message, timestamp, explicit,
                          callback or on_delivery or self._settings.on_delivery, time.monotonic())
         with self._lock:
+            self._topics.add(topic)
             limit = self._settings.max_messages
             if limit and self._in_flight + self._waiting_count + len(self._reports) >= limit:
                 raise BufferError(_DESCRIPTIONS[KafkaError._QUEUE_FULL])
@@ -1161,28 +1169,40 @@ class Producer:
 
     def list_topics(self, topic: str | None = None, timeout: float | None = -1) -> ClusterMetadata:
         """The metadata of ``topic`` (its partitions, or the cluster's error on it), waiting up to ``timeout``
-        seconds (negative: the daemon's max.block.ms). KafkaException(_NOT_IMPLEMENTED) without a topic: the
-        daemon, not this client, knows the cluster."""
-        if topic is None:
-            raise KafkaException(KafkaError(KafkaError._NOT_IMPLEMENTED,
-                                            "kafka-sidecar's producer knows the topics it is asked about: name one "
-                                            "(an AdminClient lists the cluster's)"))
+        seconds (negative: the daemon's max.block.ms). Without a topic, a health check as confluent-kafka's users
+        write one: KafkaException(_TRANSPORT) unless the daemon answers within ``timeout``; the topics listed are
+        those this producer has produced to whose metadata it has (the cluster's are the daemon's to know)."""
         if timeout is None or timeout < 0:
             settings = self._producer.daemon_settings
             timeout = (60_000 if settings is None else settings.max_block_ms) / 1000
+        if topic is not None:
+            found = self._topic_metadata(topic, timeout)
+            if found is None:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no metadata for {topic} within "
+                                                                       f"{timeout:g} s"))
+            return ClusterMetadata({topic: found})
+        try:
+            self._producer.wait_for_daemon(timeout)
+        except errors.SidecarUnavailableError as exc:
+            raise KafkaException(_error(exc)) from None
+        with self._lock:
+            topics = sorted(self._topics)
+        listed = {name: self._topic_metadata(name, 0) for name in topics}
+        return ClusterMetadata({name: found for name, found in listed.items() if found is not None})
+
+    def _topic_metadata(self, topic: str, timeout: float) -> TopicMetadata | None:
+        """``topic``'s partitions or the cluster's error on it; None if its metadata does not come within
+        ``timeout`` seconds."""
         try:
             partitions = self._producer.partitions_for(topic, timeout)
         except errors.KafkaTimeoutError as exc:
-            if not isinstance(exc.__cause__, errors.KafkaError):
-                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, str(exc))) from None
-            found = TopicMetadata(topic, {}, _error(exc.__cause__))
+            return TopicMetadata(topic, {}, _error(exc.__cause__)) if isinstance(exc.__cause__, errors.KafkaError) \
+                else None
         except errors.SidecarUnavailableError as exc:
             raise KafkaException(_error(exc)) from None
         except errors.KafkaError as exc:
-            found = TopicMetadata(topic, {}, _error(exc))
-        else:
-            found = TopicMetadata(topic, {p: PartitionMetadata(p) for p in partitions})
-        return ClusterMetadata({topic: found})
+            return TopicMetadata(topic, {}, _error(exc))
+        return TopicMetadata(topic, {p: PartitionMetadata(p) for p in partitions})
 
     def close(self) -> bool:
         """Flush (every record delivered or failed, its callback run), then end the session with the daemon."""
