@@ -1,6 +1,7 @@
 """confluent-kafka's Producer on kafka-sidecar (client_stub.compat.confluent), against a real daemon and broker.
 
-confluent-kafka's own producer examples run with only their import changed; delivery callbacks run on the thread
+confluent-kafka's own producer examples run with only their imports changed (json_producer.py's Schema Registry
+client is confluent-kafka's in-process one); delivery callbacks run on the thread
 that calls poll() or flush(); a full pool raises BufferError; a missing topic reaches on_delivery as
 UNKNOWN_TOPIC_OR_PART, as the real confluent-kafka reports it on the same broker; a setting the daemon owns that
 differs from the daemon's warns once. What arrived is read back with the confluent-kafka verifier.
@@ -86,7 +87,7 @@ def test_the_json_example_runs_with_its_serializer(broker, topic_factory, daemon
              ("Linus", "3 Fork Way", 3, "red")]
     answers = "".join(f"{name}\n{address}\n{number}\n{color}\n" for name, address, number, color in users)
     process = subprocess.Popen([sys.executable, str(EXAMPLES / "confluent_json_producer.py"), "-b", "ignored",
-                                "-s", "no-schema-registry", "-t", topic], stdin=subprocess.PIPE,
+                                "-s", "mock://", "-t", topic], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=example_env(daemon), cwd=ROOT,
                                preexec_fn=default_sigint)  # the example stops on ^C
     try:
@@ -104,7 +105,10 @@ def test_the_json_example_runs_with_its_serializer(broker, topic_factory, daemon
     output = (seen + out).decode()
     assert process.returncode == 0, err.decode()
     assert output.count(f"successfully produced to {topic} [") == len(users), output
-    values = [json.loads(r.value) for r in read_topic(broker.bootstrap, topic, expected=len(users))]
+    framed = [r.value for r in read_topic(broker.bootstrap, topic, expected=len(users))]
+    # JSONSerializer's framing: magic byte 0 and the schema's id (4 bytes), then the JSON text.
+    assert all(value[0] == 0 for value in framed), framed
+    values = [json.loads(value[5:]) for value in framed]
     # user_to_dict leaves the address out.
     assert sorted(values, key=lambda v: v["name"]) == [
         {"name": name, "favorite_number": number, "favorite_color": color} for name, _, number, color in users]

@@ -1,11 +1,10 @@
 #!/usr/bin/env python
 # -*- coding: utf-8 -*-
 # Copied from confluentinc/confluent-kafka-python, examples/json_producer.py at commit
-# 8b1c7a613434eee3d0e1287d624d7af04932f410. Changed: the import of Producer (to kafka-sidecar's drop-in), and,
-# since no Schema Registry can run here, the schema-registry JSONSerializer: the value is user_to_dict() as JSON
-# text, what JSONSerializer writes after its schema-registry framing (marked "kafka-sidecar:" below); six's input
-# is Python 3's built-in. No example in that repository serializes JSON without a Schema Registry.
-# tests/integration/test_compat_confluent.py runs it against a broker through the daemon.
+# 8b1c7a613434eee3d0e1287d624d7af04932f410, changed only in two imports: Producer is kafka-sidecar's drop-in, and
+# SchemaRegistryClient is confluent-kafka's own in-process one (MockSchemaRegistryClient: no registry server runs
+# here; the JSONSerializer is confluent-kafka's, registering its schema there). tests/integration/
+# test_compat_confluent.py runs it against a broker through the daemon.
 # ruff: noqa  (kept as upstream wrote it)
 #
 # Copyright 2020 Confluent Inc.
@@ -26,10 +25,13 @@
 # A simple example demonstrating use of JSONSerializer.
 
 import argparse
-import json  # kafka-sidecar: for the JSONSerializer below
 from uuid import uuid4
 
+from six.moves import input
+
 from client_stub.compat.confluent import Producer
+from confluent_kafka.schema_registry._sync.mock_schema_registry_client import MockSchemaRegistryClient as SchemaRegistryClient
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext, StringSerializer
 
 
@@ -123,13 +125,10 @@ def main(args):
     # If Confluent Cloud SR credentials are provided, add to config
     if args.sr_api_key and args.sr_api_secret:
         schema_registry_conf['basic.auth.user.info'] = f"{args.sr_api_key}:{args.sr_api_secret}"
-    # kafka-sidecar: no Schema Registry here (was: SchemaRegistryClient(schema_registry_conf), and
-    # JSONSerializer(schema_str, schema_registry_client, user_to_dict)).
+    schema_registry_client = SchemaRegistryClient(schema_registry_conf)
 
     string_serializer = StringSerializer('utf_8')
-
-    def json_serializer(user, ctx):  # kafka-sidecar: the JSON text, without the schema-registry framing
-        return json.dumps(user_to_dict(user, ctx)).encode('utf-8')
+    json_serializer = JSONSerializer(schema_str, schema_registry_client, user_to_dict)
 
     producer = Producer({'bootstrap.servers': args.bootstrap_servers})
 
