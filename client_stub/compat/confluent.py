@@ -1006,9 +1006,12 @@ class Producer:
                 self._in_flight -= 1
             else:
                 self._waiting_count -= 1
-            if record.callback is not None and (error is not None or not self._settings.only_errors):
+            reported = record.callback is not None and (error is not None or not self._settings.only_errors)
+            if reported:
                 self._reports.append((record.callback, record.message))
-            self._cond.notify_all()
+            # What poll() and flush() wait for: a report to serve, or (flush) no record outstanding.
+            if reported or not (self._in_flight or self._waiting_count):
+                self._cond.notify_all()
 
     # -- records that wait here ----------------------------------------------------------------------------
 
