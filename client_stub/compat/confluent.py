@@ -1006,11 +1006,11 @@ class Producer:
                 self._in_flight -= 1
             else:
                 self._waiting_count -= 1
-            reported = record.callback is not None and (error is not None or not self._settings.only_errors)
-            if reported:
-                self._reports.append((record.callback, record.message))
+            callback = record.callback if error is not None or not self._settings.only_errors else None
+            if callback is not None:
+                self._reports.append((callback, record.message))
             # What poll() and flush() wait for: a report to serve, or (flush) no record outstanding.
-            if reported or not (self._in_flight or self._waiting_count):
+            if callback is not None or not (self._in_flight or self._waiting_count):
                 self._cond.notify_all()
 
     # -- records that wait here ----------------------------------------------------------------------------
