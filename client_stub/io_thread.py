@@ -79,12 +79,15 @@ class Outbox:
         if self._wake_pending or threading.get_ident() == self._io_ident:
             return
         self._wake_pending = True
-        if self._wake_w is None:
-            return  # not started
+        wake_w = self._wake_w
+        if wake_w is None:
+            return  # not started, or the I/O thread has ended
         try:
-            self._wake_w.send(b"\x00")
+            wake_w.send(b"\x00")
         except BlockingIOError:
             pass  # already woken: the pipe is full
+        except OSError:
+            pass  # closed meanwhile: the I/O thread has ended
 
     def bind(self) -> int:
         """Called on the I/O thread when it starts, whose own wake() calls are unneeded; returns the file
@@ -106,6 +109,14 @@ class Outbox:
     def clear(self) -> None:
         """Drop what waits: it was for a session that is gone."""
         self._messages.clear()
+
+    def close(self) -> None:
+        """Close the wake-up pipe (when the I/O thread ends: nothing is sent any more)."""
+        wake_r, wake_w = self._wake_r, self._wake_w
+        self._wake_r = self._wake_w = None
+        for sock in (wake_r, wake_w):
+            if sock is not None:
+                sock.close()
 
     def woken(self) -> None:
         """Take the wake-up (I/O thread)."""
@@ -286,6 +297,7 @@ class IoThread:
         finally:
             self._sock.close()
             self._context.term()
+            self._outbox.close()
             self._release_session()
 
     def _seal_lingered(self) -> float:

@@ -299,7 +299,7 @@ class Producer:
         welcome = self._io.welcome
         if welcome is None:
             # The session was lost, and a new one is on its way.
-            self._wait(deadline, lambda: self._io.welcome is None, self._unavailable)
+            self._wait(deadline, lambda: self._io.welcome is None, lambda: self._unavailable(self.max_block_ms))
             return None
         size = record_size(0, 0, key, value, headers)
         limit = welcome.settings.max_request_size
@@ -401,26 +401,29 @@ class Producer:
             raise KafkaError(f"{what} in an on_delivery callback, on the producer's I/O thread, which delivers "
                              "what it would wait for: hand the work to another thread")
 
-    def _wait_for_welcome(self, deadline: float) -> None:
+    def _wait_for_welcome(self, started: float, deadline: float) -> None:
         if self._io.welcome is not None:
             return
         with self._lock:
-            self._wait(deadline, lambda: self._io.welcome is None, self._unavailable)
+            self._wait(deadline, lambda: self._io.welcome is None,
+                       lambda: self._unavailable(round((deadline - started) * 1000)))
 
-    def _unavailable(self) -> SidecarUnavailableError:
+    def _unavailable(self, waited_ms: int) -> SidecarUnavailableError:
+        """Why no session came in the ``waited_ms`` a caller waited for one."""
         if self._io.shutdown_reason is not None:
             return SidecarUnavailableError(f"the kafka-sidecar daemon at {self.endpoint} shut down "
                                            f"({self._io.shutdown_reason}) and no daemon took its place within "
-                                           f"{self.max_block_ms} ms")
+                                           f"{waited_ms} ms")
         refused = "" if self._io.last_refusal is None else f" ({self._io.last_refusal})"
         return SidecarUnavailableError(f"no kafka-sidecar daemon answered at {self.endpoint} "
-                                       f"within {self.max_block_ms} ms{refused}")
+                                       f"within {waited_ms} ms{refused}")
 
     def wait_for_daemon(self, timeout: float | None = None) -> None:
         """Start this producer's session if it has none, and wait up to ``timeout`` seconds (None: max_block_ms)
         for the daemon's welcome: SidecarUnavailableError if none comes. A health check."""
         self._ensure_started()
-        self._wait_for_welcome(time.monotonic() + (self.max_block_ms / 1000 if timeout is None else timeout))
+        started = time.monotonic()
+        self._wait_for_welcome(started, started + (self.max_block_ms / 1000 if timeout is None else timeout))
 
     def partitions_for(self, topic: str, timeout: float | None = None) -> list[int]:
         """The partitions of ``topic``, as Java's partitionsFor: waits up to ``timeout`` seconds (None: max_block_ms)
@@ -438,7 +441,7 @@ class Producer:
         def deadline() -> float:
             return started + (self.max_block_ms / 1000 if timeout is None else timeout)
 
-        self._wait_for_welcome(deadline())
+        self._wait_for_welcome(started, deadline())
         return self._wait_for_topic(topic, started, deadline())
 
     def _wait_for_topic(self, topic: str, started: float, deadline: float) -> TopicInfo:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections import Counter
 from concurrent.futures import Future
 from pathlib import Path
@@ -538,6 +539,29 @@ def test_sends_during_and_after_close_are_refused(proxied_broker, sidecar) -> No
     thread.join(30)
     assert len(from_thread) == 1
     proxy.heal()  # the daemon still holds the abandoned records: it delivers them and stops at once
+
+
+def test_a_closed_producer_leaves_no_socket_open(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap)
+    producer = Producer(daemon.endpoint)
+    producer.send(topic, b"one").result(30)
+    producer.close(30)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        del producer
+        gc.collect()
+    # An unclosed socket is reported when it is collected, as a ResourceWarning (python -X dev shows them).
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_wait_for_daemon_names_the_timeout_it_waited(tmp_path) -> None:
+    producer = Producer(f"ipc://{tmp_path}/nobody.sock", max_block_ms=60_000)
+    try:
+        with pytest.raises(SidecarUnavailableError, match="within 200 ms"):
+            producer.wait_for_daemon(0.2)
+    finally:
+        producer.close(5)
 
 
 def test_waits_in_an_on_delivery_callback_raise_instead_of_deadlocking(broker, topic_factory, sidecar) -> None:
