@@ -4,8 +4,9 @@ The choice between the twins is made once per process (client_stub.fastpath), so
 pytest of their own, with KAFKA_SIDECAR_PURE_PYTHON=1 (the daemons they start inherit it, and use
 the daemon's twin too). Left out here, to keep the default run short:
 test_a_partition_pipelines_its_batches_while_reports_come_back_in_time, a 10 s measure of the daemon's
-pipelining, which the twins do not change. Run both files whole with KAFKA_SIDECAR_PURE_PYTHON=1 to
-include it.
+pipelining, which the twins do not change, and test_four_processes_send_50k_records_each, 200 000
+records through the appends the other tests make. Run both files whole with KAFKA_SIDECAR_PURE_PYTHON=1
+to include them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ pytestmark = pytest.mark.broker
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["tests/integration/test_producer_api.py", "tests/integration/test_client_stub.py"]
-LEFT_OUT = ["test_a_partition_pipelines_its_batches_while_reports_come_back_in_time"]
+LEFT_OUT = ["test_a_partition_pipelines_its_batches_while_reports_come_back_in_time",
+            "test_four_processes_send_50k_records_each"]
 
 
 def test_the_client_integration_tests_pass_on_the_python_twins() -> None:
