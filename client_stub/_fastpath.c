@@ -772,8 +772,13 @@ static PyObject *new_future(const FutureSlots *slots, PyObject *on_delivery, lon
     /* Out of the garbage collector's sight while in flight: thousands of futures live for a few
        milliseconds each, long enough to be promoted and scanned again and again, and none can be
        garbage while its batch holds it. Completer.complete() hands it back to the collector before
-       anything can make it part of a garbage cycle (an exception with a traceback, say). */
+       anything can make it part of a garbage cycle (an exception with a traceback, say). The callback
+       too, which applications often make per record (a partial, a closure): it cannot be garbage while
+       the future holds it, and complete() hands it back before it runs. */
     PyObject_GC_UnTrack(future);
+    if (PyObject_IS_GC(on_delivery) && PyObject_GC_IsTracked(on_delivery)) {
+        PyObject_GC_UnTrack(on_delivery);
+    }
     return future;
 }
 
@@ -1304,6 +1309,10 @@ static PyObject *Completer_complete(Completer *self, PyObject *const *args, Py_s
         }
         if (!PyObject_GC_IsTracked(future)) {
             PyObject_GC_Track(future); /* see new_future() */
+        }
+        PyObject *callback = SLOT(future, self->slots.on_delivery);
+        if (callback != NULL && PyObject_IS_GC(callback) && !PyObject_GC_IsTracked(callback)) {
+            PyObject_GC_Track(callback); /* see new_future(); one callback may be many records' */
         }
         if (error == Py_None) {
             /* base_offset is that of futures[first]: each part of a batch the daemon split has its own. */

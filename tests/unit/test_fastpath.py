@@ -11,6 +11,7 @@ producer's log); RecordFutures are made both ways the producer makes them: by th
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import gc
 import logging
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -329,6 +331,61 @@ def test_appender_made_futures_are_in_the_garbage_collectors_sight_once_complete
     fail(completer, futures[1:], KafkaTimeoutError("lost"))
     # Done futures may end up in cycles (a traceback, a callback holding its future): the collector must see them.
     assert all(gc.is_tracked(f) for f in futures)
+
+
+@c_only
+def test_the_c_fast_path_hides_each_records_callback_from_the_collector_until_it_completes() -> None:
+    # Applications make a callback per record (a partial, a closure), which lives while its record is in flight:
+    # long enough to be promoted to the collector's oldest generation, whose full collections then come often
+    # and scan the whole heap. None can be garbage while its future holds it.
+    completer = C_FASTPATH.Completer(RecordFuture, RecordMetadata, _CONDITION_LOCK, _callback_failed)
+    appender, _, _, _ = appender_with_batches(C_FASTPATH, 1, capacity=1 << 16)
+    ran: list[tuple[int, KafkaError | None]] = []
+
+    def report(n: int, err: KafkaError | None, metadata: RecordMetadata | None) -> None:
+        ran.append((n, err))
+
+    callbacks = [functools.partial(report, n) for n in range(3)]
+    assert all(gc.is_tracked(c) for c in callbacks)
+    futures = [appender.send(TOPIC, None, b"key", timestamp_ms=BASE_TS, on_delivery=c) for c in callbacks]
+    assert not any(gc.is_tracked(c) for c in callbacks)
+    completer.complete(futures, 0, 2, TOPIC, 0, 0, -1, None)
+    assert [gc.is_tracked(c) for c in callbacks] == [True, True, False]
+    lost = KafkaTimeoutError("lost")
+    fail(completer, futures[2:], lost)
+    assert all(gc.is_tracked(c) for c in callbacks)
+    assert ran == [(0, None), (1, None), (2, lost)]
+
+
+@c_only
+def test_one_callback_of_many_records_is_in_the_collectors_sight_once_any_completes() -> None:
+    completer = C_FASTPATH.Completer(RecordFuture, RecordMetadata, _CONDITION_LOCK, _callback_failed)
+    calls = Calls()
+    futures = appender_futures(C_FASTPATH, 3, calls)
+    completer.complete(futures, 0, 1, TOPIC, 0, 0, -1, None)
+    # Tracked again while two of its records are in flight: the collector sees more, never less, than it should.
+    assert gc.is_tracked(calls)
+    completer.complete(futures, 1, 2, TOPIC, 0, 1, -1, None)
+    assert len(calls.calls) == 3 and gc.is_tracked(calls)
+
+
+def test_a_callback_in_a_reference_cycle_is_collected_once_its_record_completes(fastpath: ModuleType,
+                                                                                 completer: Any) -> None:
+    class InACycle:
+        def __init__(self) -> None:
+            self.me = self
+
+        def __call__(self, err: KafkaError | None, metadata: RecordMetadata | None) -> None:
+            pass
+
+    callback = InACycle()
+    collected = weakref.ref(callback)
+    futures = appender_futures(fastpath, 1, callback)
+    del callback
+    completer.complete(futures, 0, 1, TOPIC, 0, 0, -1, None)
+    del futures
+    gc.collect()
+    assert collected() is None
 
 
 def test_complete_converts_its_arguments_in_order_and_stops_at_the_first_bad_one(completer: Any) -> None:
