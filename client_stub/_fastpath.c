@@ -433,6 +433,8 @@ static const char *send_parameters[ARG_COUNT] = {"topic", "value", "key", "parti
 static PyObject *send_parameter_names[ARG_COUNT];
 
 static PyObject *str_notify, *str_finished, *str_running, *empty_tuple;
+/* functools.partial: the one kind of on_delivery callback kept out of the collector's sight in flight. */
+static PyTypeObject *partial_type;
 
 static int module_state_init(void) {
     str_notify = PyUnicode_InternFromString("_notify");
@@ -445,7 +447,41 @@ static int module_state_init(void) {
             return -1;
         }
     }
+    PyObject *functools = PyImport_ImportModule("functools");
+    if (functools == NULL) {
+        return -1;
+    }
+    PyObject *partial = PyObject_GetAttrString(functools, "partial");
+    Py_DECREF(functools);
+    if (partial == NULL || !PyType_Check(partial)) {
+        Py_XDECREF(partial);
+        PyErr_SetString(PyExc_ImportError, "functools.partial is not a type");
+        return -1;
+    }
+    partial_type = (PyTypeObject *)partial;
     return str_notify && str_finished && str_running && empty_tuple ? 0 : -1;
+}
+
+/* A record's on_delivery callback, once the record is in a batch: out of the garbage collector's sight
+   while in flight, as its future is. Applications make one per record to carry the record's context
+   (perf_test does); it lives as long as the record is in flight, long enough to be promoted to the
+   oldest generation, whose full collections scan the whole heap; it cannot be garbage while the future
+   holds it. Only an exact functools.partial: its deallocator untracks it only if it is tracked, so one
+   dropped untracked (a future never completed) is freed safely. Functions, lambdas and bound methods
+   must be tracked when they are freed (their deallocators assume it), and other types are unknown. */
+static void hide_callback(PyObject *callback) {
+    if (Py_IS_TYPE(callback, partial_type) && PyObject_GC_IsTracked(callback)) {
+        PyObject_GC_UnTrack(callback);
+    }
+}
+
+/* Hand a callback hide_callback() may have hidden back to the collector, before it runs (it may make a
+   cycle of itself) and before the future lets go of it. One partial may be many records': the first
+   report tracks it again, the others find it tracked. */
+static void show_callback(PyObject *callback) {
+    if (callback != NULL && Py_IS_TYPE(callback, partial_type) && !PyObject_GC_IsTracked(callback)) {
+        PyObject_GC_Track(callback);
+    }
 }
 
 /* Call a bound method with no arguments (a lock's acquire, release, locked); -1 on error, else its
@@ -772,13 +808,8 @@ static PyObject *new_future(const FutureSlots *slots, PyObject *on_delivery, lon
     /* Out of the garbage collector's sight while in flight: thousands of futures live for a few
        milliseconds each, long enough to be promoted and scanned again and again, and none can be
        garbage while its batch holds it. Completer.complete() hands it back to the collector before
-       anything can make it part of a garbage cycle (an exception with a traceback, say). The callback
-       too, which applications often make per record (a partial, a closure): it cannot be garbage while
-       the future holds it, and complete() hands it back before it runs. */
+       anything can make it part of a garbage cycle (an exception with a traceback, say). */
     PyObject_GC_UnTrack(future);
-    if (PyObject_IS_GC(on_delivery) && PyObject_GC_IsTracked(on_delivery)) {
-        PyObject_GC_UnTrack(on_delivery);
-    }
     return future;
 }
 
@@ -937,6 +968,7 @@ static PyObject *try_append(Appender *self, PyObject *topic, PyObject *value, Py
         Py_RETURN_NONE; /* or no room: the Python path seals the batch and opens another */
     }
     self->outstanding++;
+    hide_callback(on_delivery);
     /* Full, or nearly: the next record like this one would not fit. */
     if (batch->buffer.len - batch->pos < batch->pos - before) {
         Py_INCREF(batch);
@@ -1310,10 +1342,7 @@ static PyObject *Completer_complete(Completer *self, PyObject *const *args, Py_s
         if (!PyObject_GC_IsTracked(future)) {
             PyObject_GC_Track(future); /* see new_future() */
         }
-        PyObject *callback = SLOT(future, self->slots.on_delivery);
-        if (callback != NULL && PyObject_IS_GC(callback) && !PyObject_GC_IsTracked(callback)) {
-            PyObject_GC_Track(callback); /* see new_future(); one callback may be many records' */
-        }
+        show_callback(SLOT(future, self->slots.on_delivery));
         if (error == Py_None) {
             /* base_offset is that of futures[first]: each part of a batch the daemon split has its own. */
             long long offset = base_offset >= 0 ? base_offset + i : -1;
