@@ -207,6 +207,12 @@ class Producer:
         Blocks up to max_block_ms for the daemon's welcome, the topic's metadata
         and free memory, then raises SidecarUnavailableError, KafkaTimeoutError or
         BufferExhaustedError. RecordTooLargeError if the record exceeds max.request.size.
+
+        ``on_delivery(error, metadata)`` runs on the producer's I/O thread once the record
+        is delivered or has failed. To give it a record's context, bind it with
+        ``functools.partial``: the C fast path keeps a partial, like the record's future,
+        out of the garbage collector's sight while the record is in flight, where a closure
+        made per record is promoted to the collector's oldest generation at high rates.
         """
         # The class's send() is what help(), autospec mocks and subclasses see; an instance calls its
         # Appender's send() directly (bound in _init_state), which appends the common case itself.
