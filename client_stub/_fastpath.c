@@ -447,19 +447,20 @@ static int module_state_init(void) {
             return -1;
         }
     }
-    PyObject *functools = PyImport_ImportModule("functools");
-    if (functools == NULL) {
+    if (!(str_notify && str_finished && str_running && empty_tuple)) {
         return -1;
     }
-    PyObject *partial = PyObject_GetAttrString(functools, "partial");
-    Py_DECREF(functools);
-    if (partial == NULL || !PyType_Check(partial)) {
+    /* The C type itself, not whatever functools.partial names now; without it nothing is hidden. */
+    PyObject *functools = PyImport_ImportModule("_functools");
+    PyObject *partial = functools == NULL ? NULL : PyObject_GetAttrString(functools, "partial");
+    Py_XDECREF(functools);
+    if (partial != NULL && PyType_Check(partial)) {
+        partial_type = (PyTypeObject *)partial;
+    } else {
         Py_XDECREF(partial);
-        PyErr_SetString(PyExc_ImportError, "functools.partial is not a type");
-        return -1;
+        PyErr_Clear();
     }
-    partial_type = (PyTypeObject *)partial;
-    return str_notify && str_finished && str_running && empty_tuple ? 0 : -1;
+    return 0;
 }
 
 /* A record's on_delivery callback, once the record is in a batch: out of the garbage collector's sight
@@ -468,9 +469,11 @@ static int module_state_init(void) {
    oldest generation, whose full collections scan the whole heap; it cannot be garbage while the future
    holds it. Only an exact functools.partial: its deallocator untracks it only if it is tracked, so one
    dropped untracked (a future never completed) is freed safely. Functions, lambdas and bound methods
-   must be tracked when they are freed (their deallocators assume it), and other types are unknown. */
+   must be tracked when they are freed (their deallocators assume it), and other types are unknown. A
+   partial in a reference cycle whose record never completes (a forked child's copy of the parent's
+   batches) is not collected; one gc.freeze() froze goes back to the youngest generation once shown. */
 static void hide_callback(PyObject *callback) {
-    if (Py_IS_TYPE(callback, partial_type) && PyObject_GC_IsTracked(callback)) {
+    if (partial_type != NULL && Py_IS_TYPE(callback, partial_type) && PyObject_GC_IsTracked(callback)) {
         PyObject_GC_UnTrack(callback);
     }
 }
@@ -479,7 +482,8 @@ static void hide_callback(PyObject *callback) {
    cycle of itself) and before the future lets go of it. One partial may be many records': the first
    report tracks it again, the others find it tracked. */
 static void show_callback(PyObject *callback) {
-    if (callback != NULL && Py_IS_TYPE(callback, partial_type) && !PyObject_GC_IsTracked(callback)) {
+    if (callback != NULL && partial_type != NULL && Py_IS_TYPE(callback, partial_type) &&
+        !PyObject_GC_IsTracked(callback)) {
         PyObject_GC_Track(callback);
     }
 }
