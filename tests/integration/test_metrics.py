@@ -112,6 +112,7 @@ def test_kafka_sidecar_stats_reads_the_figures_over_the_endpoint(broker, topic_f
                 pytest.fail(f"stats --watch did not exit within 10 s of SIGINT:\n{watch.communicate(30)[1]}")
             assert status == 0, watch.communicate()[1]
 
+
 def test_stats_says_when_no_daemon_answers(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "service.cli", "stats", "--endpoint", f"ipc://{tmp_path}/none.sock",
                            "--timeout", "0.5"], capture_output=True, text=True, cwd=users.ROOT, timeout=60)

@@ -167,14 +167,14 @@ def rewrite_sealed_values(endpoint: str, topic: str, partitions: int, rewriting:
             future.exception(60)  # its records carry whatever it wrote last: their outcomes are its business
 
 
-if __name__ == "__main__":
-    endpoint, topic, client, sealed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    sys.stdout.write(f"PID {os.getpid()}\n")
-    seal_then_keep_writing(endpoint, topic, client, sealed)
-
-
 def default_sigint() -> None:
     """A subprocess's preexec_fn: SIGINT's default disposition in the child, which a Python program then takes as
     KeyboardInterrupt, as from a terminal, however this run was started (a shell's background job starts with
     SIGINT ignored, and a child inherits that)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+if __name__ == "__main__":
+    endpoint, topic, client, sealed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    sys.stdout.write(f"PID {os.getpid()}\n")
+    seal_then_keep_writing(endpoint, topic, client, sealed)
