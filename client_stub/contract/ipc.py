@@ -60,7 +60,12 @@ _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 WireError: TypeAlias = list[Any]
 
 
-class VersionMismatchError(ValueError):
+class ProtocolError(ValueError):
+    """A message that breaks this contract: not msgpack, an unknown type, a wrong number of fields, a field
+    of the wrong kind (the receiver's checks raise it too)."""
+
+
+class VersionMismatchError(ProtocolError):
     """A handshake of another protocol version."""
 
     def __init__(self, kind: str, version: Any) -> None:
@@ -321,22 +326,22 @@ def encode(message: Message) -> bytes:
 
 
 def decode(data: bytes) -> Message:
-    """The typed message ``data`` holds; ValueError if it is not one (see :func:`from_fields`)."""
+    """The typed message ``data`` holds; ProtocolError if it is not one (see :func:`from_fields`)."""
     return from_fields(unpack(data))
 
 
 def from_fields(fields: list[Any]) -> Message:
-    """The typed message of an :func:`unpack` result; ValueError for an unknown type or a wrong number of
+    """The typed message of an :func:`unpack` result; ProtocolError for an unknown type or a wrong number of
     fields, VersionMismatchError for a handshake of another version (whose other fields may differ)."""
     number, *values = fields
     cls = _CLASSES.get(number)
     if cls is None:
-        raise ValueError(f"unknown message type {number!r}")
+        raise ProtocolError(f"unknown message type {number!r}")
     name = cls.__name__.upper()
     if cls in (Hello, Welcome) and values[:1] != [PROTOCOL_VERSION]:
         raise VersionMismatchError(name, values[0] if values else None)
     if len(values) != len(cls._fields):
-        raise ValueError(f"{name} has {len(cls._fields)} fields, got {len(values)}")
+        raise ProtocolError(f"{name} has {len(cls._fields)} fields, got {len(values)}")
     if cls is Hello:
         values[3] = _named(HelloOptions, values[3], "HELLO options")
     elif cls is Welcome:
@@ -352,10 +357,10 @@ def _named(cls: type[_Named], value: Any, what: str) -> _Named:
     """A NamedTuple from a map by name. Names this side does not know are left out (a newer peer's); those
     with a default may be missing (an older peer's), the others must be there."""
     if not isinstance(value, dict):
-        raise ValueError(f"{what} are a map")
+        raise ProtocolError(f"{what} are a map")
     missing = [name for name in cls._fields if name not in value and name not in cls._field_defaults]
     if missing:
-        raise ValueError(f"{what} lack {', '.join(missing)}")
+        raise ProtocolError(f"{what} lack {', '.join(missing)}")
     return cls(**{name: value[name] for name in cls._fields if name in value})
 
 
@@ -368,15 +373,15 @@ def pack(*fields: Any) -> bytes:
 
 
 def unpack(data: bytes) -> list[Any]:
-    """One msgpack array that starts with a message type; ValueError if ``data`` is not one."""
+    """One msgpack array that starts with a message type; ProtocolError if ``data`` is not one."""
     try:
         message = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise ValueError(f"not a msgpack message: {exc}") from None
+        raise ProtocolError(f"not a msgpack message: {exc}") from None
     # bool is an int in Python, but msgpack's true is no message type (it would read as Hello).
     if not isinstance(message, list) or not message or not isinstance(message[0], int) \
             or isinstance(message[0], bool):
-        raise ValueError("a message is an array that starts with its type")
+        raise ProtocolError("a message is an array that starts with its type")
     return message
 
 
