@@ -163,10 +163,10 @@ class Producer:
         return self._appender.outstanding
 
     def metrics(self) -> dict[str, float]:
-        """This producer's own figures in this process, by Kafka's names where Kafka has one: records handed to
+        """This producer's own metrics in this process, by Kafka's names where Kafka has one: records handed to
         send() (``record-send-total``), reported delivered (``records-delivered-total``) and failed
         (``record-error-total``), still waiting for their report (``records-outstanding``), and the time send()
-        waited for blocks of the BufferPool (``bufferpool-wait-time-ns-total``). The daemon's figures, for every
+        waited for blocks of the BufferPool (``bufferpool-wait-time-ns-total``). The daemon's metrics, for every
         process of the host: ``kafka-sidecar stats``."""
         with self._lock:
             outstanding = self._appender.outstanding

@@ -7,9 +7,9 @@ built, so that it cannot drift from it. A page asks for it with an HTML comment 
     its [log] section (``service.settings_sources.LOG_KEYS``).
 
 ``<!-- metrics -->``
-    The daemon's figures, by the names a daemon reports them (a daemon is started for the build in a subprocess,
-    with no broker, and one client connects to it: ``service.metrics.daemon_figures``), each with its name on the
-    Prometheus page and what it means (``service.metrics.DESCRIPTIONS``).
+    The daemon's metrics, by the names a daemon reports them (a daemon is started for the build in a subprocess,
+    with no broker, and one client connects to it: ``service.daemon_metrics.daemon_metrics``), each with its name on the
+    Prometheus page and what it means (``service.daemon_metrics.DESCRIPTIONS``).
 
 ``<!-- spark-options -->``
     The Spark sink's options (``client_stub.spark.options``): name, ``write_partitions`` keyword, default, meaning.
@@ -26,7 +26,7 @@ built, so that it cannot drift from it. A page asks for it with an HTML comment 
     heading of the same or a higher level; headings one inside the other with ``>``) inline, any other file as a
     code block (LANG: its language).
 
-A directive that cannot be carried out (a missing file, a heading that is gone, a setting or figure without its
+A directive that cannot be carried out (a missing file, a heading that is gone, a setting or metric without its
 description) fails the build.
 """
 
@@ -204,7 +204,7 @@ def _help(parser: Any) -> str:
 
 # -- metrics -------------------------------------------------------------------------------------------------------
 
-# The groups of daemon_figures(), as the Java producer names them, and the prefix of their Prometheus names.
+# The groups of daemon_metrics(), as the Java producer names them, and the prefix of their Prometheus names.
 _GROUPS = {
     "producer": ("producer-metrics", "kafka_producer_", "client_id"),
     "nodes": ("producer-node-metrics: per broker", "kafka_producer_node_", "client_id, node_id"),
@@ -215,19 +215,19 @@ _GROUPS = {
 
 
 def metrics_tables() -> str:
-    """A table per group of the daemon's figures: each figure's name, its Prometheus name and type, its meaning."""
-    from service.metrics import DESCRIPTIONS
+    """A table per group of the daemon's metrics: each metric's name, its Prometheus name and type, its meaning."""
+    from service.daemon_metrics import DESCRIPTIONS
 
-    figures = daemon_figure_names()
+    names = daemon_metric_names()
     out = []
     for group, (title, prefix, labels) in _GROUPS.items():
         out += [f"### {title}", "",
                 f"Prometheus: `{prefix}*`" + (f", labels `{labels}`." if labels else ", no labels."), "",
-                "| figure | on the Prometheus page | type | meaning |", "|---|---|---|---|"]
-        for name in figures[group]:
+                "| metric | on the Prometheus page | type | meaning |", "|---|---|---|---|"]
+        for name in names[group]:
             description = DESCRIPTIONS.get(name)
             if not description:
-                raise PluginError(f"the figure {name} ({group}) has no description in service/metrics.py "
+                raise PluginError(f"the metric {name} ({group}) has no description in service/daemon_metrics.py "
                                   "(DESCRIPTIONS)")
             kind = "counter" if name.endswith("-total") else "gauge"
             out.append(f"| `{name}` | `{prefix}{name.replace('-', '_')}` | {kind} | {_cell(description)} |")
@@ -236,18 +236,18 @@ def metrics_tables() -> str:
 
 
 @cache
-def daemon_figure_names() -> dict[str, list[str]]:
-    """The names of every figure a daemon reports, by group (see :func:`_figures_of_a_daemon`)."""
-    done = subprocess.run([sys.executable, __file__, "figures"], cwd=ROOT, capture_output=True, text=True,
+def daemon_metric_names() -> dict[str, list[str]]:
+    """The names of every metric a daemon reports, by group (see :func:`_metrics_of_a_daemon`)."""
+    done = subprocess.run([sys.executable, __file__, "metrics"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     if done.returncode != 0:
-        raise PluginError(f"docs/hooks.py could not read a daemon's figures:\n{done.stderr}")
+        raise PluginError(f"docs/hooks.py could not read a daemon's metrics:\n{done.stderr}")
     names: dict[str, list[str]] = json.loads(done.stdout)
     return names
 
 
-def _figures_of_a_daemon() -> dict[str, list[str]]:
-    """Start a daemon with no broker, connect one client, and read the names of every figure it then reports:
+def _metrics_of_a_daemon() -> dict[str, list[str]]:
+    """Start a daemon with no broker, connect one client, and read the names of every metric it then reports:
     a node's and a topic's as it keeps them from its first request to a broker and its first batch of a topic."""
     import tempfile
     import threading
@@ -256,7 +256,7 @@ def _figures_of_a_daemon() -> dict[str, list[str]]:
     from client_stub.errors import KafkaTimeoutError, SidecarUnavailableError
     from service.config import ProducerConfig
     from service.daemon import SidecarDaemon
-    from service.metrics import daemon_figures
+    from service.daemon_metrics import daemon_metrics
     from service.tools.embedded import free_port
 
     with tempfile.TemporaryDirectory(prefix="kafka-sidecar-docs-") as directory:
@@ -292,7 +292,7 @@ def _figures_of_a_daemon() -> dict[str, list[str]]:
             core.metrics.record_response(0, 1.0, 0, now)
             core.selector.metrics.record_request(0, 1)
             core.selector.metrics.record_response(0, 1)
-            figures = daemon_figures(core, daemon.pool, daemon.front)
+            metrics = daemon_metrics(core, daemon.pool, daemon.front)
             producer.close(0)
         finally:
             stop.set()
@@ -300,9 +300,9 @@ def _figures_of_a_daemon() -> dict[str, list[str]]:
             daemon.front.close()
             daemon.pool.close()
             daemon.core.close(0)
-    process = figures["processes"][0]
-    return {"producer": list(figures["producer"]), "nodes": list(figures["nodes"]["0"]),
-            "topics": list(figures["topics"]["docs"]), "sidecar": list(figures["sidecar"]),
+    process = metrics["processes"][0]
+    return {"producer": list(metrics["producer"]), "nodes": list(metrics["nodes"]["0"]),
+            "topics": list(metrics["topics"]["docs"]), "sidecar": list(metrics["sidecar"]),
             "processes": [name for name in process if name not in ("pid", "uid", "name")]}
 
 
@@ -345,5 +345,5 @@ def _section(text: str, path: str, where: str) -> str:
     return "\n".join(lines[start + 1:end]).strip("\n")
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["figures"]:
-    print(json.dumps(_figures_of_a_daemon()))
+if __name__ == "__main__" and sys.argv[1:] == ["metrics"]:
+    print(json.dumps(_metrics_of_a_daemon()))

@@ -39,6 +39,8 @@ from math import ceil
 
 from client_stub.contract.shared_memory import Layout, Segment, check_segment, create_segment
 
+from .client_error import ClientError
+
 log = logging.getLogger(__name__)
 
 # How often the queue's limit follows the rate at which sealed blocks finish; how much the last interval's
@@ -95,7 +97,7 @@ class ClientMemory:
     file_id: tuple[int, int] = (0, 0)
 
 
-class BlockError(ValueError):
+class BlockError(ClientError):
     """A client named blocks that are not its to use, or asked for more than it may have."""
 
 

@@ -119,10 +119,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_settings(check, config_required=True)
     check.set_defaults(handler=_check_config)
 
-    stats = commands.add_parser("stats", help="print a running daemon's figures, asked over its endpoint")
+    stats = commands.add_parser("stats", help="print a running daemon's metrics, asked over its endpoint")
     stats.add_argument("--endpoint", help=f"the daemon's endpoint (default: ${ipc.ENDPOINT_ENV} or "
                                           f"{ipc.DEFAULT_ENDPOINT})")
-    stats.add_argument("--json", action="store_true", help="every figure, as JSON")
+    stats.add_argument("--json", action="store_true", help="every metric, as JSON")
     stats.add_argument("--watch", type=float, metavar="SECONDS", help="print them again every SECONDS until "
                                                                       "interrupted")
     stats.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",

@@ -1,8 +1,9 @@
 """SidecarDaemon: the sender daemon's one event loop.
 
-One thread polls the brokers' sockets and the ZeroMQ socket together
-(ProducerCore's selector waits on both), hands sealed batches from the front to
-the accumulator, lets the sender drain and send, and sends the outcomes back.
+One thread waits on one poller, where the network's selector registers the
+brokers' sockets and the front its clients' (the ZeroMQ socket, the memory
+socket and its connections): the sender drains and sends, each ready socket is
+served by its part, then the front serves what is due (grants, reports, timers).
 
 Signals: SIGTERM and SIGINT shut it down (a second one cuts the drain short);
 SIGHUP reopens its log file and reloads its settings, taking those that can
@@ -25,8 +26,9 @@ from client_stub.errors import ConfigError
 from . import log_format
 from .buffer_pool import BufferPool, client_block_limit
 from .config import KEYS, ProducerConfig, shown
-from .front import SidecarFront
-from .metrics import daemon_figures
+from .daemon_metrics import daemon_metrics, stats_report
+from .front import FrontSettings, SidecarFront
+from .poller import Poller
 from .producer.core import ProducerCore, security
 from .prometheus import PUBLISH_INTERVAL_MS, PrometheusExporter
 from .service_manager import ServiceManager
@@ -48,7 +50,8 @@ class SidecarDaemon:
         _raise_file_limit()
         self.config = config
         self.endpoint = endpoint
-        self.core = ProducerCore(config)
+        self.poller = Poller()
+        self.core = ProducerCore(config, poller=self.poller)
         memory, block_size = config["buffer.memory"], config["batch.size"]
         mode, group = config["sidecar.socket.mode"], config["sidecar.socket.group"]
         self.pool = BufferPool(memory, block_size, max_blocks_per_process=client_block_limit(
@@ -56,10 +59,10 @@ class SidecarDaemon:
         # Never below two requests' worth: one in flight and the next ready, however slow the rate.
         self.pool.limit_queue(config["sidecar.buffer.queue.ms"], 2 * -(-config["max.request.size"] // block_size))
         try:
-            self.front = SidecarFront(self.core, self.pool, endpoint,
-                                      client_timeout_ms=config["sidecar.client.timeout.ms"],
-                                      reply_buffer_bytes=config["sidecar.client.reply.buffer.bytes"], socket_mode=mode,
-                                      socket_group=group)
+            self.front = SidecarFront(endpoint, self.pool, self._front_settings(), self.poller,
+                                      append=self.core.append, topics=self.core.metadata,
+                                      stats=lambda: stats_report(self.core, self.pool, self.front),
+                                      clock=self.core.clock, socket_mode=mode, socket_group=group)
         except BaseException:
             self.pool.close()
             raise
@@ -80,6 +83,9 @@ class SidecarDaemon:
         self.service_manager = ServiceManager()
         self.iteration_errors = 0
         self._error_logged = float("-inf")
+
+    def _front_settings(self) -> FrontSettings:
+        return FrontSettings.from_config(self.config, self.pool.block_size, self.pool.block_count)
 
     def stop(self, reason: str = "stopped") -> None:
         """Ask the loop to finish (safe from signal handlers and other threads); asked again, to finish now."""
@@ -126,7 +132,8 @@ class SidecarDaemon:
         self.shutdown()
 
     def run_once(self) -> None:
-        """One iteration: network I/O and sending, client messages, then timers and reports."""
+        """One iteration: sending, and the one wait that serves the brokers' sockets and the clients'; then what is
+        due of the front (grants, reports, timers)."""
         if self._reload_requested.is_set():
             self._reload_requested.clear()
             self.reload()
@@ -139,13 +146,11 @@ class SidecarDaemon:
         self.service_manager.tick(self.core.metadata.update_version > 0, len(self.front.sessions),
                                   self.core.metrics.records_sent)
         try:
-            if self.core.selector.external_ready:
-                self.front.handle_ready(self.core.selector.external_ready)
             self.pool.follow_queue(self.core.clock())
-            self.front.after_iteration()
+            self.front.serve_due()
             if self.exporter is not None and self.core.clock() >= self._next_publish_ms:
                 self._next_publish_ms = self.core.clock() + PUBLISH_INTERVAL_MS
-                self.exporter.publish(daemon_figures(self.core, self.pool, self.front))
+                self.exporter.publish(daemon_metrics(self.core, self.pool, self.front))
         except Exception:
             # A bug met while serving one client's request must not stop the daemon for all of them.
             self.iteration_errors += 1
@@ -171,7 +176,7 @@ class SidecarDaemon:
             self.run_once()
         try:
             self.core.close(max(deadline - self.core.clock(), 0) if not self._hurry.is_set() else 0)
-            self.front.after_iteration()
+            self.front.serve_due()
         finally:
             if self.exporter is not None:
                 self.exporter.close()
@@ -206,7 +211,7 @@ class SidecarDaemon:
         except OSError as exc:
             # The old file, or standard error, stays: a log that cannot be written must not stop the daemon.
             log.error("reload: cannot open the log file, logging on where it did: %s", exc)
-        self.front.reply_buffer_bytes = self.config["sidecar.client.reply.buffer.bytes"]
+        self.front.use_settings(self._front_settings())
         self.core.metadata.metadata_max_age_ms = self.config["metadata.max.age.ms"]
         if taken:
             log.info("reload: now %s", ", ".join(f"{name}={shown(name, self.config[name])}" for name in taken))

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from client_stub.contract.shared_memory import ERR, OK, TOKEN_SIZE
 
+from .client_error import ClientError
+
 # struct ucred: pid, uid, gid.
 _UCRED = struct.Struct("3i")
 
@@ -72,17 +74,17 @@ def bind_socket_file(bind: Callable[[], None], path: str, mode: int, group: int)
 
 def read_token(conn: socket.socket) -> tuple[bytes, list[int]] | None:
     """A client's handshake: its token and the file descriptors attached (the caller closes them); None if
-    nothing is there yet. ValueError if the client sent something else or hung up."""
+    nothing is there yet. ClientError if the client sent something else or hung up."""
     try:
         data, fds, flags, _ = socket.recv_fds(conn, TOKEN_SIZE + 1, 1, socket.MSG_CMSG_CLOEXEC)
     except (BlockingIOError, InterruptedError):
         return None
     except OSError as exc:
-        raise ValueError(f"the connection failed: {exc}") from None
+        raise ClientError(f"the connection failed: {exc}") from None
     if len(data) != TOKEN_SIZE or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
         for fd in fds:
             os.close(fd)
-        raise ValueError("a handshake is one token of 16 bytes, with at most one segment")
+        raise ClientError("a handshake is one token of 16 bytes, with at most one segment")
     return data, fds
 
 

@@ -1,8 +1,8 @@
-"""``kafka-sidecar stats``: a running daemon's figures, asked over its endpoint as any client may.
+"""``kafka-sidecar stats``: a running daemon's metrics, asked over its endpoint as any client may.
 
 The daemon answers a STATS message without a session (see
-:class:`~client_stub.contract.ipc.StatsReport`) with every figure of
-:func:`~service.metrics.daemon_figures`; this module asks and prints them, as a short
+:class:`~client_stub.contract.ipc.StatsReport`) with every metric of
+:func:`~service.daemon_metrics.daemon_metrics`; this module asks and prints them, as a short
 text or as JSON.
 """
 
@@ -21,7 +21,7 @@ from client_stub.errors import SidecarUnavailableError
 
 
 def request_stats(endpoint: str, timeout: float = 10.0) -> dict[str, Any]:
-    """The figures of the daemon at ``endpoint``; SidecarUnavailableError if none answers within ``timeout``
+    """The metrics of the daemon at ``endpoint``; SidecarUnavailableError if none answers within ``timeout``
     seconds."""
     context = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
@@ -36,12 +36,12 @@ def request_stats(endpoint: str, timeout: float = 10.0) -> dict[str, Any]:
         sock.close()
     if not isinstance(report, ipc.StatsReport):
         raise SidecarUnavailableError(f"the daemon at {endpoint} answered STATS with {type(report).__name__}")
-    return report.figures
+    return report.metrics
 
 
-def as_json(figures: dict[str, Any]) -> str:
-    """The figures as JSON (a figure with no value yet, NaN, as null)."""
-    return json.dumps(_without_nan(figures), indent=2, sort_keys=True)
+def as_json(metrics: dict[str, Any]) -> str:
+    """The metrics as JSON (a metric with no value yet, NaN, as null)."""
+    return json.dumps(_without_nan(metrics), indent=2, sort_keys=True)
 
 
 def _without_nan(value: Any) -> Any:
@@ -58,12 +58,12 @@ def _n(value: float, digits: int = 0) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
 
 
-def as_text(endpoint: str, figures: dict[str, Any]) -> str:
+def as_text(endpoint: str, metrics: dict[str, Any]) -> str:
     """What an operator looks at first: clients, records, requests, the BufferPool, brokers, topics, processes."""
-    p, s = figures["producer"], figures["sidecar"]
+    p, s = metrics["producer"], metrics["sidecar"]
     lines = [
-        f"kafka-sidecar at {endpoint} (client.id {figures['client-id']})",
-        f"clients    {_n(s['clients-connected'])} connected, {len(figures['processes'])} processes, "
+        f"kafka-sidecar at {endpoint} (client.id {metrics['client-id']})",
+        f"clients    {_n(s['clients-connected'])} connected, {len(metrics['processes'])} processes, "
         f"{_n(s['sessions-kept'])} sessions kept",
         f"records    {_n(p['record-send-total'])} sent ({_n(p['record-send-rate'], 1)}/s), "
         f"{_n(p['record-error-total'])} errors ({_n(p['record-error-rate'], 1)}/s), "
@@ -80,18 +80,18 @@ def as_text(endpoint: str, figures: dict[str, Any]) -> str:
         f"{_n(p['bufferpool-wait-time-ns-total'] / 1e9, 3)} s waited",
         f"brokers    {_n(p['connection-count'])} connections, metadata {_n(p['metadata-age'], 1)} s old",
     ]
-    for node_id, n in figures["nodes"].items():
+    for node_id, n in metrics["nodes"].items():
         lines.append(f"  node {node_id:<5} {_n(n.get('request-rate'), 1)} requests/s, "
                      f"{_n(n.get('outgoing-byte-rate'))} bytes/s out, latency avg {_n(n.get('request-latency-avg'), 1)}"
                      f" ms, {_n(n.get('requests-in-flight'))} in flight")
-    if figures["topics"]:
+    if metrics["topics"]:
         lines.append("topics")
-    for topic, t in figures["topics"].items():
+    for topic, t in metrics["topics"].items():
         lines.append(f"  {topic:<30} {_n(t['record-send-total'])} sent ({_n(t['record-send-rate'], 1)}/s), "
                      f"{_n(t['record-error-total'])} errors, {_n(t['byte-rate'])} bytes/s")
-    if figures["processes"]:
+    if metrics["processes"]:
         lines.append("processes")
-    for process in figures["processes"]:
+    for process in metrics["processes"]:
         lines.append(f"  pid {process['pid']:<8} uid {process['uid']:<6} {process['name'][:30]!r:32} "
                      f"{process['sessions']} sessions, {process['blocks-held']} blocks, "
                      f"{process['records-delivered-total']:,} delivered, {process['record-error-total']:,} failed")
@@ -100,16 +100,16 @@ def as_text(endpoint: str, figures: dict[str, Any]) -> str:
 
 def main(endpoint: str, *, json_output: bool = False, watch: float | None = None, timeout: float = 10.0,
          out: TextIO = sys.stdout) -> int:
-    """Print the figures once, or every ``watch`` seconds until interrupted; 1 if the daemon does not answer
+    """Print the metrics once, or every ``watch`` seconds until interrupted; 1 if the daemon does not answer
     within ``timeout`` seconds."""
     try:
         while True:
             try:
-                figures = request_stats(endpoint, timeout)
+                metrics = request_stats(endpoint, timeout)
             except SidecarUnavailableError as exc:
                 print(f"kafka-sidecar: {exc}", file=sys.stderr)
                 return 1
-            print(as_json(figures) if json_output else as_text(endpoint, figures), file=out, flush=True)
+            print(as_json(metrics) if json_output else as_text(endpoint, metrics), file=out, flush=True)
             if watch is None:
                 return 0
             time.sleep(watch)

@@ -711,7 +711,7 @@ class KafkaProducer:
             raise _error(exc) from None
 
     def metrics(self) -> dict[str, dict[str, float]]:
-        """This producer's figures by group, as kafka-python's: ``producer-metrics``, whose names are Kafka's
+        """This producer's metrics by group, as kafka-python's: ``producer-metrics``, whose names are Kafka's
         (record-send-total, record-error-total...). The daemon's, for the whole host: ``kafka-sidecar stats``."""
         return {"producer-metrics": self._producer.metrics()}
 

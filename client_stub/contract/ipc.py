@@ -172,7 +172,7 @@ class Goodbye(NamedTuple("Goodbye", [])):
     TYPE: Final = 7
 
 class Stats(NamedTuple("Stats", [])):
-    """Ask for the daemon's figures (no session needed): answered by a :class:`StatsReport`."""
+    """Ask for the daemon's metrics (no session needed): answered by a :class:`StatsReport`."""
 
     __slots__ = ()
     TYPE: Final = 8
@@ -287,8 +287,8 @@ class Error(NamedTuple("Error", [("code", str), ("message", str)])):
     TYPE: Final = 107
 
 
-class StatsReport(NamedTuple("StatsReport", [("figures", dict[str, Any])])):
-    """The daemon's figures, by the names of :func:`service.metrics.daemon_figures`: ``producer``,
+class StatsReport(NamedTuple("StatsReport", [("metrics", dict[str, Any])])):
+    """The daemon's metrics, by the names of :func:`service.daemon_metrics.daemon_metrics`: ``producer``,
     ``nodes``, ``topics`` (Kafka's producer metrics), ``sidecar``, ``processes`` (its own); and its
     BufferPool's by client (``clients``: [client id, pid, blocks held] of each session; ``held``:
     [client id, blocks held] of each segment)."""

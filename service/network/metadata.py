@@ -138,6 +138,20 @@ class Metadata:
         # topic -> when it is dropped if not used again
         self._topics: dict[str, int] = {}
 
+    # -- the topics as the cluster has them ------------------------------------------------------
+
+    def partition_count(self, topic: str) -> int | None:
+        """The topic's partitions in the current metadata, None if the cluster does not have it (yet)."""
+        return self.cluster.partition_count(topic)
+
+    def available_partitions(self, topic: str) -> list[int]:
+        """The partitions of the topic whose leader is known."""
+        return self.cluster.available_partitions(topic)
+
+    def topic_error(self, topic: str) -> int | None:
+        """The error code the last metadata response gave for the topic, if it gave one."""
+        return self.cluster.topic_errors.get(topic)
+
     # -- topics of interest ----------------------------------------------------------------------
 
     def add_topic(self, topic: str, now: int) -> None:

@@ -5,30 +5,27 @@ One :class:`KafkaChannel` per node id. Sends are lists of buffers written with
 joined), resumed after partial writes; receives are reassembled from however the
 bytes arrive, one response over many reads or many responses in one read.
 
-The selector polls with a ``zmq.Poller``, which waits on plain sockets and
-ZeroMQ sockets alike: the daemon registers its ZeroMQ socket here and runs one
-loop for both.
+The selector registers its connections with a :class:`~service.poller.Poller`: in the
+daemon, the one its loop waits on, where the front registers the clients' sockets too.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-import os
 import select
 import socket
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
-
-import zmq
 
 from client_stub.contract.records import Buffer
 from client_stub.errors import AuthenticationError
 
 from ..metrics import NUM_SAMPLES, SAMPLE_WINDOW_MS, Sensor, avg_max, count_meter, meter
+from ..poller import POLLERR, POLLIN, POLLOUT, Poller
 from ..protocol.framing import FrameReader, InvalidFrameSize
 
 log = logging.getLogger(__name__)
@@ -37,10 +34,9 @@ log = logging.getLogger(__name__)
 _MAX_IOV = 512
 _RECV_CHUNK = 256 * 1024
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)
-# pyzmq's flags are enum.Flag members, whose | and & run Python code: the loop uses plain ints.
-_POLLIN = int(zmq.POLLIN)
-_POLLOUT = int(zmq.POLLOUT)
-_READABLE = _POLLIN | int(zmq.POLLERR)
+_POLLIN = POLLIN
+_POLLOUT = POLLOUT
+_READABLE = POLLIN | POLLERR
 
 # What a transport's handshake waits for (see Transport.handshake).
 WANT_READ = _POLLIN
@@ -94,7 +90,7 @@ class PlaintextTransport:
 
 
 class SelectorMetrics:
-    """The connections' figures, as Java's Selector keeps them: connections opened and closed, and every
+    """The connections' metrics, as Java's Selector keeps them: connections opened and closed, and every
     request written and response read with their sizes, overall (producer-metrics) and per node
     (producer-node-metrics)."""
 
@@ -124,19 +120,21 @@ class SelectorMetrics:
             sensor = by_node[node_id] = Sensor(self.window_ms, self.num_samples)
         sensor.record(size, now)
 
-    def figures(self, now: int) -> dict[str, float]:
+    def producer_metrics(self, now: int) -> dict[str, float]:
+        """The connections' part of producer-metrics."""
         return {**count_meter(self.connections_created, "connection-creation", now),
                 **count_meter(self.connections_closed, "connection-close", now),
-                **self._io_figures(self.requests, self.responses, now)}
+                **self._io_metrics(self.requests, self.responses, now)}
 
-    def node_figures(self, now: int) -> dict[int, dict[str, float]]:
+    def node_metrics(self, now: int) -> dict[int, dict[str, float]]:
+        """The connections' part of producer-node-metrics, by node id."""
         empty = Sensor(self.window_ms, self.num_samples)
-        return {node_id: self._io_figures(self.node_requests.get(node_id, empty),
+        return {node_id: self._io_metrics(self.node_requests.get(node_id, empty),
                                           self.node_responses.get(node_id, empty), now)
                 for node_id in self.node_requests.keys() | self.node_responses.keys()}
 
     @staticmethod
-    def _io_figures(requests: Sensor, responses: Sensor, now: int) -> dict[str, float]:
+    def _io_metrics(requests: Sensor, responses: Sensor, now: int) -> dict[str, float]:
         return {**count_meter(requests, "request", now), **avg_max(requests, "request-size", now),
                 **meter(requests, "outgoing-byte", now), **count_meter(responses, "response", now),
                 **meter(responses, "incoming-byte", now)}
@@ -180,7 +178,8 @@ class Selector:
     def __init__(self, *, max_receive_size: int = 100_000_000, send_buffer_bytes: int = -1,
                  receive_buffer_bytes: int = -1,
                  transport_factory: TransportFactory = PlaintextTransport,
-                 metrics: SelectorMetrics | None = None) -> None:
+                 metrics: SelectorMetrics | None = None, poller: Poller | None = None) -> None:
+        """``poller``: the loop's, which the selector's connections are registered with (a new one if None)."""
         self.max_receive_size = max_receive_size
         self.metrics = metrics or SelectorMetrics()
         self.send_buffer_bytes = send_buffer_bytes
@@ -188,10 +187,8 @@ class Selector:
         self.transport_factory = transport_factory
         self._channels: dict[int, KafkaChannel] = {}
         self._by_fd: dict[int, KafkaChannel] = {}
-        self._poller = zmq.Poller()
+        self.poller = poller or Poller()
         self._interest: dict[int, int] = {}
-        # External sockets by what the poller reports them as (see _poll_key).
-        self._external: dict[Any, Any] = {}
         # Results of the last poll().
         self.connected: list[int] = []
         self.completed_sends: list[tuple[int, Any]] = []
@@ -199,12 +196,7 @@ class Selector:
         self.disconnected: dict[int, str] = {}
         # Of those, the connections whose TLS handshake failed, and why.
         self.authentication_failures: dict[int, AuthenticationError] = {}
-        self.external_ready: list[Any] = []
         self._completion_wakes = False
-        # wakeup() from another thread ends a poll at once: a byte in this pipe, as Java's Selector.wakeup().
-        self._wakeup_read, self._wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._poller.register(self._wakeup_read, _POLLIN)
-        weakref.finalize(self, _close_fds, self._wakeup_read, self._wakeup_write)
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -260,16 +252,13 @@ class Selector:
         fd = channel.fileno
         self._by_fd.pop(fd, None)
         if fd in self._interest:
-            self._poller.unregister(fd)
+            self.poller.unregister(fd)
             del self._interest[fd]
         channel.transport.sock.close()
 
     def wakeup(self) -> None:
         """End the current or next poll() at once; safe from any thread."""
-        try:
-            os.write(self._wakeup_write, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full of wake-ups already
+        self.poller.wakeup()
 
     def close_all(self, linger_ms: int = 0) -> None:
         """Close every connection.
@@ -400,30 +389,16 @@ class Selector:
         self.completed_receives.extend([(node_id, frame) for frame in frames])
         return True
 
-    # -- ZeroMQ and other sockets polled with the brokers ---------------------------------------
-
-    def register_external(self, sock: Any, flags: int = zmq.POLLIN) -> None:
-        """Poll ``sock`` (a ZeroMQ socket or anything with fileno()) alongside the brokers.
-
-        When it is ready, the last poll's ``external_ready`` holds ``sock`` itself.
-        """
-        self._poller.register(sock, flags)
-        self._external[_poll_key(sock)] = sock
-
-    def unregister_external(self, sock: Any) -> None:
-        if self._external.pop(_poll_key(sock), None) is not None:
-            self._poller.unregister(sock)
-
     # -- the poll ------------------------------------------------------------------------------
 
     def poll(self, timeout_ms: int) -> None:
-        """Do the I/O that is possible within ``timeout_ms`` and record what completed."""
+        """Do the I/O that is possible within ``timeout_ms`` and record what completed (the poller serves whatever
+        else is registered with it meanwhile)."""
         self.connected = []
         self.completed_sends = []
         self.completed_receives = []
         self.disconnected = {}
         self.authentication_failures = {}
-        self.external_ready = []
         self._completion_wakes = False
         # Write what can be written now: most sends complete without waiting for POLLOUT.
         for channel in list(self._channels.values()):
@@ -432,32 +407,19 @@ class Selector:
         self._update_interest()
         if self._completion_wakes or self.disconnected:
             timeout_ms = 0
-        events = self._poller.poll(max(int(timeout_ms), 0))
-        for sock, event in events:
-            if sock == self._wakeup_read:
-                self._drain_wakeups()
-                continue
-            external = self._external.get(sock)
-            if external is not None:
-                self.external_ready.append(external)
-                continue
-            channel = self._by_fd.get(sock)
-            if channel is None:
-                continue
-            if not channel.connected:
-                self._finish_connect(channel)
-                continue
-            if event & _READABLE:
-                self._read(channel)
-            if channel.node_id in self._channels and event & _POLLOUT and channel.send is not None:
-                self._write(channel)
+        self.poller.poll(timeout_ms)
 
-    def _drain_wakeups(self) -> None:
-        try:
-            while os.read(self._wakeup_read, 4096):
-                pass
-        except BlockingIOError:
-            pass
+    def _serve(self, channel: KafkaChannel, events: int) -> None:
+        """The I/O of a connection the poll found ready."""
+        if self._channels.get(channel.node_id) is not channel:
+            return  # closed meanwhile
+        if not channel.connected:
+            self._finish_connect(channel)
+            return
+        if events & _READABLE:
+            self._read(channel)
+        if channel.node_id in self._channels and events & _POLLOUT and channel.send is not None:
+            self._write(channel)
 
     def _finish_connect(self, channel: KafkaChannel) -> None:
         sock = channel.transport.sock
@@ -488,17 +450,5 @@ class Selector:
             else:
                 flags = _POLLIN | (_POLLOUT if channel.send is not None else 0)
             if self._interest.get(fd) != flags:
-                self._poller.register(fd, flags)
+                self.poller.register(fd, flags, partial(self._serve, channel))
                 self._interest[fd] = flags
-
-
-def _close_fds(*fds: int) -> None:
-    for fd in fds:
-        os.close(fd)
-
-
-def _poll_key(sock: Any) -> Any:
-    """What ``zmq.Poller.poll`` reports ``sock`` as: ZeroMQ sockets as themselves, others by fd."""
-    if isinstance(sock, (zmq.Socket, int)):
-        return sock
-    return sock.fileno()

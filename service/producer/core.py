@@ -21,6 +21,7 @@ from ..network.metadata import Metadata
 from ..network.sasl import SaslCredentials
 from ..network.selector import PlaintextTransport, Selector, SelectorMetrics, TransportFactory
 from ..network.tls import TlsTransport, ssl_context
+from ..poller import Poller
 from .accumulator import FOREVER, RecordAccumulator
 from .batch import ProducerBatch
 from .metrics import SenderMetrics
@@ -52,7 +53,9 @@ def security(config: ProducerConfig) -> tuple[TransportFactory, SaslCredentials 
 class ProducerCore:
     """Everything between sealed batches and the brokers, driven by one thread."""
 
-    def __init__(self, config: ProducerConfig, *, clock: Callable[[], int] = monotonic_ms) -> None:
+    def __init__(self, config: ProducerConfig, *, clock: Callable[[], int] = monotonic_ms,
+                 poller: Poller | None = None) -> None:
+        """``poller``: the loop's, which the broker connections are registered with (a new one if None)."""
         self.config = config
         self.clock = clock
         self.metadata = Metadata(config["bootstrap.servers"], refresh_backoff_ms=config["retry.backoff.ms"],
@@ -65,7 +68,7 @@ class ProducerCore:
         self.selector = Selector(max_receive_size=config["receive.message.max.bytes"],
                                  send_buffer_bytes=config["send.buffer.bytes"],
                                  receive_buffer_bytes=config["receive.buffer.bytes"], transport_factory=transport,
-                                 metrics=SelectorMetrics(window_ms, samples, clock))
+                                 metrics=SelectorMetrics(window_ms, samples, clock), poller=poller)
         self.client = NetworkClient(
             self.selector, self.metadata, client_id=config["client.id"],
             max_in_flight_requests_per_connection=config["max.in.flight.requests.per.connection"],

@@ -1,7 +1,7 @@
-"""The sender's figures, as the Java producer's Sender keeps them (its SenderMetrics).
+"""The sender's metrics, as the Java producer's Sender keeps them (its SenderMetrics).
 
 Overall (``producer-metrics``), per topic (``producer-topic-metrics``) and per broker
-(the request latency of ``producer-node-metrics``; the rest of a node's figures are the
+(the request latency of ``producer-node-metrics``; the rest of a node's metrics are the
 Selector's), under Kafka's names and with Kafka's meanings: a record is counted as sent
 when a ProduceRequest carries it (again on each retry), as an error when its batch fails
 for good (expired included), as a retry when its batch goes back to the queue. The
@@ -19,7 +19,7 @@ from ..metrics import NUM_SAMPLES, SAMPLE_WINDOW_MS, Sensor, avg_max, count_mete
 
 @dataclass(frozen=True, slots=True)
 class Gauges:
-    """Figures of the moment, read when the figures are (Java's gauges), overall and per node id."""
+    """Values of the moment, read when the metrics are (Java's gauges), overall and per node id."""
 
     requests_in_flight: int = 0
     batches_queued: int = 0
@@ -40,7 +40,8 @@ class TopicMetrics:
         self.retries = Sensor(window_ms, num_samples)
         self.errors = Sensor(window_ms, num_samples)
 
-    def figures(self, now: int) -> dict[str, float]:
+    def read(self, now: int) -> dict[str, float]:
+        """The topic's producer-topic-metrics."""
         return {**meter(self.records, "record-send", now), **meter(self.bytes, "byte", now),
                 "compression-rate": self.compression_rate.avg(now), **meter(self.retries, "record-retry", now),
                 **meter(self.errors, "record-error", now)}
@@ -152,7 +153,7 @@ class SenderMetrics:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def producer_figures(self, now: int) -> dict[str, float]:
+    def producer_metrics(self, now: int) -> dict[str, float]:
         """The sender's part of producer-metrics."""
         gauges = self.gauges()
         return {**meter(self.records_per_request, "record-send", now),
@@ -168,17 +169,17 @@ class SenderMetrics:
                 "requests-in-flight": float(gauges.requests_in_flight),
                 "batches-queued": float(gauges.batches_queued)}
 
-    def node_figures(self, now: int) -> dict[int, dict[str, float]]:
+    def node_metrics(self, now: int) -> dict[int, dict[str, float]]:
         """The sender's part of producer-node-metrics: request latency, and the sidecar's queue and requests in
         flight per broker."""
         gauges = self.gauges()
-        figures: dict[int, dict[str, float]] = {}
+        metrics: dict[int, dict[str, float]] = {}
         for node_id in self.node_latency.keys() | gauges.node_requests_in_flight.keys():
             sensor = self.node_latency.get(node_id) or self._sensor()
-            figures[node_id] = {**avg_max(sensor, "request-latency", now),
+            metrics[node_id] = {**avg_max(sensor, "request-latency", now),
                                 "requests-in-flight": float(gauges.node_requests_in_flight.get(node_id, 0)),
                                 "batches-queued": float(gauges.node_queue_size.get(node_id, 0))}
-        return figures
+        return metrics
 
-    def topic_figures(self, now: int) -> dict[str, dict[str, Any]]:
-        return {topic: metrics.figures(now) for topic, metrics in sorted(self.topics.items())}
+    def topic_metrics(self, now: int) -> dict[str, dict[str, Any]]:
+        return {topic: metrics.read(now) for topic, metrics in sorted(self.topics.items())}

@@ -491,7 +491,7 @@ class Sender:
         if not batches:
             del self._in_flight_batches[batch.tp]
 
-    # -- figures ---------------------------------------------------------------------------------
+    # -- metrics ---------------------------------------------------------------------------------
 
     def gauges(self) -> Gauges:
         """Requests in flight and batches queued, overall and per broker."""

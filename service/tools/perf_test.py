@@ -136,7 +136,7 @@ class Result:
         return ordered[min(int(len(ordered) * fraction), len(ordered) - 1)]
 
     def summary(self) -> dict[str, float | None]:
-        """Kafka's figures; the latencies None without callbacks (not measured)."""
+        """Kafka's metrics; the latencies None without callbacks (not measured)."""
         figures: dict[str, float | None] = {
             "records": self.records, "errors": self.errors, "sent": self.sent, "seconds": round(self.seconds, 3),
             "records_per_s": round(self.records_per_s, 1), "mb_per_s": round(self.mb_per_s, 3)}

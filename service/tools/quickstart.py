@@ -416,17 +416,17 @@ class PipelineRun:
 def _records_sent(endpoint: str, topic: str) -> int | None:
     """How many records of ``topic`` the daemon has sent to the brokers; None if it did not answer."""
     try:
-        figures = request_stats(endpoint, timeout=2.0)
+        metrics = request_stats(endpoint, timeout=2.0)
     except SidecarUnavailableError:
         return None
-    return int(figures["topics"].get(topic, {}).get("record-send-total", 0))
+    return int(metrics["topics"].get(topic, {}).get("record-send-total", 0))
 
 
 def _run_pipeline(endpoint: str, total: int, log_path: Path) -> PipelineRun:
     """Run the Spark job to its end, its output to ``log_path``.
 
     While Spark starts, and again while it stops, the time that passes; in between, a bar of the
-    records the daemon has sent for the job (the daemon's figures: exact and at once, where the
+    records the daemon has sent for the job (the daemon's metrics: exact and at once, where the
     broker's end offsets would lag by a batch).
     """
     deadline = time.monotonic() + SPARK_TIMEOUT
@@ -634,7 +634,7 @@ def _stages(broker: EmbeddedBroker, endpoint: str, job_log: Path, processes: int
         if not check.ok:
             outcome.failed.append("the flights' topic does not hold every completed flight as it should")
     if None in connections:
-        outcome.failed.append("the daemon did not give its figures")
+        outcome.failed.append("the daemon did not give its metrics")
     return outcome
 
 
@@ -643,7 +643,7 @@ def _connections(endpoint: str) -> int | None:
     try:
         return int(request_stats(endpoint)["producer"]["connection-count"])
     except SidecarUnavailableError as exc:
-        print(f"  the daemon did not give its figures: {exc}")
+        print(f"  the daemon did not give its metrics: {exc}")
         return None
 
 

@@ -65,7 +65,7 @@ def test_100k_records_with_each_compression_codec(broker, topic_factory, codec: 
 
     assert len(deliveries.succeeded()) == len(batches)
     # Bytes of the batches on the wire, and their compression rate, as Kafka's metrics say.
-    figures = core.metrics.producer_figures(core.clock())
+    figures = core.metrics.producer_metrics(core.clock())
     assert core.metrics.batch_size.total < uncompressed / 2, "batches went uncompressed"
     assert figures["compression-rate-avg"] < 0.5
     consumed = read_topic(broker.bootstrap, topic, expected=100_800)

@@ -1174,7 +1174,7 @@ def test_metrics_agree_with_what_happened(fake_broker, make_core) -> None:
                                                               FinalState.SUCCEEDED]
 
     now = core.clock()
-    figures = core.metrics.producer_figures(now)
+    figures = core.metrics.producer_metrics(now)
     # Kafka's meanings: a record counts as sent in each request that carries it, retried once per retry, and
     # as an error when its batch fails for good.
     assert figures["record-retry-total"] == 8 and core.metrics.batches_retried == 2
@@ -1182,7 +1182,7 @@ def test_metrics_agree_with_what_happened(fake_broker, make_core) -> None:
     assert core.metrics.batches_succeeded == 2 and core.metrics.records_succeeded == 6
     assert core.metrics.batches_sent == 5 and figures["record-send-total"] == 3 * 4 + 3 + 2
     assert core.metrics.batches_expired == 0 and core.metrics.batches_aborted == 0
-    topic = core.metrics.topic_figures(now)[TOPIC]
+    topic = core.metrics.topic_metrics(now)[TOPIC]
     assert (topic["record-send-total"], topic["record-retry-total"], topic["record-error-total"]) == (17, 8, 3)
     # Each produce request's latency, overall and per broker.
     produce_requests = {1: len(one.requests_of(PRODUCE)), 2: len(two.requests_of(PRODUCE))}
@@ -1190,7 +1190,7 @@ def test_metrics_agree_with_what_happened(fake_broker, make_core) -> None:
     assert {n: core.metrics.node_latency[n].count for n in (1, 2)} == produce_requests
     # Every request the selector wrote, and its bytes: what each broker received, encoded again. Broker 1 was
     # reached as the bootstrap server (node -1) first, as Java's node metrics show it too.
-    network = core.selector.metrics.node_figures(now)
+    network = core.selector.metrics.node_metrics(now)
     for node_ids, broker in (((-1, 1), one), ((2,), two)):
         requests = broker.requests
         assert sum(network[n]["request-total"] for n in node_ids) == len(requests)
@@ -1206,13 +1206,13 @@ def test_metrics_agree_with_what_happened(fake_broker, make_core) -> None:
     for batch in waiting:
         core.append(batch)
     run_until(core, lambda: core.client.in_flight_request_count(2) == 5)
-    figures, nodes = core.metrics.producer_figures(core.clock()), core.metrics.node_figures(core.clock())
+    figures, nodes = core.metrics.producer_metrics(core.clock()), core.metrics.node_metrics(core.clock())
     assert (figures["requests-in-flight"], figures["batches-queued"]) == (5, 2)
     assert (nodes[2]["requests-in-flight"], nodes[2]["batches-queued"]) == (5, 2)
     assert (nodes[1]["requests-in-flight"], nodes[1]["batches-queued"]) == (0, 0)
     two.resume()
     assert core.flush(5000)
-    assert core.metrics.producer_figures(core.clock())["requests-in-flight"] == 0
+    assert core.metrics.producer_metrics(core.clock())["requests-in-flight"] == 0
 
 
 def test_expiry_figures_and_late_answers_counted_once(fake_broker, make_core) -> None:

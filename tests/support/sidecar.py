@@ -86,7 +86,7 @@ class SidecarProcess:
         return self
 
     def stats(self, timeout: float = 10.0) -> dict[str, Any]:
-        """The daemon's figures (see service.metrics.daemon_figures), asked as `kafka-sidecar stats` asks, waiting
+        """The daemon's metrics (see service.daemon_metrics.daemon_metrics), asked as `kafka-sidecar stats` asks, waiting
         up to ``timeout`` for it to answer."""
         deadline = time.monotonic() + timeout
         while True:

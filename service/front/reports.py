@@ -1,0 +1,61 @@
+"""DeliveryReports: each batch's outcome, back to the session that sealed it.
+
+A batch finished (acknowledged, failed for good, expired) is reported to its client's
+session, live or kept; a session's reports go out together after each turn of the loop,
+in DELIVERY messages of at most 256 reports. The records each process had delivered and
+failed are counted for its metrics.
+"""
+
+from __future__ import annotations
+
+from client_stub.contract import ipc
+
+from ..producer.batch import ProducerBatch
+from .replies import Replies
+from .sessions import ClientSession, SessionTable
+
+# Reports in one DELIVERY: what a client can make grow in a reply (every other reply is a few dozen bytes, or a
+# TOPIC's few KB).
+REPORTS_PER_DELIVERY = 256
+
+
+class DeliveryReports:
+    """The reports waiting for each session, and the records of each process reported so far."""
+
+    def __init__(self, sessions: SessionTable, replies: Replies) -> None:
+        self.sessions = sessions
+        self.replies = replies
+        # Records reported delivered and failed, by process, for as long as it has a session (kept ones
+        # included: a process's counts only grow).
+        self._by_process: dict[int, list[int]] = {}
+
+    def batch_done(self, batch: ProducerBatch) -> None:
+        """A batch's outcome is final (its ``on_complete``): report it to its session."""
+        client_id, batch_id = batch.origin
+        session = self.sessions.owner(client_id)
+        if session is None:
+            return  # the client is gone; its records were still delivered (or failed) for it
+        self._by_process.setdefault(session.pid, [0, 0])[batch.error is not None] += batch.record_count
+        left = session.unreported.pop(batch_id, 0) - batch.record_count
+        if left > 0:
+            session.unreported[batch_id] = left  # a part of a batch that was split
+        session.reports.append(ipc.DeliveryReport(batch_id, batch.origin_index, batch.record_count, batch.base_offset,
+                                                  batch.log_append_time_ms, ipc.error_to_wire(batch.error)))
+
+    def send(self, session: ClientSession) -> None:
+        """Send the session the reports waiting for it."""
+        reports = session.reports
+        if reports:
+            session.reports = []
+            for start in range(0, len(reports), REPORTS_PER_DELIVERY):
+                self.replies.send(session, ipc.Delivery(reports[start:start + REPORTS_PER_DELIVERY]))
+
+    def records_of(self, pid: int) -> tuple[int, int]:
+        """The records of a process reported delivered, and failed."""
+        delivered, failed = self._by_process.get(pid, (0, 0))
+        return delivered, failed
+
+    def forget_process(self, pid: int) -> None:
+        """Forget the records of a process with no session left (its pid may be another's next)."""
+        if not any(s.pid == pid for s in self.sessions.attached()):
+            self._by_process.pop(pid, None)

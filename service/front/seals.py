@@ -1,0 +1,104 @@
+"""Seals: a client's seal notices made ProducerBatches, over the records in its blocks.
+
+Each notice is checked on its own (a bad one, or one past the client's limits, fails its
+batch only, with a report, and the blocks it named that the client still held go back to
+the pool); the batch's view is of the client's own segment, which the daemon reads once
+when it sends the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from client_stub.contract import ipc
+from client_stub.contract.records import BATCH_HEADER_SIZE
+from client_stub.errors import InvalidRequestError, KafkaError
+
+from ..buffer_pool import BufferPool
+from ..client_error import ClientError
+from ..producer.batch import ProducerBatch, TopicPartition
+from .checks import check_notice, clip, is_int, notice_fields
+from .ports import AppendBatch, TopicView
+from .quotas import ProcessQuotas
+from .reports import DeliveryReports
+from .sessions import ClientSession, SessionTable
+from .settings import FrontSettings
+
+log = logging.getLogger(__name__)
+
+
+class Seals:
+    """Batches sealed by clients, handed to the producer."""
+
+    def __init__(self, pool: BufferPool, sessions: SessionTable, topics: TopicView, quotas: ProcessQuotas,
+                 reports: DeliveryReports, append: AppendBatch, settings: FrontSettings,
+                 refuse: Callable[[ClientSession, ClientError], None]) -> None:
+        """``refuse`` answers the client with why one of its notices was refused."""
+        self.pool = pool
+        self.sessions = sessions
+        self.topics = topics
+        self.quotas = quotas
+        self.reports = reports
+        self.append = append
+        self.settings = settings
+        self._refuse = refuse
+        # Records of the batches clients sealed (handed off).
+        self.records_sealed = 0
+
+    def seal(self, session: ClientSession, notices: Any, now: int) -> None:
+        """Hand over the batches of a SEAL, a LASTSEAL or a session taken back, each on its own."""
+        if not isinstance(notices, list):
+            raise ClientError("a seal carries a list of notices")
+        for notice in notices:
+            if not self.sessions.is_live(session):
+                return  # ended by a reply it did not take: the notices left are offered again when it comes back
+            try:
+                batch = self._batch(session, notice, now)
+            except ClientError as exc:
+                self._refuse(session, ClientError(f"seal refused: {exc}", exc.code))
+                self._fail_notice(session, notice, InvalidRequestError(clip(f"the daemon refused the batch: {exc}")))
+                continue
+            except Exception as exc:
+                # A bug, not the client's fault: fail this batch, go on with the rest.
+                log.exception("could not make a batch of a seal notice")
+                self._fail_notice(session, notice, KafkaError(f"the daemon could not take the batch: {exc}"))
+                continue
+            try:
+                self.append(batch)
+            except Exception as exc:
+                # A bug, not the client's fault: fail this batch, free its blocks, go on with the rest.
+                log.exception("could not queue a sealed batch")
+                batch.abort(KafkaError(f"the daemon could not queue the batch: {exc}"))
+
+    def _fail_notice(self, session: ClientSession, notice: Any, error: KafkaError) -> None:
+        """A failed report for the notice's batch, and the blocks it named that the client holds unsealed freed:
+        the client counts a failed batch as finished, and neither writes to nor releases its blocks again."""
+        fields = notice_fields(notice)
+        batch_id, first, count = (fields.get(name) for name in ("batch_id", "first_block", "block_count"))
+        if not is_int(batch_id):
+            return
+        session.reports.append(ipc.DeliveryReport.failed(batch_id, error))
+        if is_int(first) and is_int(count):
+            self.pool.free_unsealed(session.client_id, first, count)
+
+    def _batch(self, session: ClientSession, raw: Any, now: int) -> ProducerBatch:
+        notice = check_notice(raw, self.pool.block_count, self.pool.block_size)
+        topic, partition, length = notice.topic, notice.partition, notice.length
+        self.quotas.follow(session, topic)
+        partitions = self.topics.partition_count(topic)
+        if partitions is not None and partition >= partitions:
+            raise ClientError(f"partition {partition} of topic {topic} does not exist: it has {partitions}")
+        if length + BATCH_HEADER_SIZE > self.settings.max_request_size:
+            raise ClientError(f"a batch of {length} bytes (and its header) is larger than max.request.size")
+        first, count = notice.first_block, notice.block_count
+        view = self.pool.seal(session.client_id, first, count, length)
+        session.unreported[notice.batch_id] = notice.record_count
+        self.records_sealed += notice.record_count
+        client_id, blocks = session.client_id, range(first, first + count)
+        return ProducerBatch(TopicPartition(topic, partition), view, notice.record_count,
+                             base_timestamp=notice.base_timestamp, max_timestamp=notice.max_timestamp,
+                             created_ms=now - notice.created_ms_ago, on_complete=self.reports.batch_done,
+                             release=lambda: self.pool.free(client_id, blocks),
+                             origin=(client_id, notice.batch_id))

@@ -1,0 +1,121 @@
+"""The daemon's loop: a bug met serving one client is logged and the loop goes on; a broken loop exits at once."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from client_stub.contract import PROTOCOL_VERSION, ipc
+from client_stub.contract.shared_memory import OK
+from service.config import ProducerConfig
+from service.daemon import SidecarDaemon
+from tests.support.front import (
+    BLOCK,
+    BLOCKS,
+    Env,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def env() -> Iterator[Env]:
+    env = Env()
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def test_a_broken_loop_exits_at_once_without_failing_what_it_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    # What one client or one batch causes is caught inside the loop; a loop that breaks itself (an error no
+    # client can cause, injected here) exits, and the clients hand what they held to the next daemon.
+    daemon = SidecarDaemon(ProducerConfig({"bootstrap.servers": "127.0.0.1:9", "buffer.memory": BLOCKS * BLOCK,
+                                           "batch.size": BLOCK}), f"ipc://{tmp_path}/sidecar.sock")
+    drained: list[int] = []
+    turns = iter(range(3))
+    threshold = gc.get_threshold()  # run() tunes the collector for the daemon's process: put it back after
+
+    def broken(timeout_ms: int) -> None:
+        if next(turns, None) is None:
+            raise MemoryError("the loop is broken")
+
+    try:
+        with monkeypatch.context() as patch, caplog.at_level(logging.CRITICAL, logger="service.daemon"):
+            patch.setattr(daemon.core, "run_once", broken)
+            patch.setattr(daemon.core, "close", drained.append)
+            with pytest.raises(MemoryError, match="the loop is broken"):
+                daemon.run()
+        assert drained == []  # no drain: nothing is sent, failed or reported on the way out
+        [record] = caplog.records
+        assert "the event loop failed: exiting without a drain" in record.getMessage()
+        assert record.exc_info is not None and record.exc_info[0] is MemoryError
+    finally:
+        daemon.shutdown()
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+
+
+def test_daemon_loop_survives_an_error_after_an_iteration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    endpoint = f"ipc://{tmp_path}/sidecar.sock"
+    daemon = SidecarDaemon(ProducerConfig({"bootstrap.servers": "127.0.0.1:9", "buffer.memory": BLOCKS * BLOCK,
+                                           "batch.size": BLOCK}), endpoint)
+    context = zmq.Context()
+    client = context.socket(zmq.DEALER)
+    memory = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        def broken() -> None:
+            raise IndexError("pop from empty list")
+
+        with monkeypatch.context() as patch, caplog.at_level(logging.ERROR, logger="service.daemon"):
+            patch.setattr(daemon.front, "serve_due", broken)
+            daemon.run_once()
+            daemon.run_once()
+        assert daemon.iteration_errors == 2
+        assert caplog.text.count("error in a loop iteration") == 1  # not at every iteration
+        # It still serves.
+        client.setsockopt(zmq.LINGER, 0)
+        client.connect(endpoint)
+        client.send(ipc.pack(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "after", {}))
+        for _ in range(20):
+            daemon.run_once()
+            if client.poll(0):
+                break
+        welcome = ipc.decode(client.recv(zmq.NOBLOCK))
+        assert isinstance(welcome, ipc.Welcome)
+        # The loop serves the memory socket too, beside the ipc socket: the segment comes over it...
+        memory.connect(f"{tmp_path}/sidecar.sock.memory")
+        memory.send(welcome.memory_token)
+        memory.setblocking(False)
+        for _ in range(20):
+            daemon.run_once()
+            try:
+                answer, fds, _, _ = socket.recv_fds(memory, 64, 1, socket.MSG_CMSG_CLOEXEC)
+                break
+            except BlockingIOError:
+                pass
+        for fd in fds:
+            os.close(fd)
+        assert answer == OK and len(fds) == 1
+        assert len(daemon.front.sessions) == 1
+        # ... and the end of its connection ends the session.
+        memory.close()
+        for _ in range(20):
+            daemon.run_once()
+            if not daemon.front.sessions:
+                break
+        assert not daemon.front.sessions
+    finally:
+        memory.close()
+        client.close()
+        context.term()
+        daemon.shutdown()
