@@ -24,17 +24,6 @@ from tests.support.front import (
     Env,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env()
-    try:
-        yield env
-    finally:
-        env.close()
-
 
 @pytest.fixture
 def context() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:

@@ -3,8 +3,6 @@ the pool is exhausted."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,18 +13,6 @@ from tests.support.front import (
     BLOCKS,
     Env,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env()
-    try:
-        yield env
-    finally:
-        env.close()
-
 
 # -- blocks ---------------------------------------------------------------------------------------
 

@@ -36,15 +36,6 @@ from tests.support.front import (
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env()
-    try:
-        yield env
-    finally:
-        env.close()
-
-
 # -- the memory socket ----------------------------------------------------------------------------
 
 

@@ -5,9 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-
-import pytest
 
 from client_stub import errors
 from client_stub.contract import ipc
@@ -18,17 +15,6 @@ from tests.support.front import (
     metadata_response,
     notice,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env()
-    try:
-        yield env
-    finally:
-        env.close()
 
 
 @contextmanager

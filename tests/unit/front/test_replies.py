@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,18 +18,6 @@ from tests.support.front import (
     notice,
     resume_of,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env()
-    try:
-        yield env
-    finally:
-        env.close()
-
 
 # -- replies a client does not read ----------------------------------------------------------------
 

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from client_stub import errors
 from client_stub.contract import ipc
 from service.buffer_pool import FREE, SEALED
@@ -16,18 +11,6 @@ from tests.support.front import (
     deliveries,
     notice,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env()
-    try:
-        yield env
-    finally:
-        env.close()
-
 
 # -- delivery -------------------------------------------------------------------------------------
 

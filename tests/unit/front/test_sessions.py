@@ -4,8 +4,6 @@ claimed back only by the client that holds its segment."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import zmq
@@ -27,18 +25,6 @@ from tests.support.front import (
     resume_of,
     seal_two_keep_two,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env()
-    try:
-        yield env
-    finally:
-        env.close()
-
 
 # -- sessions that end ----------------------------------------------------------------------------
 

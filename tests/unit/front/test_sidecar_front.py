@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,18 +26,6 @@ from tests.support.front import (
     ended,
     notice,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env()
-    try:
-        yield env
-    finally:
-        env.close()
-
 
 # -- handshake ------------------------------------------------------------------------------------
 

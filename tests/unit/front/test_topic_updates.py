@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from client_stub import errors
 from client_stub.contract import ipc
 from tests.support.front import (
     Env,
     metadata_response,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env()
-    try:
-        yield env
-    finally:
-        env.close()
-
 
 # -- metadata -------------------------------------------------------------------------------------
 

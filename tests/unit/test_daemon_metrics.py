@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +12,6 @@ from tests.support.front import (
     Env,
     notice,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

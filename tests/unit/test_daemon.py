@@ -6,7 +6,6 @@ import gc
 import logging
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,19 +18,7 @@ from service.daemon import SidecarDaemon
 from tests.support.front import (
     BLOCK,
     BLOCKS,
-    Env,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env()
-    try:
-        yield env
-    finally:
-        env.close()
 
 
 def test_a_broken_loop_exits_at_once_without_failing_what_it_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
