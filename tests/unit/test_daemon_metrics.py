@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from client_stub.contract import ipc
 from tests.support.front import (
     BLOCKS,
     Env,
     notice,
 )
-
-
-@pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env()
-    try:
-        yield env
-    finally:
-        env.close()
 
 
 def test_stats_report_what_the_pool_holds(env: Env) -> None:

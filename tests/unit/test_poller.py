@@ -6,27 +6,11 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import zmq
 
 from service.poller import POLLIN, Poller, isolated
-
-
-@pytest.fixture
-def zmq_pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    a = context.socket(zmq.PAIR)
-    b = context.socket(zmq.PAIR)
-    a.bind("inproc://poller-test")
-    b.connect("inproc://poller-test")
-    try:
-        yield a, b
-    finally:
-        a.close(linger=0)
-        b.close(linger=0)
-        context.term()
 
 
 def test_a_zmq_message_wakes_the_poll_and_its_handler_serves_it(

@@ -421,21 +421,6 @@ def test_send_failure_closes_the_connection(listener: socket.socket) -> None:
 # -- one poller for the brokers' sockets and the daemon's others ------------------------------------
 
 
-@pytest.fixture
-def zmq_pair() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
-    context = zmq.Context()
-    a = context.socket(zmq.PAIR)
-    b = context.socket(zmq.PAIR)
-    a.bind("inproc://selector-test")
-    b.connect("inproc://selector-test")
-    try:
-        yield a, b
-    finally:
-        a.close(linger=0)
-        b.close(linger=0)
-        context.term()
-
-
 def test_zmq_and_broker_sockets_are_served_by_one_poll(selector: Selector, peer: socket.socket,
                                                        zmq_pair: tuple[zmq.Socket, zmq.Socket]) -> None:
     # The daemon's front registers its ZeroMQ socket with the poller the selector polls: one wait serves both, each
@@ -468,12 +453,3 @@ def test_wakeup_from_another_thread_ends_a_long_poll(selector: Selector) -> None
     waker.join()
     assert time.monotonic() - started < 30, "poll() waited out its timeout"
     assert not selector.disconnected
-
-
-def test_wakeups_before_a_poll_end_only_that_poll(selector: Selector) -> None:
-    for _ in range(70_000):  # more than the pipe holds (64 KiB): the extra wake-ups are dropped, not blocking
-        selector.wakeup()
-    selector.poll(60_000)
-    started = time.monotonic()
-    selector.poll(50)
-    assert time.monotonic() - started >= 0.04, "a wake-up was left for the next poll"
