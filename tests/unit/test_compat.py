@@ -1,127 +1,29 @@
-"""The drop-in producers' names, codes, settings and errors, against the libraries they stand in for.
+"""kafka-python's drop-in producer's names, settings and errors, against kafka-python's, and the daemon's settings
+both drop-in producers check (confluent-kafka's: test_compat_confluent_*.py).
 
-confluent-kafka and kafka-python are installed with the dev extra: their own classes and messages are the
-reference. No daemon is needed: a producer connects on its first record.
+kafka-python is installed with the dev extra: its own classes and messages are the reference. No daemon is needed:
+a producer connects on its first record.
 """
 
 from __future__ import annotations
 
-import re
 import warnings
-from pathlib import Path
 
-import confluent_kafka
 import kafka
 import kafka.errors
 import pytest
 
 from client_stub import errors
-from client_stub.compat import DaemonSettingWarning, confluent, kafka_python
+from client_stub.compat import DaemonSettingWarning, kafka_python
 from client_stub.compat._settings import SettingsCheck
 from client_stub.contract import ipc
+from tests.support.migration_pages import MIGRATION, settings_tables
 
-ROOT = Path(__file__).parents[2]
 SETTINGS = ipc.WelcomeSettings(max_request_size=1048576, linger_ms=5, max_block_ms=60000, delivery_timeout_ms=120000,
                                buffer_memory=32 << 20, heartbeat_interval_ms=3000, acks=-1, compression_type="none",
                                enable_idempotence=True, retries=2**31 - 1, batch_size=16384, request_timeout_ms=30000,
                                max_in_flight_requests_per_connection=5, retry_backoff_ms=100,
                                allow_auto_create_topics=True)
-
-
-# -- confluent-kafka ------------------------------------------------------------------------------------------
-
-
-def test_the_error_classes_are_confluent_kafkas_when_it_is_installed() -> None:
-    # The application's own except clauses and isinstance checks hold.
-    assert confluent.KafkaError is confluent_kafka.KafkaError
-    assert confluent.KafkaException is confluent_kafka.KafkaException
-
-
-def test_kafka_error_has_librdkafkas_codes_names_and_descriptions() -> None:
-    # The stand-in used where confluent-kafka is not installed.
-    own = confluent._OwnKafkaError
-    theirs = {name: code for name, code in vars(confluent_kafka.KafkaError).items() if type(code) is int}
-    ours = {name: code for name, code in vars(own).items() if type(code) is int and not name.startswith("__")}
-    assert ours == theirs
-    for code in ours.values():
-        assert (own(code).name(), own(code).str()) == (
-            confluent_kafka.KafkaError(code).name(), confluent_kafka.KafkaError(code).str())
-    assert str(own(3)) == str(confluent_kafka.KafkaError(3))
-    assert str(own(-192, "why")) == str(confluent_kafka.KafkaError(-192, "why"))
-    # Compared with codes, as confluent-kafka's users do.
-    assert own(3) == own.UNKNOWN_TOPIC_OR_PART == 3
-    assert own(3) == own(3) != own(-192)
-
-
-@pytest.mark.parametrize("config", [
-    {"bogus.setting": 1},
-    {"linger.ms": "soon"},
-    {"linger.ms": 5, "queue.buffering.max.ms": -1},
-    {"on_delivery": 5},
-    {"partitioner": "nobody's"},
-], ids=lambda c: ",".join(c))
-def test_a_bad_configuration_raises_as_confluent_kafka_does(config) -> None:
-    with pytest.raises(confluent_kafka.KafkaException) as theirs:
-        confluent_kafka.Producer(config)
-    with pytest.raises(confluent.KafkaException) as ours:
-        confluent.Producer(config)
-    [their_error], [our_error] = theirs.value.args, ours.value.args
-    assert our_error.code() == their_error.code() == confluent.KafkaError._INVALID_ARG
-    if "partitioner" not in config:
-        assert our_error.str() == their_error.str()
-
-
-def test_configuration_as_confluent_kafka_takes_it() -> None:
-    # A dict, keywords, or both; the settings of the topic, and every property librdkafka knows, accepted.
-    confluent.Producer({"bootstrap.servers": "b:9092"}, **{"linger.ms": 10, "client.id": "c"})
-    confluent.Producer(**{"bootstrap.servers": "b:9092", "group.id": "consumers' own", "statistics.interval.ms": 0})
-    confluent.Producer({"default.topic.config": {"acks": "all", "message.timeout.ms": 1000}})
-    with pytest.raises(confluent.KafkaException, match="transactions are not supported"):
-        confluent.Producer({"transactional.id": "t"})
-    # Daemon-owned values that cannot be read are refused now, not warned of later.
-    with pytest.raises(confluent.KafkaException, match='"compression.codec"'):
-        confluent.Producer({"compression.codec": "brotli"})
-
-
-@pytest.mark.parametrize("config", [
-    {"enable.idempotence": 1}, {"enable.idempotence": "0"}, {"enable.idempotence": "True"},
-    {"linger.ms": 0.5}, {"linger.ms": "2.5"}, {"retries": "3"}, {"retries": 2.5},
-], ids=lambda c: ",".join(f"{k}={v!r}" for k, v in c.items()))
-def test_values_librdkafka_takes_are_taken(config) -> None:
-    confluent_kafka.Producer(config)  # librdkafka takes it: so must the adapter
-    confluent.Producer(config)
-
-
-def test_a_fraction_of_a_millisecond_lingers_a_whole_one() -> None:
-    assert confluent._read_settings({"linger.ms": 0.5}).linger_ms == 1
-    assert confluent._read_settings({"linger.ms": "2.5"}).linger_ms == 3
-    assert confluent._read_settings({"linger.ms": 0}).linger_ms == 0
-
-
-def test_sidecar_errors_map_to_confluent_kafka_codes() -> None:
-    cases = [
-        (errors.for_code(3, "topic t: UNKNOWN_TOPIC_OR_PARTITION"), confluent.KafkaError.UNKNOWN_TOPIC_OR_PART),
-        (errors.for_code(29), confluent.KafkaError.TOPIC_AUTHORIZATION_FAILED),
-        (errors.KafkaTimeoutError("Expiring 3 record(s)"), confluent.KafkaError._MSG_TIMED_OUT),
-        (errors.BufferExhaustedError("no memory"), confluent.KafkaError._QUEUE_FULL),
-        (errors.RecordTooLargeError("too large"), confluent.KafkaError.MSG_SIZE_TOO_LARGE),
-        (errors.SidecarUnavailableError("no daemon"), confluent.KafkaError._TRANSPORT),
-        (errors.ProducerClosedError("closed"), confluent.KafkaError._PURGE_QUEUE),
-        (errors.SslAuthenticationError("untrusted"), confluent.KafkaError._SSL),
-        (errors.KafkaError("else"), confluent.KafkaError._FAIL),
-    ]
-    for ours, code in cases:
-        assert confluent._error(ours).code() == code, ours
-    # A broker's error reads as librdkafka's; a local one says what happened after it.
-    assert confluent._error(cases[0][0]).str() == "Broker: Unknown topic or partition"
-    assert confluent._error(cases[2][0]).str() == "Local: Message timed out: Expiring 3 record(s)"
-
-
-def test_the_settings_table_of_the_confluent_page_is_the_code_s() -> None:
-    ignored, honoured, owned = _page_tables(ROOT / "docs/migration/confluent-kafka.md")
-    assert ignored == confluent._IGNORED
-    assert honoured == confluent._HONOURED | confluent._REFUSED
-    assert owned == set(confluent._DAEMON_OWNED)
 
 
 # -- kafka-python ---------------------------------------------------------------------------------------------
@@ -192,7 +94,7 @@ def test_the_serializers_are_kafka_pythons() -> None:
 
 
 def test_the_settings_table_of_the_kafka_python_page_is_the_code_s() -> None:
-    ignored, honoured, owned = _page_tables(ROOT / "docs/migration/kafka-python.md")
+    ignored, honoured, owned = settings_tables(MIGRATION / "kafka-python.md")
     assert ignored == kafka_python._IGNORED
     assert honoured == kafka_python._HONOURED | kafka_python._REFUSED
     assert owned == set(kafka_python._DAEMON_OWNED)
@@ -213,48 +115,3 @@ def test_a_setting_the_daemon_owns_is_checked_once_its_value_is_known() -> None:
         check.check(SETTINGS)  # checked once
     assert [str(w.message).split(" is not")[0] for w in caught if w.category is DaemonSettingWarning] == [
         "batch_size=32768"]
-
-
-def _page_tables(page: Path) -> tuple[set[str], set[str], set[str]]:
-    """The settings a migration page lists: with no meaning here, honoured (or refused), and the daemon's (each
-    table's first column, in backquotes)."""
-    text = page.read_text()
-    tables = {}
-    for heading in ("Settings with no meaning here", "Settings honoured", "Settings the daemon owns"):
-        section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
-        tables[heading] = {name for row in re.findall(r"^\|([^|\n]+)\|", section, re.M)
-                           for name in re.findall(r"`([^`]+)`", row)}
-    return (tables["Settings with no meaning here"], tables["Settings honoured"],
-            tables["Settings the daemon owns"])
-
-
-def test_list_topics_without_a_topic_raises_transport_when_no_daemon_answers(tmp_path) -> None:
-    producer = confluent.Producer({"sidecar.endpoint": f"ipc://{tmp_path}/nobody.sock"})
-    try:
-        with pytest.raises(confluent.KafkaException) as refused:
-            producer.list_topics(timeout=0.3)
-        assert refused.value.args[0].code() == confluent.KafkaError._TRANSPORT
-        assert "no kafka-sidecar daemon answered" in refused.value.args[0].str()
-    finally:
-        producer.close()
-
-
-class _NumpyLikeInt:
-    """An integer that is not an int (as numpy's int64): it has __index__."""
-
-    def __index__(self) -> int:
-        return -1
-
-
-def test_produce_takes_any_integer_for_the_partition(tmp_path) -> None:
-    # Taken for its value, not its type; the record waits here for a daemon, till its message.timeout.ms.
-    producer = confluent.Producer({"sidecar.endpoint": f"ipc://{tmp_path}/nobody.sock", "message.timeout.ms": 300})
-    try:
-        producer.produce("t", b"v", partition=_NumpyLikeInt())  # type: ignore[arg-type]
-        assert len(producer) == 1
-        with pytest.raises(confluent.KafkaException) as refused:
-            producer.produce("t", b"v", partition="0")  # type: ignore[arg-type]
-        assert refused.value.args[0].code() == confluent.KafkaError._INVALID_ARG
-    finally:
-        assert producer.close()
-    assert len(producer) == 0
