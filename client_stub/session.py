@@ -190,7 +190,7 @@ class Session:
 
     def welcomed(self, welcome: ipc.Welcome) -> MakeHandshake | None:
         """A WELCOME: the memory handshake to make, unless it answers an earlier HELLO (said again since: its
-        session ends with the next) or comes when a session is held."""
+        session ends with the next) or one answered already (attached, draining), or the session has ended."""
         self._expect_started("a WELCOME")
         if self.state not in (SessionState.AWAITING_WELCOME, SessionState.LOST) or welcome.hello_id != self.hello_id:
             return None
