@@ -1,14 +1,12 @@
-"""The producer's I/O thread: its session with the daemon, as the Java producer's Sender thread.
+"""The producer's I/O thread, as the Java producer's Sender thread.
 
 One per producer and process. It sends what the producer queued (seal notices,
 block requests, releases), seals batches that have lingered, receives the
 daemon's messages (grants, topics, delivery reports) and completes the records'
-futures, sends heartbeats, and keeps the session: the handshake (its segment
-comes over the daemon's memory socket, whose connection then says whether the
-daemon is alive), and a new one when the daemon is gone: the next daemon is handed
-the segment and the batches sealed but not reported, which it sends again. What a
-session held is failed only when the daemon itself ended it (it took the process
-for dead) or cannot take it back.
+futures, and sends heartbeats. It holds the sockets (to the daemon, and the memory
+connections), the segment and its file descriptor, and carries out what the
+session (:mod:`.session`, which decides) asks for: the HELLO, the memory
+handshake, a session lost and held for the next daemon, one forgotten.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import os
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -27,12 +24,26 @@ import zmq
 
 from .accumulator import RecordAccumulator
 from .block_grants import BlockGrants
-from .contract import PROTOCOL_VERSION, ipc, shared_memory
+from .contract import ipc, shared_memory
 from .contract.shared_memory import Layout, Segment
 from .errors import KafkaError, KafkaTimeoutError, SidecarUnavailableError
 from .fastpath import Appender
 from .futures import RecordFuture, completer, fail
 from .metadata import ProducerMetadata
+from .outbox import Outbox
+from .session import (
+    Action,
+    Attach,
+    Detach,
+    Forget,
+    HandOver,
+    HoldMemory,
+    MakeHandshake,
+    SayHello,
+    SendHeartbeat,
+    Session,
+    SessionState,
+)
 
 # The producer's logger: what the I/O thread logs is the producer's to the application.
 log = logging.getLogger("client_stub.producer")
@@ -44,110 +55,26 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
 _HEARTBEAT = ipc.encode(ipc.Heartbeat())
-# How long the memory handshake may take, and how long a HELLO may go unanswered before it is said again
-# (one said while the daemon was going down may have gone with its connection).
+# How long the memory handshake may take.
 _HANDSHAKE_TIMEOUT_S = 10.0
-_HELLO_RETRY_S = 5.0
 # Once the daemon is gone, how long to wait for more of what it sent before.
 _DRAIN_WAIT_MS = 20
 
 
-class Outbox:
-    """Messages for the daemon, queued by any thread and sent by the I/O thread, which they wake."""
-
-    def __init__(self) -> None:
-        self._messages: deque[bytes] = deque()
-        self._wake_r: socket.socket | None = None
-        self._wake_w: socket.socket | None = None
-        self._wake_pending = False
-        self._io_ident: int | None = None
-
-    def open(self) -> None:
-        """Make the wake-up pipe (when the I/O thread starts)."""
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-
-    def post(self, message: ipc.Message) -> None:
-        """Queue a message (lock held or not: deque appends are atomic) and wake the I/O thread."""
-        self._messages.append(ipc.encode(message))
-        self.wake()
-
-    def wake(self) -> None:
-        """Wake the I/O thread, unless a wake-up is pending already or this is the I/O thread."""
-        # The I/O thread sends what was queued before it polls again; a wake-up pending is enough.
-        if self._wake_pending or threading.get_ident() == self._io_ident:
-            return
-        self._wake_pending = True
-        wake_w = self._wake_w
-        if wake_w is None:
-            return  # not started, or the I/O thread has ended
-        try:
-            wake_w.send(b"\x00")
-        except BlockingIOError:
-            pass  # already woken: the pipe is full
-        except OSError:
-            pass  # closed meanwhile: the I/O thread has ended
-
-    def bind(self) -> int:
-        """Called on the I/O thread when it starts, whose own wake() calls are unneeded; returns the file
-        descriptor to poll for wake-ups."""
-        assert self._wake_r is not None, "open() first"
-        self._io_ident = threading.get_ident()
-        return self._wake_r.fileno()
-
-    def send_all(self, sock: zmq.Socket[bytes]) -> None:
-        """Send what is queued (I/O thread)."""
-        messages = self._messages
-        while messages:
-            sock.send(messages.popleft())
-
-    def empty(self) -> bool:
-        """Whether nothing waits to be sent."""
-        return not self._messages
-
-    def clear(self) -> None:
-        """Drop what waits: it was for a session that is gone."""
-        self._messages.clear()
-
-    def close(self) -> None:
-        """Close the wake-up pipe (when the I/O thread ends: nothing is sent any more)."""
-        wake_r, wake_w = self._wake_r, self._wake_w
-        self._wake_r = self._wake_w = None
-        for sock in (wake_r, wake_w):
-            if sock is not None:
-                sock.close()
-
-    def woken(self) -> None:
-        """Take the wake-up (I/O thread)."""
-        # Drained before the flag is cleared, and both before the outbox and the batches are read: a wake-up
-        # written after the drain stays in the pipe; one skipped because the flag was still set asked for
-        # what they are about to show. (Cleared first, a wake-up written between the two was drained with the flag
-        # left set, and every later wake() skipped.) One read: a wake-up is one byte, and whatever is left
-        # wakes the next poll at once. A small read comes from Python's object allocator; a page-sized one
-        # would be a malloc() in this thread's own arena, whose pages stay resident in every client process.
-        assert self._wake_r is not None, "open() first"
-        try:
-            self._wake_r.recv(64)
-        except BlockingIOError:
-            pass
-        self._wake_pending = False
-
-
 class IoThread:
-    """The I/O thread of one producer in one process, and the session it holds with the daemon.
+    """The I/O thread of one producer in one process: it polls, receives and sends for its session.
 
-    ``welcome``, ``segment`` and ``session_error`` are the session's state, which
-    send() reads under the producer's lock. The segment, its file descriptor and the
-    connection to the memory socket outlive a daemon that dies: they go to the next.
+    The segment, its file descriptor and the connection to the memory socket outlive a daemon that dies: they
+    go to the next. ``segment`` is read by send() under the producer's lock.
     """
 
-    def __init__(self, endpoint: str, cond: threading.Condition, outbox: Outbox, accumulator: RecordAccumulator,
-                 grants: BlockGrants, metadata: ProducerMetadata, appender: Appender[RecordFuture], *,
-                 hello: Callable[[], ipc.Hello], linger_ms: Callable[[], int],
+    def __init__(self, endpoint: str, cond: threading.Condition, session: Session, outbox: Outbox,
+                 accumulator: RecordAccumulator, grants: BlockGrants, metadata: ProducerMetadata,
+                 appender: Appender[RecordFuture], *, hello: Callable[[], ipc.Hello], linger_ms: Callable[[], int],
                  fast_path_allowed: Callable[[], bool]) -> None:
         self.endpoint = endpoint
         self._cond = cond  # the producer's, on its lock
+        self._session = session
         self._outbox = outbox
         self._accumulator = accumulator
         self._grants = grants
@@ -156,29 +83,16 @@ class IoThread:
         self._hello = hello
         self._linger_ms = linger_ms
         self._fast_path_allowed = fast_path_allowed
-        self.welcome: ipc.Welcome | None = None
-        # The settings of the last daemon that welcomed this client: those it works with between two daemons.
-        self.settings: ipc.WelcomeSettings | None = None
         self.segment: Segment | None = None
-        self.session_error: KafkaError | None = None
         self._segment_fd: int | None = None
         self._memory: socket.socket | None = None
-        # The welcome of the session a daemon that is gone held, offered to the next one.
-        self._lost_welcome: ipc.Welcome | None = None
         # The lost session's memory connection, open until the session is taken back or forgotten: a daemon
         # that ended the session itself keeps what it had of it while this connection is open.
         self._lost_memory: socket.socket | None = None
         self._poller: zmq.Poller | None = None
-        self._hello_sent = 0.0  # time.monotonic() when the HELLO awaiting its WELCOME was sent
-        self._hello_id = 0  # the last HELLO's
+        # The records of a session forgotten, failed once the lock is released.
         self._lost: list[RecordFuture] = []
         self._lost_error: KafkaError | None = None
-        # Why the last daemon shut down (its SHUTDOWN), until another welcomes this client; and whether it is
-        # still delivering this client's last batches (no HELLO meanwhile: it would take another socket).
-        self.shutdown_reason: str | None = None
-        self._daemon_draining = False
-        # Why the daemon last refused this client a session, until one is had.
-        self.last_refusal: str | None = None
         # This producer's records reported delivered, and failed (whatever failed them).
         self.records_delivered = 0
         self.records_failed = 0
@@ -186,6 +100,15 @@ class IoThread:
         self._context: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
+        # The daemon's messages, by type: each handler takes the producer's lock as it needs it.
+        self._handlers: dict[type[ipc.Message], Callable[[Any], None]] = {
+            ipc.Delivery: self._deliver, ipc.Welcome: self._welcomed, ipc.Error: self._refused,
+            ipc.Shutdown: self._shutting_down, ipc.Grant: self._granted, ipc.GrantFailed: self._grant_failed,
+            ipc.Topic: self._topic, ipc.SealNow: self._seal_now}
+        # What the session asks for, by type, carried out with the lock held.
+        self._steps: dict[type[Action], Callable[[Any], None]] = {
+            SayHello: self._say_hello, SendHeartbeat: self._send_heartbeat, HandOver: self._hand_over,
+            Detach: self._detach, HoldMemory: self._hold_memory, Forget: self._forget}
 
     # -- life cycle ------------------------------------------------------------------------------
 
@@ -252,42 +175,41 @@ class IoThread:
 
     def _run(self) -> None:
         assert self._context is not None and self._sock is not None
-        sock = self._sock
         poller = self._poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
+        poller.register(self._sock, zmq.POLLIN)
         # zmq.Poller reports a plain socket by its file descriptor, not as the object registered.
         wake_fd = self._outbox.bind()
         poller.register(wake_fd, zmq.POLLIN)
-        self._say_hello(sock)
+        with self._cond:
+            self._carry_out(self._session.start(time.monotonic()))
         next_heartbeat = time.monotonic() + 1.0
         try:
             while True:
                 wake_at = min(self._seal_lingered(), next_heartbeat)
-                if self.welcome is not None or self._stopping:
-                    # Between sessions, what is queued waits for the next (to which it is then addressed).
-                    self._outbox.send_all(sock)
-                if self._stopping and self._outbox.empty():
+                if self._stopping:
+                    self._end()
                     break
+                if self._session.state is SessionState.ATTACHED:
+                    # Between sessions, what is queued waits for the next (to which it is then addressed).
+                    self._outbox.send_all(self._sock)
                 # In whole milliseconds, rounded up: rounding down would spin until the deadline.
                 events = dict(poller.poll(max(math.ceil((wake_at - time.monotonic()) * 1000), 0)))
                 if wake_fd in events:
                     self._outbox.woken()
-                if sock in events:
-                    self._receive_all(sock)
+                if self._sock in events:
+                    self._receive_all()
                 if self._memory is not None and self._memory.fileno() in events and shared_memory.hung_up(self._memory):
-                    self._drain(sock)
-                    self._lose_session(sock)
+                    self._drain()
+                    with self._cond:
+                        self._carry_out(self._session.memory_hung_up(time.monotonic()))
                 if self._lost:
                     self._fail_lost()
                 if time.monotonic() >= next_heartbeat:
-                    if self.welcome is not None or self._daemon_draining:
-                        # While a daemon delivers this client's last batches too: silent, it would lose them.
-                        sock.send(_HEARTBEAT)
-                    elif self.session_error is None and time.monotonic() - self._hello_sent > _HELLO_RETRY_S:
-                        sock = self._reconnect(poller, sock)
-                        self._say_hello(sock)
+                    with self._cond:
+                        self._carry_out(self._session.tick(time.monotonic()))
                     self._expire_unreported()
-                    interval = self.settings.heartbeat_interval_ms if self.settings else 1000
+                    settings = self._session.settings
+                    interval = settings.heartbeat_interval_ms if settings else 1000
                     next_heartbeat = time.monotonic() + interval / 1000
         except BaseException as exc:
             # A callback raised SystemExit, say, or a bug: nothing will report this process's records any
@@ -299,6 +221,13 @@ class IoThread:
             self._context.term()
             self._outbox.close()
             self._release_session()
+
+    def _end(self) -> None:
+        """The producer closes: what is queued goes, its GOODBYE last, whatever the session."""
+        assert self._sock is not None
+        with self._cond:
+            self._session.stop()
+        self._outbox.send_all(self._sock)
 
     def _seal_lingered(self) -> float:
         with self._cond:
@@ -312,7 +241,7 @@ class IoThread:
         error = KafkaError(f"the producer's I/O thread stopped ({type(exc).__name__}: {exc}): "
                            "this producer can send no more; make a new one")
         with self._cond:
-            self.session_error = error
+            self._session.fail(error)
             self._appender.disable()
             # A lost session's records too: nothing will fail them now.
             futures = [*self._lost, *self._accumulator.abandon()]
@@ -323,7 +252,8 @@ class IoThread:
 
     def _expire_unreported(self) -> None:
         """Fail batches the daemon has not reported on long after its delivery.timeout.ms: it is gone."""
-        delivery_timeout_ms = self.settings.delivery_timeout_ms if self.settings else 120_000
+        settings = self._session.settings
+        delivery_timeout_ms = settings.delivery_timeout_ms if settings else 120_000
         limit = (delivery_timeout_ms + _REPORT_GRACE_MS) / 1000
         with self._cond:
             overdue = self._accumulator.overdue(time.monotonic(), limit)
@@ -337,54 +267,35 @@ class IoThread:
 
     # -- messages from the daemon ----------------------------------------------------------------
 
-    def _receive_all(self, sock: zmq.Socket[bytes]) -> None:
+    def _receive_all(self) -> None:
+        sock = self._sock
+        assert sock is not None
         # Asking for the events is cheaper than raising zmq.Again at the end of every batch.
         while cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:  # an int option (pyzmq types every option int | bytes)
             data = sock.recv(_NOBLOCK)
             try:
-                self._handle(sock, ipc.decode(data))
+                message = ipc.decode(data)
+                handler = self._handlers.get(type(message))
+                if handler is not None:  # none for what is not a client's concern (a StatsReport)
+                    handler(message)
             except ipc.VersionMismatchError as exc:
                 with self._cond:
-                    self.session_error = SidecarUnavailableError(
-                        f"kafka-sidecar at {self.endpoint} speaks protocol version {exc.version!r}, this client "
-                        f"{PROTOCOL_VERSION}: upgrade kafka-sidecar on one side")
+                    self._session.mismatched(exc.version)
                     self._cond.notify_all()
             except Exception:
                 log.exception("cannot handle a message from the daemon")
 
-    def _handle(self, sock: zmq.Socket[bytes], message: ipc.Message) -> None:
-        if isinstance(message, ipc.Delivery):
-            self._deliver(message.reports)
-            return
-        if isinstance(message, ipc.Welcome):
-            self._welcomed(sock, message)
-            return
-        if isinstance(message, ipc.Error) and message.code == ipc.ERROR_UNKNOWN_CLIENT:
-            # The daemon restarted, or ended the session (it took this process for dead): start again.
-            if not self._hello_sent:
-                log.warning("the kafka-sidecar daemon does not know this client any more: connecting again")
-                self._lose_session(sock)
-            return
-        with self._cond:
-            if isinstance(message, ipc.Grant):
-                self._grants.granted(message)
-            elif isinstance(message, ipc.GrantFailed):
-                self._grants.refused(message)
-            elif isinstance(message, ipc.Topic):
-                self._metadata.update(message)
-            elif isinstance(message, ipc.SealNow):
-                self._accumulator.seal_all()
-                self._grants.give_back_spare()
-            elif isinstance(message, ipc.Shutdown):
-                self._daemon_shutting_down(sock, message.reason)
-            elif isinstance(message, ipc.Error):
-                self._refused(message)
-            self._cond.notify_all()
+    def _drain(self) -> None:
+        """Take what the daemon sent before it went (its last reports, which need not be sent again), as
+        ZeroMQ's I/O thread hands it over."""
+        assert self._sock is not None
+        while self._sock.poll(_DRAIN_WAIT_MS):
+            self._receive_all()
 
-    def _deliver(self, rows: list[Any]) -> None:
+    def _deliver(self, delivery: ipc.Delivery) -> None:
         # Only the bookkeeping holds the lock: send() must not wait while futures complete.
         with self._cond:
-            reported = self._accumulator.reported(rows, time.monotonic())
+            reported = self._accumulator.reported(delivery.reports, time.monotonic())
         try:
             for batch, report, _ in reported:
                 completer.complete(batch.futures, report.first_record, report.record_count, batch.topic,
@@ -397,170 +308,103 @@ class IoThread:
                                 failed=sum(newly for _, report, newly in reported if report.error is not None))
                 self._cond.notify_all()
 
-    # -- the session -----------------------------------------------------------------------------
+    def _granted(self, grant: ipc.Grant) -> None:
+        with self._cond:
+            self._grants.granted(grant)
+            self._cond.notify_all()
 
-    def _reconnect(self, poller: zmq.Poller, sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
+    def _grant_failed(self, failed: ipc.GrantFailed) -> None:
+        with self._cond:
+            self._grants.refused(failed)
+            self._cond.notify_all()
+
+    def _topic(self, topic: ipc.Topic) -> None:
+        with self._cond:
+            self._metadata.update(topic)
+            self._cond.notify_all()
+
+    def _seal_now(self, _: ipc.SealNow) -> None:
+        with self._cond:
+            self._accumulator.seal_all()
+            self._grants.give_back_spare()
+            self._cond.notify_all()
+
+    def _refused(self, error: ipc.Error) -> None:
+        with self._cond:
+            self._carry_out(self._session.refused(error, time.monotonic()))
+
+    def _shutting_down(self, shutdown: ipc.Shutdown) -> None:
+        with self._cond:
+            self._carry_out(self._session.shutting_down(shutdown.reason))
+
+    def _welcomed(self, welcome: ipc.Welcome) -> None:
+        with self._cond:
+            handshake = self._session.welcomed(welcome)
+        if handshake is not None:
+            self._make_handshake(handshake)
+
+    # -- what the session asks for ---------------------------------------------------------------
+
+    def _carry_out(self, actions: list[Action]) -> None:
+        """Do what the session asked for (lock held), and wake whoever waits on it."""
+        for action in actions:
+            self._steps[type(action)](action)
+        self._cond.notify_all()
+
+    def _say_hello(self, hello: SayHello) -> None:
+        """HELLO, offering the lost session's sealed batches if the session offers it; only its WELCOME
+        counts."""
+        if hello.reconnect:
+            self._reconnect()
+        assert self._sock is not None
+        sealed = [] if hello.resume is None else self._accumulator.resume_notices(time.monotonic())
+        self._sock.send(ipc.encode(hello.message(self._hello(), sealed)))
+
+    def _reconnect(self) -> None:
         """A new socket to the daemon, for a HELLO said again: what the old one queued (the last HELLO,
         lost with a dying daemon or waiting for one that is down) is dropped, not delivered one day in a
         heap."""
-        poller.unregister(sock)
-        sock.close(0)
-        assert self._context is not None
+        assert self._context is not None and self._sock is not None and self._poller is not None
+        self._poller.unregister(self._sock)
+        self._sock.close(0)
         self._sock = self._socket(self._context)
-        poller.register(self._sock, zmq.POLLIN)
-        return self._sock
+        self._poller.register(self._sock, zmq.POLLIN)
 
-    def _say_hello(self, sock: zmq.Socket[bytes]) -> None:
-        """HELLO, offering the session of a daemon that is gone if there is one; only its WELCOME counts."""
-        hello = self._hello()
-        with self._cond:
-            resume = self._resume()
-        self._hello_id += 1
-        hello = hello._replace(options=hello.options._replace(resume=None if resume is None else list(resume),
-                                                              hello_id=self._hello_id))
-        self._hello_sent = time.monotonic()
-        sock.send(ipc.encode(hello))
+    def _send_heartbeat(self, _: SendHeartbeat) -> None:
+        assert self._sock is not None
+        self._sock.send(_HEARTBEAT)
 
-    def _resume(self) -> ipc.Resume | None:
-        """What the lost session held, for the next daemon (lock held)."""
-        lost = self._lost_welcome
-        if lost is None or self._segment_fd is None:
-            return None
-        now = time.monotonic()
-        return ipc.Resume(lost.daemon_id, lost.client_id, lost.block_size, lost.block_count,
-                          [list(notice) for notice in self._accumulator.resume_notices(now)])
-
-    def _drain(self, sock: zmq.Socket[bytes]) -> None:
-        """Take what the daemon sent before it went (its last reports, which need not be sent again), as
-        ZeroMQ's I/O thread hands it over."""
-        while sock.poll(_DRAIN_WAIT_MS):
-            self._receive_all(sock)
-
-    def _daemon_shutting_down(self, sock: zmq.Socket[bytes], reason: str) -> None:
-        """The daemon is shutting down (lock held): hand it what this producer holds, as the session's last; it
-        delivers or fails all of it before it goes. New records wait for the next daemon."""
-        if self.welcome is None:
-            return
-        log.info("the kafka-sidecar daemon at %s is shutting down (%s): handing it the last batches; new records "
-                 "wait for the next daemon", self.endpoint, reason)
+    def _stop_taking_records(self) -> ipc.Seal | None:
+        """No more records for this session: the fast path stops, what is open is sealed; its seal notices."""
         self._appender.disable()
         self._accumulator.seal_all()
-        notices = self._accumulator.take_notices()
-        self._outbox.send_all(sock)  # what was queued for the session goes first, its seal notices among them
-        sock.send(ipc.encode(ipc.LastSeal([] if notices is None else notices.notices)))
+        return self._accumulator.take_notices()
+
+    def _hand_over(self, _: HandOver) -> None:
+        assert self._sock is not None
+        notices = self._stop_taking_records()
+        self._outbox.send_all(self._sock)  # what was queued for the session goes first, its seal notices among them
+        self._sock.send(ipc.encode(ipc.LastSeal([] if notices is None else notices.notices)))
         self._grants.forget()
-        self._lost_welcome, self.welcome = self.welcome, None
-        self.shutdown_reason = reason
-        self._daemon_draining = True
 
-    def _lose_session(self, sock: zmq.Socket[bytes]) -> None:
-        """The daemon is gone, or does not know this client any more: keep what the session held (its
-        segment, its sealed batches) for the next, which HELLO offers."""
-        self._daemon_draining = False
-        with self._cond:
-            if self.welcome is not None:
-                log.warning("lost the session with the kafka-sidecar daemon at %s: connecting again", self.endpoint)
-                self._appender.disable()
-                # Open batches are sealed now, so that the next daemon gets them with the others.
-                self._accumulator.seal_all()
-                self._accumulator.take_notices()
-                self._grants.forget()
-                self._outbox.clear()
-                self._lost_welcome, self.welcome = self.welcome, None
-            self._hold_memory()
-        self._say_hello(sock)
+    def _detach(self, _: Detach) -> None:
+        # The notices are dropped with the rest of what was queued: the next HELLO offers every sealed batch.
+        self._stop_taking_records()
+        self._grants.forget()
+        self._outbox.clear()
 
-    def _welcomed(self, sock: zmq.Socket[bytes], welcome: ipc.Welcome) -> None:
-        """The memory handshake: a new segment, or the lost session's taken back."""
-        if self.welcome is not None or welcome.hello_id != self._hello_id:
-            return  # the answer to an earlier HELLO, said again since: its session ends with the next
-        resume_fd = self._segment_fd if welcome.resumed else None
-        # Beside this process's endpoint: where the daemon's socket is mounted here, not where the daemon is.
-        path = shared_memory.memory_socket_path(self.endpoint, welcome.daemon_id)
-        try:
-            conn, fd = shared_memory.connect(path, welcome.memory_token, _HANDSHAKE_TIMEOUT_S, resume_fd)
-        except shared_memory.HandshakeError as exc:
-            if resume_fd is not None:
-                log.error("the kafka-sidecar daemon did not take the lost session back: %s", exc)
-                with self._cond:
-                    self._forget_session()
-                self._say_hello(sock)
-            elif str(exc).endswith(shared_memory.UNKNOWN_TOKEN):
-                # An older welcome, whose token the daemon forgot when a HELLO said again replaced it.
-                log.debug("memory handshake refused: %s", exc)
-            else:
-                # Refused for a reason (this process has as many sessions as it may, or the daemon cannot see
-                # it): said again in a while, and what send() says if no session comes of it.
-                log.warning("kafka-sidecar at %s: %s", self.endpoint, exc)
-                self.last_refusal = str(exc)
-            return
-        except PermissionError as exc:
-            with self._cond:
-                # Say why, rather than letting send() time out waiting for a session that cannot work.
-                self.session_error = SidecarUnavailableError(
-                    f"cannot get shared memory from the kafka-sidecar daemon at {self.endpoint} "
-                    f"({path}): {exc}; is this user in the daemon's group?")
-                self._cond.notify_all()
-            return
-        except OSError as exc:
-            # The daemon went between its welcome and the handshake: the HELLO is said again in a while.
-            log.warning("cannot reach the memory socket of the kafka-sidecar daemon at %s: %s", self.endpoint, exc)
-            return
-        with self._cond:
-            if fd is not None:
-                self._forget_session()
-                self._segment_fd = fd
-                self.segment = Segment(fd, Layout(welcome.block_size, welcome.block_count))
-            elif self._lost_welcome is not None:
-                sealed = self._accumulator.sealed.values()
-                records = sum(b.record_count - b.reported for b in sealed)
-                if self._lost_welcome.daemon_id == welcome.daemon_id:
-                    # It ended the session (this process was silent, or read too slowly) and kept what it had.
-                    log.warning("the kafka-sidecar daemon gave back the session it ended, with %d unreported "
-                                "batch(es) (%d record(s))", len(sealed), records)
-                else:
-                    log.warning("the kafka-sidecar daemon took back %d unreported batch(es) of the lost session "
-                                "(%d record(s), sent again)", len(sealed), records)
-            self._lost_welcome = None
-            self.shutdown_reason = None
-            self.last_refusal = None
-            self._close_lost_memory()
-            self._memory = conn
-            assert self._poller is not None
-            self._poller.register(conn.fileno(), zmq.POLLIN)
-            self.welcome = welcome
-            self.settings = welcome.settings
-            self._hello_sent = 0.0
-            self._grants.pool_blocks = welcome.block_count
-            self._accumulator.linger_s = self._linger_ms() / 1000  # the producer's, else the daemon's
-            if self._fast_path_allowed():
-                self._appender.enable()
-            for topic in self._metadata.topics:
-                self._outbox.post(ipc.Metadata(topic))  # a new session: follow the topics again
-            self._cond.notify_all()
-        log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, welcome.client_id)
+    def _hold_memory(self, _: HoldMemory) -> None:
+        if self._memory is not None:
+            self._unpoll_memory()
+            self._lost_memory, self._memory = self._memory, None
 
-    def _refused(self, error: ipc.Error) -> None:
-        if error.code == ipc.ERROR_SHUTTING_DOWN:
-            # The HELLO is said again in a while, to the daemon that takes this one's place.
-            log.info("kafka-sidecar at %s: %s", self.endpoint, error.message)
-        elif error.code == ipc.ERROR_VERSION:
-            # The handshake itself: no session can be had with this daemon.
-            log.error("the kafka-sidecar daemon refused the handshake: %s", error.message)
-            self.session_error = SidecarUnavailableError(f"kafka-sidecar at {self.endpoint}: {error.message}")
-        else:
-            log.error("the kafka-sidecar daemon refused a message: %s", error.message)
-
-    def _forget_session(self) -> None:
-        """The session is gone and nobody took it back (lock held): what it held is gone, and its records'
-        fate unknown."""
+    def _forget(self, _: Forget) -> None:
+        """What the lost session held is gone, and its records' fate unknown."""
         self._appender.disable()
         # Their records stay outstanding until this thread has failed them: a flush() that returned
         # before would say that everything was delivered.
         lost = self._accumulator.abandon()
         self._grants.forget()
-        self.welcome = None
-        self._lost_welcome = None
         self._close_lost_memory()
         self._close_segment()
         if lost:
@@ -571,29 +415,84 @@ class IoThread:
                 "the kafka-sidecar daemon lost this client's session (it took the client for dead, or could not "
                 "take the session back after a restart): the delivery of this record is unknown")
 
+    # -- the memory handshake --------------------------------------------------------------------
+
+    def _make_handshake(self, handshake: MakeHandshake) -> None:
+        """The memory handshake (without the lock: it may take a while): a new segment, or the lost session's
+        taken back; the session is told how it went."""
+        welcome = handshake.welcome
+        resume_fd = self._segment_fd if handshake.resume else None
+        try:
+            conn, fd = shared_memory.connect(handshake.path, welcome.memory_token, _HANDSHAKE_TIMEOUT_S, resume_fd)
+        except OSError as exc:
+            with self._cond:
+                self._carry_out(self._session.handshake_failed(exc, time.monotonic()))
+            return
+        with self._cond:
+            attach = self._session.handshake_made(taken_back=fd is None)
+            if fd is None:
+                self._log_taken_back(attach)
+            else:
+                if attach.forget_lost:
+                    self._forget(Forget())
+                self._map_segment(fd, welcome)
+            self._attach_memory(conn)
+            self._open_session(welcome)
+            self._cond.notify_all()
+        log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, welcome.client_id)
+
+    def _log_taken_back(self, attach: Attach) -> None:
+        sealed = self._accumulator.sealed.values()
+        records = sum(b.record_count - b.reported for b in sealed)
+        if attach.taken_back is not None and attach.taken_back.daemon_id == attach.welcome.daemon_id:
+            # It ended the session (this process was silent, or read too slowly) and kept what it had.
+            log.warning("the kafka-sidecar daemon gave back the session it ended, with %d unreported "
+                        "batch(es) (%d record(s))", len(sealed), records)
+        else:
+            log.warning("the kafka-sidecar daemon took back %d unreported batch(es) of the lost session "
+                        "(%d record(s), sent again)", len(sealed), records)
+
+    def _map_segment(self, fd: int, welcome: ipc.Welcome) -> None:
+        self._segment_fd = fd
+        self.segment = Segment(fd, Layout(welcome.block_size, welcome.block_count))
+
+    def _attach_memory(self, conn: socket.socket) -> None:
+        """The session's memory connection, polled: it hangs up when the daemon is gone."""
+        self._close_lost_memory()
+        self._memory = conn
+        assert self._poller is not None
+        self._poller.register(conn.fileno(), zmq.POLLIN)
+
+    def _open_session(self, welcome: ipc.Welcome) -> None:
+        """The producer's parts take records for the session of ``welcome``."""
+        self._grants.pool_blocks = welcome.block_count
+        self._accumulator.linger_s = self._linger_ms() / 1000  # the producer's, else the daemon's
+        if self._fast_path_allowed():
+            self._appender.enable()
+        for topic in self._metadata.topics:
+            self._outbox.post(ipc.Metadata(topic))  # a new session: follow the topics again
+
+    # -- closing ---------------------------------------------------------------------------------
+
     def _fail_lost(self) -> None:
         """Fail the records of a lost session, then count them out as _deliver does."""
         with self._cond:
             lost, self._lost = self._lost, []
             error = self._lost_error
             pending = sum(1 for future in lost if not future.done())
-        assert error is not None, "_forget_session() sets it with the records it loses"
+        assert error is not None, "_forget() sets it with the records it loses"
         fail(lost, error)
         with self._cond:
             self.count_done(failed=pending)
             self._cond.notify_all()
 
-    def _hold_memory(self) -> None:
-        """Keep the lost session's memory connection open, out of the poll (see ``_lost_memory``)."""
-        if self._memory is not None:
-            if self._poller is not None:
-                self._poller.unregister(self._memory.fileno())
-            self._lost_memory, self._memory = self._memory, None
+    def _unpoll_memory(self) -> None:
+        if self._memory is not None and self._poller is not None:
+            self._poller.unregister(self._memory.fileno())
 
     def _close_memory(self) -> None:
         if self._memory is not None:
-            if self._poller is not None:
-                self._poller.unregister(self._memory.fileno())
+            self._unpoll_memory()
             self._memory.close()
             self._memory = None
         self._close_lost_memory()

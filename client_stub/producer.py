@@ -9,8 +9,9 @@ its outcome back; the I/O thread then completes each record's Future.
 
 The parts, as the Java producer splits them: this module holds the API and the
 life cycle; :mod:`.accumulator` the open and sealed batches, linger and expiry;
-:mod:`.block_grants` this process's blocks of the BufferPool; :mod:`.io_thread`
-the session with the daemon and the thread that keeps it; :mod:`.futures` the
+:mod:`.block_grants` this process's blocks of the BufferPool; :mod:`.session`
+the session with the daemon, its states; :mod:`.io_thread` the thread that keeps
+it, and :mod:`.outbox` what waits for it to be sent; :mod:`.futures` the
 records' futures. The per-record work (the common case of send(), and completing
 the futures) is the fast path's (:mod:`.fastpath`, in C or pure Python).
 
@@ -42,9 +43,11 @@ from .errors import (
 )
 from .fastpath import Appender, OpenBatch, record_size
 from .futures import DeliveryCallback, RecordFuture, RecordMetadata
-from .io_thread import IoThread, Outbox
+from .io_thread import IoThread
 from .metadata import ProducerMetadata, TopicInfo
+from .outbox import Outbox
 from .partitioner import Partitioner
+from .session import Session
 
 __all__ = ["Producer", "Serializer"]
 
@@ -102,6 +105,7 @@ class Producer:
         self._cond = threading.Condition(self._lock)
         # A new random source per process: forked workers must not all pick the same sticky partitions.
         self._partitioner = Partitioner(self._partitioner_name)
+        self._session = Session(self.endpoint)
         self._outbox = Outbox()
         self._accumulator = RecordAccumulator(self._partitioner, self._outbox.post, self._outbox.wake)
         self._grants = BlockGrants(self._outbox.post)
@@ -113,9 +117,9 @@ class Producer:
         # Each instance's send() is its Appender's: no Python frame per record (see Producer.send). It takes the
         # same arguments, which mypy cannot see (a method is not assigned to, as a rule).
         self.send = self._appender.send  # type: ignore[method-assign]
-        self._io = IoThread(self.endpoint, self._cond, self._outbox, self._accumulator, self._grants,
-                            self._metadata, self._appender, hello=self._hello, linger_ms=lambda: self.linger_ms,
-                            fast_path_allowed=self._fast_path_allowed)
+        self._io = IoThread(self.endpoint, self._cond, self._session, self._outbox, self._accumulator,
+                            self._grants, self._metadata, self._appender, hello=self._hello,
+                            linger_ms=lambda: self.linger_ms, fast_path_allowed=self._fast_path_allowed)
         self._closing = False
         self._bufferpool_wait_ns = 0
 
@@ -181,7 +185,7 @@ class Producer:
         """This producer's linger_ms, else the daemon's linger.ms."""
         if self._linger_ms is not None:
             return self._linger_ms
-        settings = self._io.settings
+        settings = self._session.settings
         return 5 if settings is None else settings.linger_ms
 
     @property
@@ -189,13 +193,13 @@ class Producer:
         """This producer's max_block_ms, else the daemon's max.block.ms (60000 until it has said)."""
         if self._max_block_ms is not None:
             return self._max_block_ms
-        settings = self._io.settings
+        settings = self._session.settings
         return 60000 if settings is None else settings.max_block_ms
 
     @property
     def daemon_settings(self) -> ipc.WelcomeSettings | None:
         """The settings of the daemon that last welcomed this producer (None until one has)."""
-        return self._io.settings
+        return self._session.settings
 
     # -- send ------------------------------------------------------------------------------------
 
@@ -302,10 +306,10 @@ class Producer:
         """A batch on fresh blocks for the record; None if the lock was released to wait."""
         if not deadline:
             deadline = time.monotonic() + self.max_block_ms / 1000
-        welcome = self._io.welcome
+        welcome = self._session.welcome
         if welcome is None:
             # The session was lost, and a new one is on its way.
-            self._wait(deadline, lambda: self._io.welcome is None, lambda: self._unavailable(self.max_block_ms))
+            self._wait(deadline, lambda: self._session.welcome is None, lambda: self._unavailable(self.max_block_ms))
             return None
         size = record_size(0, 0, key, value, headers)
         limit = welcome.settings.max_request_size
@@ -341,7 +345,7 @@ class Producer:
                 return [block]
 
             def waiting() -> bool:
-                if self._io.welcome is None:
+                if self._session.welcome is None:
                     return False  # the session ended (the daemon went, or shuts down): look again
                 if memory_deadline is None and grants.refusals != refusals:
                     raise exhausted()
@@ -359,7 +363,7 @@ class Producer:
         failed = f"Failed to allocate {count} consecutive blocks for a large record within {self.max_block_ms} ms"
         try:
             self._wait_for_memory(memory_deadline, lambda: request.blocks is None and request.error is None
-                                  and self._io.welcome is not None, lambda: BufferExhaustedError(failed + "."))
+                                  and self._session.welcome is not None, lambda: BufferExhaustedError(failed + "."))
         finally:
             current = grants.finished(request)  # given up on, a late grant goes back to the daemon
         if not current:
@@ -394,8 +398,8 @@ class Producer:
             self._cond.wait(remaining)
 
     def _check_session(self) -> None:
-        if self._io.session_error is not None:
-            raise self._io.session_error
+        if self._session.error is not None:
+            raise self._session.error
 
     def _check_open(self) -> None:
         if self._closing:
@@ -408,19 +412,19 @@ class Producer:
                              "what it would wait for: hand the work to another thread")
 
     def _wait_for_welcome(self, started: float, deadline: float) -> None:
-        if self._io.welcome is not None:
+        if self._session.welcome is not None:
             return
         with self._lock:
-            self._wait(deadline, lambda: self._io.welcome is None,
+            self._wait(deadline, lambda: self._session.welcome is None,
                        lambda: self._unavailable(round((deadline - started) * 1000)))
 
     def _unavailable(self, waited_ms: int) -> SidecarUnavailableError:
         """Why no session came in the ``waited_ms`` a caller waited for one."""
-        if self._io.shutdown_reason is not None:
+        if self._session.shutdown_reason is not None:
             return SidecarUnavailableError(f"the kafka-sidecar daemon at {self.endpoint} shut down "
-                                           f"({self._io.shutdown_reason}) and no daemon took its place within "
+                                           f"({self._session.shutdown_reason}) and no daemon took its place within "
                                            f"{waited_ms} ms")
-        refused = "" if self._io.last_refusal is None else f" ({self._io.last_refusal})"
+        refused = "" if self._session.last_refusal is None else f" ({self._session.last_refusal})"
         return SidecarUnavailableError(f"no kafka-sidecar daemon answered at {self.endpoint} "
                                        f"within {waited_ms} ms{refused}")
 
@@ -485,7 +489,7 @@ class Producer:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._accumulator.seal_all()
-            while self._appender.outstanding and self._io.session_error is None:
+            while self._appender.outstanding and self._session.error is None:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
