@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from client_stub.contract.shared_memory import Layout
 
+from .client_error import ClientError
 from .client_segments import FREE, FREE_BYTE, OWNED, SEALED, ClientMemory, ClientSegments
 from .queue_limit import QueueLimit
 
@@ -50,7 +51,7 @@ class Waiter:
     since_ns: int = field(default_factory=time.monotonic_ns)
 
 
-class BlockError(ValueError):
+class BlockError(ClientError):
     """A client named blocks that are not its to use, or asked for more than it may have."""
 
 
@@ -166,8 +167,8 @@ class BufferPool:
 
         Counted against the pool even past its size (a restart with a smaller pool, or clients that
         held more than it has): nothing they hold is lost, and new grants wait until it is back.
-        ValueError if the segment is not one of this pool's layout or the blocks are not in it, OSError
-        if it cannot be mapped read-write; the caller keeps ``fd``.
+        BlockError if the blocks are not in it, ClientError if the segment is not one of this pool's layout or
+        cannot be mapped read-write; the caller keeps ``fd``.
         """
         if len(set(owned)) != len(owned) or not all(0 <= b < self.block_count for b in owned):
             raise BlockError(f"the blocks of a resumed session must be distinct and in 0..{self.block_count - 1}")
@@ -177,8 +178,8 @@ class BufferPool:
     def reattach(self, client_id: int, fd: int, owned: list[int]) -> None:
         """Give a client back the segment of its session that this pool kept (see :meth:`detach`), with the
         blocks of batches it sealed that the daemon never got. ``fd`` must be that segment (see
-        :meth:`ClientSegments.kept`): ValueError if it is not, or if a block is not free; the caller keeps
-        ``fd``."""
+        :meth:`ClientSegments.kept`): ClientError if it is not, BlockError if a block is not free; the caller
+        keeps ``fd``."""
         memory = self._memory.kept(client_id, fd)
         if len(set(owned)) != len(owned) or not all(0 <= b < self.block_count and memory.state[b] == FREE
                                                     for b in owned):

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from client_stub.contract.shared_memory import Layout, Segment, check_segment, create_segment
 
+from .client_error import ClientError
+
 log = logging.getLogger(__name__)
 
 # A block's state in its client's segment.
@@ -107,13 +109,19 @@ class ClientSegments:
     def adopt(self, client_id: int, fd: int, process: int, owned: list[int]) -> ClientMemory:
         """Map a client's segment of a session whose daemon is gone, in which it holds the blocks ``owned``.
 
-        ValueError if the segment is not one of this layout, OSError if it cannot be mapped read-write;
-        the caller keeps ``fd``.
+        ClientError if the segment is not one of this layout or the client may not write into it; the caller
+        keeps ``fd``.
         """
         if client_id in self._memory:
             raise ValueError(f"client {client_id} has a segment already")
-        check_segment(fd, self.layout)
-        memory = self._memory[client_id] = self._map(fd, process)
+        try:
+            check_segment(fd, self.layout)
+        except ValueError as exc:
+            raise ClientError(str(exc)) from exc
+        try:
+            memory = self._memory[client_id] = self._map(fd, process)
+        except PermissionError as exc:  # the file was opened read-only
+            raise ClientError(f"the segment cannot be mapped read-write: {exc}") from exc
         # Whatever the client wrote into its other blocks is of no use now: their pages go back at once.
         held = set(owned)
         for block in range(self.layout.block_count):
@@ -124,13 +132,13 @@ class ClientSegments:
     def kept(self, client_id: int, fd: int) -> ClientMemory:
         """The segment kept for a client (see :meth:`detach`), if ``fd`` is it: holding it is what proves the
         client's claim (a file's inode is not reused while the pool maps it). ValueError if none is kept,
-        or if ``fd`` is another file."""
+        ClientError if ``fd`` is another file."""
         memory = self._memory.get(client_id)
         if memory is None or not memory.kept:
             raise ValueError(f"no segment of client {client_id} is kept")
         stat = os.fstat(fd)
         if (stat.st_dev, stat.st_ino) != memory.file_id:
-            raise ValueError("the segment handed over is not the one of the session")
+            raise ClientError("the segment handed over is not the one of the session")
         return memory
 
     def reattach(self, memory: ClientMemory) -> None:

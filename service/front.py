@@ -40,6 +40,7 @@ from client_stub.errors import InvalidRequestError, KafkaError, error_code
 
 from . import memory_socket
 from .buffer_pool import BlockError, BufferPool
+from .client_error import ClientError
 from .memory_socket import MemorySocket, bind_socket_file
 from .metrics import daemon_figures
 from .producer.batch import ProducerBatch, TopicPartition
@@ -544,7 +545,7 @@ class SidecarFront:
                                      "--pid host)")
                 self._check_sessions(session)
                 segment = self._attach(session, fds)
-            except (ValueError, OSError) as exc:
+            except (ValueError, ClientError, OSError) as exc:
                 memory_socket.refuse(conn, str(exc))
                 self._close_connection(conn)
                 self._end_session(session)
@@ -628,7 +629,7 @@ class SidecarFront:
             deadline = self.clock() + min(message.timeout_ms, MAX_BLOCK_WAIT_MS)
             blocks = self.pool.request(session.client_id, request_id, message.count, bool(message.contiguous),
                                        deadline)
-        except ValueError as exc:
+        except (ValueError, BlockError) as exc:
             # The client waits for an answer to this request: it fails now rather than at its timeout.
             self._complain(session.identity, str(exc))
             self._send(session, ipc.GrantFailed(request_id, _brief(f"the daemon refused the request: {exc}")))

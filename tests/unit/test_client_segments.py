@@ -15,6 +15,7 @@ import pytest
 
 from client_stub.contract.shared_memory import SEALS, Layout, Segment, create_segment
 from service.buffer_pool import FREE, OWNED, SEALED, BlockError, BufferPool
+from service.client_error import ClientError
 from tests.support.buffer_pool import BLOCK, BLOCKS, A, B, C, attach, map_segment, mapped, states
 
 pytest_plugins = ("tests.support.buffer_pool_fixtures",)
@@ -260,7 +261,7 @@ def test_reattach_needs_the_same_segment_and_free_blocks(bare_pool: BufferPool) 
         with pytest.raises(ValueError, match="no segment of client 1 is kept"):
             bare_pool.reattach(A, fd, [])  # its session has not ended
         bare_pool.detach(A, keep=True)
-        with pytest.raises(ValueError, match="not the one of the session"):
+        with pytest.raises(ClientError, match="not the one of the session"):
             bare_pool.reattach(A, other, [])
         for blocks in ([0], [1, 1], [BLOCKS]):
             with pytest.raises(BlockError, match="distinct and free"):
@@ -332,35 +333,42 @@ def _memfd_without_sealing(tmp_path: Path, size: int) -> int:
     return fd
 
 
+def _read_only_memfd(tmp_path: Path, size: int) -> int:
+    """A segment as the pool makes it, opened again for reading only."""
+    fd = sealed_memfd(size)
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(fd)
+
+
 _NOT_A_MEMFD = r"not a sealable memory file \(memfd\)|seals are"
-
-
 _MISSEALED = "seals are 0x[0-9a-f]+, not 0x7: sealed against shrinking and growing, and against further seals, only"
-
-
 F_SEAL_FUTURE_WRITE = 0x10  # Linux 5.1; not in Python 3.11's fcntl
 
 
 @pytest.mark.parametrize(("make", "error", "match"), [
-    (_regular_file, ValueError, _NOT_A_MEMFD),
-    (_pipe, ValueError, r"not a sealable memory file \(memfd\)"),
-    (_dev_shm_file, ValueError, _MISSEALED),
-    (_memfd_without_sealing, ValueError, _MISSEALED),
-    (lambda _, size: sealed_memfd(size, 0), ValueError, _MISSEALED),
-    (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_SHRINK), ValueError, _MISSEALED),
-    (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_GROW), ValueError, _MISSEALED),
-    (lambda _, size: sealed_memfd(size - BLOCK), ValueError, f"has {BLOCKS * BLOCK - BLOCK} bytes"),
-    (lambda _, size: sealed_memfd(size + 1), ValueError, f"has {BLOCKS * BLOCK + 1} bytes, the pool's layout"),
-    (lambda _, size: sealed_memfd(0), ValueError, f"has 0 bytes, the pool's layout {BLOCKS * BLOCK}"),
+    (_regular_file, ClientError, _NOT_A_MEMFD),
+    (_pipe, ClientError, r"not a sealable memory file \(memfd\)"),
+    (_dev_shm_file, ClientError, _MISSEALED),
+    (_memfd_without_sealing, ClientError, _MISSEALED),
+    (lambda _, size: sealed_memfd(size, 0), ClientError, _MISSEALED),
+    (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_SHRINK), ClientError, _MISSEALED),
+    (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_GROW), ClientError, _MISSEALED),
+    (lambda _, size: sealed_memfd(size - BLOCK), ClientError, f"has {BLOCKS * BLOCK - BLOCK} bytes"),
+    (lambda _, size: sealed_memfd(size + 1), ClientError, f"has {BLOCKS * BLOCK + 1} bytes, the pool's layout"),
+    (lambda _, size: sealed_memfd(0), ClientError, f"has 0 bytes, the pool's layout {BLOCKS * BLOCK}"),
     # Not sealed against further seals: its holder could seal it against writes later.
-    (lambda _, size: sealed_memfd(size, SEALS), ValueError, _MISSEALED),
+    (lambda _, size: sealed_memfd(size, SEALS), ClientError, _MISSEALED),
     # Sealed against writes: the daemon could neither write into it nor give its pages back.
-    (lambda _, size: sealed_memfd(size, SEALS | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL), ValueError, _MISSEALED),
-    (lambda _, size: sealed_memfd(size, SEALS | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL), ValueError, _MISSEALED),
+    (lambda _, size: sealed_memfd(size, SEALS | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL), ClientError, _MISSEALED),
+    (lambda _, size: sealed_memfd(size, SEALS | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL), ClientError, _MISSEALED),
+    # Its file opened read-only: the daemon could not write into it, nor give its pages back.
+    (_read_only_memfd, ClientError, "cannot be mapped read-write"),
 ], ids=["regular file", "pipe", "file in /dev/shm", "memfd that cannot be sealed", "unsealed memfd",
         "memfd sealed against shrinking only", "memfd sealed against growing only", "smaller memfd",
         "larger memfd", "empty memfd", "memfd that may be sealed later", "memfd sealed against writes",
-        "memfd sealed against future writes"])
+        "memfd sealed against future writes", "memfd opened read-only"])
 def test_adopt_refuses_a_segment_that_is_not_one_of_the_pool(
         bare_pool: BufferPool, tmp_path: Path, make: Callable[[Path, int], int], error: type[Exception],
         match: str | None) -> None:
