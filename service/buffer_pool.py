@@ -191,9 +191,18 @@ class BufferPool:
         """Count blocks a client holds again against the pool."""
         for block in owned:
             memory.state[block] = OWNED
-        self._process_held[memory.process] = self._process_held.get(memory.process, 0) + len(owned)
+        self._count_held(memory.process, len(owned))
         self._free_count -= len(owned)
         self._memory.touch(memory, owned)
+
+    def _count_held(self, process: int, change: int) -> None:
+        """Count blocks a process's clients took (``change`` > 0) or gave back; a process that holds none is
+        not kept."""
+        held = self._process_held.get(process, 0) + change
+        if held:
+            self._process_held[process] = held
+        else:
+            self._process_held.pop(process, None)
 
     def detach(self, client_id: int, *, keep: bool = False) -> int:
         """The client's session ended: its unsealed blocks return to the pool (no other client can map them),
@@ -279,7 +288,7 @@ class BufferPool:
         use."""
         memory = self._memory[waiter.client_id]
         needed = waiter.count if waiter.contiguous else 1
-        if self._process_held.get(memory.process, 0) + needed > self.max_blocks_per_process:
+        if self.held_by_process(memory.process) + needed > self.max_blocks_per_process:
             return True
         return (waiter.contiguous and self._free_count >= waiter.count
                 and memory.state.find(bytes(waiter.count)) < 0)
@@ -290,7 +299,6 @@ class BufferPool:
             return None
         memory = self._memory[waiter.client_id]
         state = memory.state
-        process_held = self._process_held.get(memory.process, 0)
         if waiter.contiguous:
             if self._free_count < waiter.count:
                 return None
@@ -300,7 +308,8 @@ class BufferPool:
             blocks = list(range(first, first + waiter.count))
             state[first:first + waiter.count] = bytes([OWNED]) * waiter.count
         else:
-            count = min(waiter.count, self.max_blocks_per_process - process_held, self._free_count)
+            count = min(waiter.count, self.max_blocks_per_process - self.held_by_process(memory.process),
+                        self._free_count)
             if count < 1:
                 return None
             blocks = []
@@ -315,7 +324,7 @@ class BufferPool:
                 block = state.find(FREE_BYTE)  # never used yet, or lost from the stack
                 state[block] = OWNED
                 blocks.append(block)
-        self._process_held[memory.process] = process_held + len(blocks)
+        self._count_held(memory.process, len(blocks))
         self._free_count -= len(blocks)
         self._memory.touch(memory, blocks)
         return blocks
@@ -374,12 +383,7 @@ class BufferPool:
             freed.append(block)
         if sealed:
             self._queue.finished(sealed)
-        if freed:
-            process_held = self._process_held[memory.process] - len(freed)
-            if process_held:
-                self._process_held[memory.process] = process_held
-            else:
-                del self._process_held[memory.process]
+        self._count_held(memory.process, -len(freed))
         self._free_count += len(freed)
         if len(memory.stack) > 2 * self.block_count:
             memory.stack = [b for b in memory.stack if state[b] == FREE]

@@ -652,6 +652,8 @@ def test_random_use_and_abuse_keeps_the_books(seed: int) -> None:
             kept = set(live) | {owner for owner, _ in model}
             held = {owner: sum(o == owner for o, _ in model) for owner in kept}
             assert pool.held() == held and all(count <= limit for count in held.values())
+            # Each client is a process of its own here; a process that holds nothing is not kept.
+            assert pool._process_held == {-owner: count for owner, count in held.items() if count}
             for owner in kept:
                 assert states(pool, owner) == [model.get((owner, b), FREE) for b in range(BLOCKS)]
             assert {w.client_id for w in pool.waiters} <= set(live)
