@@ -124,7 +124,7 @@ class BufferPool:
     def limit_queue(self, queue_ms: int, floor_blocks: int) -> None:
         """Limit the blocks sealed and not finished to what finishes in ``queue_ms`` (0: no limit), and at
         least ``floor_blocks``."""
-        self._queue.set(queue_ms, floor_blocks)
+        self._queue.limit(queue_ms, floor_blocks)
 
     def follow_queue(self, now_ms: int) -> None:
         """Once every QUEUE_INTERVAL_MS: set the queue's limit from the rate at which sealed blocks finish."""

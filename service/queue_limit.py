@@ -39,7 +39,7 @@ class QueueLimit:
         """As many blocks are sealed and not finished as the limit allows."""
         return bool(self._queue_ms) and self._sealed >= self.blocks
 
-    def set(self, queue_ms: int, floor_blocks: int) -> None:
+    def limit(self, queue_ms: int, floor_blocks: int) -> None:
         """Limit the blocks sealed and not finished to what finishes in ``queue_ms`` (0: no limit), and at least
         ``floor_blocks``."""
         self._queue_ms = queue_ms
