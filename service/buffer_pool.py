@@ -2,12 +2,12 @@
 
 As the Java producer's BufferPool, but across processes: the daemon counts every
 block granted against buffer.memory; clients get blocks a few at a time and write
-records into them. Each client's blocks are in a segment of its own (see
-:mod:`client_stub.contract.shared_memory`), which no other client can map: the pool
-is one count of blocks, the memory is per client. A request that cannot be served
-waits in a FIFO until blocks come back or its timeout (the client's max_block_ms)
-passes; while anyone waits the pool is exhausted, and the daemon asks clients to
-seal what they hold. Records larger than a block get a run of consecutive blocks.
+records into them. Each client's blocks are in a segment of its own
+(:mod:`service.client_segments`), which no other client can map: the pool is one
+count of blocks, the memory is per client. A request that cannot be served waits in
+a FIFO until blocks come back or its timeout (the client's max_block_ms) passes;
+while anyone waits the pool is exhausted, and the daemon asks clients to seal what
+they hold. Records larger than a block get a run of consecutive blocks.
 
 No process may take the pool from the others: the clients of one process (its
 sessions, as the kernel names the process) hold at most ``max_blocks_per_process``
@@ -17,42 +17,26 @@ spare blocks and one for a run waiting at a time. A request that would take its
 process past the limit waits for the process's own blocks to come back, without
 holding back the requests of others.
 
-While batches flow, the pool also limits how many blocks may be sealed and not
-finished (queued in the daemon or in flight) to what the daemon finishes in
-``queue_ms`` (:meth:`BufferPool.limit_queue`, sidecar.buffer.queue.ms), never below
-two requests' worth: past that no block is granted until some come back, so a
-producer faster than the brokers waits in send() rather than its records waiting
-in the pool (at full speed a full pool is buffer.memory of records ahead of each
-new one). When nothing finishes (a broker away), the whole pool buffers, as Java's.
+While batches flow, the blocks sealed and not finished are limited to what the
+daemon finishes in ``queue_ms`` (:meth:`BufferPool.limit_queue`, see
+:mod:`service.queue_limit`): past that no block is granted until some come back.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
-import os
 import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from math import ceil
 
-from client_stub.contract.shared_memory import Layout, Segment, check_segment, create_segment
+from client_stub.contract.shared_memory import Layout
 
 from .client_error import ClientError
+from .client_segments import FREE, FREE_BYTE, OWNED, SEALED, ClientMemory, ClientSegments
+from .queue_limit import QueueLimit
 
 log = logging.getLogger(__name__)
-
-# How often the queue's limit follows the rate at which sealed blocks finish; how much the last interval's
-# rate weighs in the smoothed one.
-QUEUE_INTERVAL_MS = 100
-_RATE_WEIGHT = 0.3
-
-# A block's state in its client's segment.
-FREE = 0
-OWNED = 1
-SEALED = 2
-FREE_BYTE = bytes([FREE])
 
 
 @dataclass(slots=True)
@@ -65,36 +49,6 @@ class Waiter:
     contiguous: bool
     deadline_ms: int
     since_ns: int = field(default_factory=time.monotonic_ns)
-
-
-@dataclass(eq=False, slots=True)
-class ProcessShare:
-    """The blocks the clients of one process hold together, and how many segments of it the pool maps."""
-
-    key: int
-    held: int = 0
-    segments: int = 0
-
-
-@dataclass(eq=False, slots=True)
-class ClientMemory:
-    """One client's segment, mapped, and the state of each of its blocks."""
-
-    segment: Segment
-    share: ProcessShare
-    state: bytearray
-    # Blocks whose pages may be resident: granted since the pool last gave their pages back.
-    touched: bytearray
-    # Blocks freed, most recently freed last: reusing those keeps the pages the client touched few and
-    # warm. Entries of blocks since taken by a contiguous run may linger; ``state`` is the truth.
-    stack: list[int] = field(default_factory=list)
-    held: int = 0
-    # False once the client's session ended: its memory goes when its last sealed batch is sent, unless kept.
-    attached: bool = True
-    # The session ended but the client may take it back (see detach): the mapping stays meanwhile.
-    kept: bool = False
-    # The segment's file (st_dev, st_ino): a client that takes its session back proves it with this file.
-    file_id: tuple[int, int] = (0, 0)
 
 
 class BlockError(ClientError):
@@ -113,7 +67,8 @@ def client_block_limit(total_bytes: int, block_size: int, max_request_size: int)
 
 
 class BufferPool:
-    """The count of blocks granted, each client's segment and blocks, and the FIFO of waiting requests."""
+    """The count of blocks granted, by client and by process, and the FIFO of waiting requests; the clients'
+    segments (:class:`ClientSegments`) and the queue's limit (:class:`QueueLimit`) are parts of it."""
 
     def __init__(self, total_bytes: int, block_size: int, *, max_blocks_per_process: int | None = None) -> None:
         block_count = total_bytes // block_size
@@ -125,28 +80,16 @@ class BufferPool:
         # Only the pages written are memory; the rest is address space.
         self.layout = Layout(block_size, block_count)
         self.max_blocks_per_process = min(max_blocks_per_process or block_count, block_count)
-        self._memory: dict[int, ClientMemory] = {}
-        # By process id; a client attached without one is a process of its own (keyed by its negated id).
-        self._processes: dict[int, ProcessShare] = {}
+        self._memory = ClientSegments(self.layout)
+        # The blocks the clients of each process hold together, of the processes that hold any: by process id;
+        # a client attached without one is a process of its own (keyed by its negated id).
+        self._process_held: dict[int, int] = {}
         # Blocks not granted; below zero when segments taken back after a restart hold more than the pool.
         self._free_count = block_count
-        # Blocks of every segment that may hold resident pages, and the free ones among them, the longest
-        # free first: past twice buffer.memory, those give their pages back (see _trim).
-        self._resident = 0
-        self._resident_limit = 2 * block_count
-        self._cold: deque[tuple[int, int]] = deque()
         self.waiters: deque[Waiter] = deque()
         # How long requests have waited in the FIFO, those waiting now aside (Java's bufferpool-wait-time-ns-total).
         self.wait_time_ns_total = 0
-        # The queue's limit: blocks sealed and not finished, counted as they change and recounted each interval.
-        self._queue_ms = 0
-        self._queue_floor = block_count
-        self.queue_limit = block_count
-        self._sealed = 0
-        self.sealed_finished_total = 0
-        self._finished_before = 0
-        self._rate_per_ms: float | None = None
-        self._queue_checked_ms: int | None = None
+        self._queue = QueueLimit(block_count)
 
     @property
     def block_size(self) -> int:
@@ -165,43 +108,29 @@ class BufferPool:
         """Someone is waiting for memory of the pool (not only for blocks of its own to come back)."""
         return any(not self._waits_for_own(w) for w in self.waiters)
 
+    # -- the queue's limit -----------------------------------------------------------------------
+
+    @property
+    def queue_limit(self) -> int:
+        """The blocks that may be sealed and not finished."""
+        return self._queue.blocks
+
     @property
     def queue_full(self) -> bool:
         """As many blocks are sealed and not finished as the queue's limit allows: none is granted until some
         finish (which sending them brings, so there is no reason to ask clients to seal what they hold)."""
-        return bool(self._queue_ms) and self._sealed >= self.queue_limit
+        return self._queue.full
 
     def limit_queue(self, queue_ms: int, floor_blocks: int) -> None:
         """Limit the blocks sealed and not finished to what finishes in ``queue_ms`` (0: no limit), and at
         least ``floor_blocks``."""
-        self._queue_ms = queue_ms
-        self._queue_floor = min(max(floor_blocks, 1), self.block_count)
-        if not queue_ms:
-            self.queue_limit = self.block_count
+        self._queue.limit(queue_ms, floor_blocks)
 
     def follow_queue(self, now_ms: int) -> None:
         """Once every QUEUE_INTERVAL_MS: set the queue's limit from the rate at which sealed blocks finish."""
-        if not self._queue_ms:
-            return
-        if self._queue_checked_ms is None:
-            self._queue_checked_ms = now_ms
-            return
-        elapsed = now_ms - self._queue_checked_ms
-        if elapsed < QUEUE_INTERVAL_MS:
-            return
-        self._queue_checked_ms = now_ms
-        finished = self.sealed_finished_total - self._finished_before
-        self._finished_before = self.sealed_finished_total
-        self._sealed = self.block_states()[1]
-        if not finished:
-            # Nothing finishes: the brokers are away or nothing is sent. The pool buffers whole, as Java's.
-            self._rate_per_ms = None
-            self.queue_limit = self.block_count
-            return
-        rate = finished / elapsed
-        self._rate_per_ms = rate if self._rate_per_ms is None else \
-            _RATE_WEIGHT * rate + (1 - _RATE_WEIGHT) * self._rate_per_ms
-        self.queue_limit = min(max(self._queue_floor, ceil(self._rate_per_ms * self._queue_ms)), self.block_count)
+        self._queue.follow(now_ms, lambda: self.block_states()[1])
+
+    # -- the books -------------------------------------------------------------------------------
 
     def held_by(self, client_id: int) -> int:
         """Blocks granted to or sealed by a client and not back in the pool."""
@@ -214,8 +143,7 @@ class BufferPool:
 
     def held_by_process(self, process: int) -> int:
         """Blocks the clients of a process hold together."""
-        share = self._processes.get(process)
-        return 0 if share is None else share.held
+        return self._process_held.get(process, 0)
 
     def block_states(self) -> tuple[int, int]:
         """Blocks granted to clients and not sealed, and blocks sealed in batches not finished."""
@@ -232,112 +160,65 @@ class BufferPool:
     def attach(self, client_id: int, process: int | None = None) -> int:
         """A new segment for a client of ``process``; returns its file descriptor, for the caller to hand
         over and close."""
-        if client_id in self._memory:
-            raise ValueError(f"client {client_id} has a segment already")
-        fd = create_segment(self.layout, f"kafka-sidecar-client-{client_id}")
-        try:
-            self._memory[client_id] = self._map(fd, client_id, process)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return self._memory.attach(client_id, _process_key(client_id, process))
 
     def adopt(self, client_id: int, fd: int, owned: list[int], process: int | None = None) -> None:
         """Take a client's segment of a session whose daemon is gone, with the blocks it was granted.
 
         Counted against the pool even past its size (a restart with a smaller pool, or clients that
         held more than it has): nothing they hold is lost, and new grants wait until it is back.
-        ValueError if the segment is not one of this pool's layout or the blocks are not in it, OSError
-        if it cannot be mapped read-write; the caller keeps ``fd``.
+        BlockError if the blocks are not in it, ClientError if the segment is not one of this pool's layout or
+        cannot be mapped read-write; the caller keeps ``fd``.
         """
-        if client_id in self._memory:
-            raise ValueError(f"client {client_id} has a segment already")
-        check_segment(fd, self.layout)
         if len(set(owned)) != len(owned) or not all(0 <= b < self.block_count for b in owned):
             raise BlockError(f"the blocks of a resumed session must be distinct and in 0..{self.block_count - 1}")
-        memory = self._map(fd, client_id, process)
-        self._memory[client_id] = memory
-        for block in owned:
-            memory.state[block] = OWNED
-        # Whatever the client wrote into its other blocks is of no use now: their pages go back at once.
-        for block in range(self.block_count):
-            if not memory.state[block]:
-                self._give_back_pages(memory, block)
+        memory = self._memory.adopt(client_id, fd, _process_key(client_id, process), owned)
         self._take(memory, owned)
-
-    def _take(self, memory: ClientMemory, owned: list[int]) -> None:
-        """Count blocks a client holds again (marked OWNED by the caller) against the pool."""
-        for block in owned:
-            if not memory.touched[block]:
-                memory.touched[block] = 1
-                self._resident += 1
-        memory.held += len(owned)
-        memory.share.held += len(owned)
-        self._free_count -= len(owned)
-        self._trim()
 
     def reattach(self, client_id: int, fd: int, owned: list[int]) -> None:
         """Give a client back the segment of its session that this pool kept (see :meth:`detach`), with the
-        blocks of batches it sealed that the daemon never got. ``fd`` must be that segment: holding it is
-        what proves the client's claim (a file's inode is not reused while the pool maps it). ValueError if
-        it is not, or if a block is not free; the caller keeps ``fd``."""
-        memory = self._memory.get(client_id)
-        if memory is None or not memory.kept:
-            raise ValueError(f"no segment of client {client_id} is kept")
-        stat = os.fstat(fd)
-        if (stat.st_dev, stat.st_ino) != memory.file_id:
-            raise ValueError("the segment handed over is not the one of the session")
+        blocks of batches it sealed that the daemon never got. ``fd`` must be that segment (see
+        :meth:`ClientSegments.kept`): ClientError if it is not, BlockError if a block is not free; the caller
+        keeps ``fd``."""
+        memory = self._memory.kept(client_id, fd)
         if len(set(owned)) != len(owned) or not all(0 <= b < self.block_count and memory.state[b] == FREE
                                                     for b in owned):
             raise BlockError("the blocks of a session taken back must be distinct and free in its segment")
-        memory.attached, memory.kept = True, False
-        for block in owned:
-            memory.state[block] = OWNED
+        self._memory.reattach(memory)
         self._take(memory, owned)
 
-    def _map(self, fd: int, client_id: int, process: int | None) -> ClientMemory:
-        stat = os.fstat(fd)
-        segment = Segment(fd, self.layout)
-        key = -client_id if process is None else process
-        share = self._processes.get(key)
-        if share is None:
-            share = self._processes[key] = ProcessShare(key)
-        share.segments += 1
-        return ClientMemory(segment, share, bytearray(self.block_count), bytearray(self.block_count),
-                            file_id=(stat.st_dev, stat.st_ino))
+    def _take(self, memory: ClientMemory, owned: list[int]) -> None:
+        """Count blocks a client holds again against the pool."""
+        for block in owned:
+            memory.state[block] = OWNED
+        self._count_held(memory.process, len(owned))
+        self._free_count -= len(owned)
+        self._memory.touch(memory, owned)
+
+    def _count_held(self, process: int, change: int) -> None:
+        """Count blocks a process's clients took (``change`` > 0) or gave back; a process that holds none is
+        not kept."""
+        held = self._process_held.get(process, 0) + change
+        if held:
+            self._process_held[process] = held
+        else:
+            self._process_held.pop(process, None)
 
     def detach(self, client_id: int, *, keep: bool = False) -> int:
         """The client's session ended: its unsealed blocks return to the pool (no other client can map them),
         its requests are forgotten, and its segment goes once its sealed batches are sent, or, if ``keep``,
         once :meth:`forget` says the client will not take it back. Returns the blocks freed."""
         self.forget_waiters(client_id)
-        memory = self._memory.get(client_id)
+        memory = self._memory.detach(client_id, keep=keep)
         if memory is None:
             return 0
-        memory.attached, memory.kept = False, keep
         blocks = [b for b in range(self.block_count) if memory.state[b] == OWNED]
         self.free(client_id, blocks)  # which drops the segment if nothing is left to send
         return len(blocks)
 
     def forget(self, client_id: int) -> None:
         """A kept segment will not be taken back: it goes once its sealed batches are sent."""
-        memory = self._memory.get(client_id)
-        if memory is not None and memory.kept:
-            memory.kept = False
-            if not memory.held:
-                self._drop(client_id)
-
-    def _drop(self, client_id: int) -> None:
-        memory = self._memory.pop(client_id)
-        memory.share.segments -= 1
-        if not memory.share.segments:
-            del self._processes[memory.share.key]
-        self._resident -= sum(memory.touched)
-        try:
-            memory.segment.close()
-        except BufferError:
-            # A view of a batch the daemon gave up on is still referenced: the mapping goes with it.
-            log.debug("segment of client %s still in use: unmapped when its last view goes", client_id)
+        self._memory.forget(client_id)
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -405,15 +286,16 @@ class BufferPool:
         """Whether the request waits for blocks of its process's to come back, not for the pool's: the process
         holds as many as it may, or its client's blocks break every run of its segment that the request could
         use."""
+        memory = self._memory[waiter.client_id]
         needed = waiter.count if waiter.contiguous else 1
-        if self._memory[waiter.client_id].share.held + needed > self.max_blocks_per_process:
+        if self.held_by_process(memory.process) + needed > self.max_blocks_per_process:
             return True
         return (waiter.contiguous and self._free_count >= waiter.count
-                and self._memory[waiter.client_id].state.find(bytes(waiter.count)) < 0)
+                and memory.state.find(bytes(waiter.count)) < 0)
 
     def _grant(self, waiter: Waiter) -> list[int] | None:
         """Blocks for a request within its client's limit, or None if the pool has too few free."""
-        if self.queue_full:
+        if self._queue.full:
             return None
         memory = self._memory[waiter.client_id]
         state = memory.state
@@ -426,7 +308,8 @@ class BufferPool:
             blocks = list(range(first, first + waiter.count))
             state[first:first + waiter.count] = bytes([OWNED]) * waiter.count
         else:
-            count = min(waiter.count, self.max_blocks_per_process - memory.share.held, self._free_count)
+            count = min(waiter.count, self.max_blocks_per_process - self.held_by_process(memory.process),
+                        self._free_count)
             if count < 1:
                 return None
             blocks = []
@@ -441,46 +324,10 @@ class BufferPool:
                 block = state.find(FREE_BYTE)  # never used yet, or lost from the stack
                 state[block] = OWNED
                 blocks.append(block)
-        memory.held += len(blocks)
-        memory.share.held += len(blocks)
+        self._count_held(memory.process, len(blocks))
         self._free_count -= len(blocks)
-        touched = memory.touched
-        for block in blocks:
-            if not touched[block]:
-                touched[block] = 1
-                self._resident += 1
-        if self._resident > self._resident_limit:
-            self._trim()
+        self._memory.touch(memory, blocks)
         return blocks
-
-    def _trim(self) -> None:
-        """Give back the pages of the blocks free longest until the blocks that may be resident, in all
-        segments together, are no more than twice the pool's.
-
-        Twice, not once: each busy client keeps the pages of the blocks it uses warm (it reuses those it
-        freed last), and the clients' busiest moments do not come at once. Within the pool's size, their
-        pages would be given back and written again at every turn (MADV_REMOVE, then page faults in the
-        client and the daemon), which cost a saturated host a tenth of its throughput.
-        """
-        cold = self._cold
-        while self._resident > self._resident_limit and cold:
-            client_id, block = cold.popleft()
-            memory = self._memory.get(client_id)
-            # A kept segment's free blocks may hold batches its client sealed when the session ended, which it
-            # offers back with the segment: their pages stay (they go when their client is).
-            if memory is not None and not memory.kept and memory.touched[block] and memory.state[block] == FREE:
-                self._give_back_pages(memory, block)
-
-    def _give_back_pages(self, memory: ClientMemory, block: int) -> None:
-        """Free a block's pages (the client's mapping then reads zeros there, until written again)."""
-        try:
-            memory.segment.madvise(mmap.MADV_REMOVE, self.layout.block_offset(block), self.block_size)
-        except OSError as exc:
-            # Not expected of a segment that passed check_segment; the block stays resident, counted as not.
-            log.warning("cannot give back the pages of a block: %s", exc)
-        if memory.touched[block]:
-            memory.touched[block] = 0
-            self._resident -= 1
 
     # -- ownership -------------------------------------------------------------------------------
 
@@ -503,7 +350,7 @@ class BufferPool:
             raise BlockError(f"length {length} does not fit {count} block(s) of {self.block_size} bytes")
         memory = self._memory[client_id]
         memory.state[first:first + count] = bytes([SEALED]) * count
-        self._sealed += count
+        self._queue.sealed(count)
         start = self.layout.block_offset(first)
         return memory.segment.buf[start:start + length]
 
@@ -522,30 +369,28 @@ class BufferPool:
             log.error("blocks of client %s are freed but it has no segment: ignored", client_id)
             return 0
         state = memory.state
-        freed = 0
+        freed = []
+        sealed = 0
         for block in blocks:
             if state[block] == FREE:
                 # Whatever a client sends is checked before it gets here: this is a bug of the daemon.
                 log.error("block %d of client %s is freed but was free already: ignored", block, client_id)
                 continue
             if state[block] == SEALED:
-                self._sealed -= 1
-                self.sealed_finished_total += 1
+                sealed += 1
             state[block] = FREE
             memory.stack.append(block)
-            self._cold.append((client_id, block))
-            freed += 1
-        memory.held -= freed
-        memory.share.held -= freed
-        self._free_count += freed
+            freed.append(block)
+        if sealed:
+            self._queue.finished(sealed)
+        self._count_held(memory.process, -len(freed))
+        self._free_count += len(freed)
         if len(memory.stack) > 2 * self.block_count:
             memory.stack = [b for b in memory.stack if state[b] == FREE]
-        if len(self._cold) > 4 * self.block_count:
-            self._cold = deque((c, b) for c, b in self._cold
-                               if c in self._memory and self._memory[c].state[b] == FREE and self._memory[c].touched[b])
-        if not memory.attached and not memory.kept and not memory.held:
-            self._drop(client_id)
-        return freed
+        self._memory.cool(client_id, freed)
+        if memory.unused:
+            self._memory.drop(client_id)
+        return len(freed)
 
     def free_unsealed(self, client_id: int, first: int, count: int) -> int:
         """Free those of blocks first..first+count-1 that ``client_id`` holds unsealed; leave the others."""
@@ -558,5 +403,10 @@ class BufferPool:
 
     def close(self) -> None:
         """Unmap every segment (views of them still in use are unmapped when they go)."""
-        for client_id in list(self._memory):
-            self._drop(client_id)
+        self._memory.close()
+
+
+def _process_key(client_id: int, process: int | None) -> int:
+    """Whose share of the pool a client's blocks count against: its process's, or, attached without a process,
+    its own (keyed by its negated id)."""
+    return -client_id if process is None else process

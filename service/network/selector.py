@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from client_stub.contract.records import Buffer
 from client_stub.errors import AuthenticationError
@@ -27,6 +27,7 @@ from client_stub.errors import AuthenticationError
 from ..metrics import NUM_SAMPLES, SAMPLE_WINDOW_MS, Sensor, avg_max, count_meter, meter
 from ..poller import POLLERR, POLLIN, POLLOUT, Poller
 from ..protocol.framing import FrameReader, InvalidFrameSize
+from .transport import PlaintextTransport, Transport, TransportFactory
 
 log = logging.getLogger(__name__)
 
@@ -37,57 +38,6 @@ _WOULD_BLOCK = (BlockingIOError, InterruptedError)
 _POLLIN = POLLIN
 _POLLOUT = POLLOUT
 _READABLE = POLLIN | POLLERR
-
-# What a transport's handshake waits for (see Transport.handshake).
-WANT_READ = _POLLIN
-WANT_WRITE = _POLLOUT
-
-
-class Transport(Protocol):
-    """What a channel reads and writes through: plain TCP, or TLS (service.network.tls)."""
-
-    sock: socket.socket
-
-    def handshake(self) -> int:
-        """Advance the transport's own handshake once the TCP connection is up.
-
-        Returns 0 once data may flow; else what the handshake waits for, WANT_READ and/or
-        WANT_WRITE (as Java's TransportLayer sets its interest ops), and the channel is polled
-        for that alone until the next call: a handshake waiting for the peer does not spin.
-        """
-
-    def send(self, buffers: list[Buffer]) -> int:
-        """Write as much of ``buffers`` as the socket takes; returns the bytes written."""
-
-    def recv(self, size: int) -> bytes:
-        """Read up to ``size`` bytes; b"" when the peer closed."""
-
-    def flush(self) -> bool:
-        """Write what the transport holds of sends it took already; whether all of it is written."""
-
-
-# A transport for a connected socket and the host it was connected to (TLS checks the broker's name).
-TransportFactory = Callable[[socket.socket, str], Transport]
-
-
-class PlaintextTransport:
-    """TCP without encryption."""
-
-    def __init__(self, sock: socket.socket, host: str = "") -> None:
-        self.sock = sock
-
-    def handshake(self) -> int:
-        return 0
-
-    def send(self, buffers: list[Buffer]) -> int:
-        return self.sock.sendmsg(buffers)
-
-    def recv(self, size: int) -> bytes:
-        return self.sock.recv(size)
-
-    def flush(self) -> bool:
-        return True
-
 
 class SelectorMetrics:
     """The connections' metrics, as Java's Selector keeps them: connections opened and closed, and every

@@ -23,7 +23,7 @@ from client_stub.contract.records import Buffer
 from client_stub.errors import ConfigError, SslAuthenticationError
 
 from ..config import TLS_VERSIONS, ProducerConfig
-from .selector import WANT_READ, WANT_WRITE
+from .transport import WANT_READ, WANT_WRITE
 
 # Plaintext handed to the TLS library at once: it cuts it into records of 16 KiB.
 _WRITE_CHUNK = 256 * 1024

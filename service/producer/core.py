@@ -19,8 +19,9 @@ from ..config import ProducerConfig, sasl_credentials
 from ..network.client import NetworkClient, monotonic_ms
 from ..network.metadata import Metadata
 from ..network.sasl import SaslCredentials
-from ..network.selector import PlaintextTransport, Selector, SelectorMetrics, TransportFactory
+from ..network.selector import Selector, SelectorMetrics
 from ..network.tls import TlsTransport, ssl_context
+from ..network.transport import PlaintextTransport, TransportFactory
 from ..poller import Poller
 from .accumulator import FOREVER, RecordAccumulator
 from .batch import ProducerBatch

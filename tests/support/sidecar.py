@@ -86,8 +86,8 @@ class SidecarProcess:
         return self
 
     def stats(self, timeout: float = 10.0) -> dict[str, Any]:
-        """The daemon's metrics (see service.daemon_metrics.daemon_metrics), asked as `kafka-sidecar stats` asks, waiting
-        up to ``timeout`` for it to answer."""
+        """The daemon's metrics (see service.daemon_metrics.daemon_metrics), asked as `kafka-sidecar stats` asks,
+        waiting up to ``timeout`` for it to answer."""
         deadline = time.monotonic() + timeout
         while True:
             try:

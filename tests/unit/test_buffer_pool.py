@@ -1,192 +1,26 @@
 """BufferPool: grants, the FIFO of waiting requests, expiry, contiguous runs, seal checks, the
-zero-copy view, freeing and detaching, the limits per client, the books kept under abuse, and each
-client's segment of its own: a sealed memfd, taken back after a restart with the blocks it held."""
+zero-copy view, freeing and detaching, blocks taken back after a restart, the limits per process, and
+the books kept under abuse."""
 
 from __future__ import annotations
 
-import fcntl
-import gc
 import logging
 import os
 import random
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
-from client_stub.contract.shared_memory import SEALS, Layout, Segment, create_segment
+from client_stub.contract.shared_memory import Segment, create_segment
 from service.buffer_pool import FREE, OWNED, SEALED, BlockError, BufferPool, client_block_limit
+from tests.support.buffer_pool import BLOCK, BLOCKS, STRANGER, A, B, C, attach, states, take_all
 
-BLOCK = 4096
-BLOCKS = 8
-A, B, C = 1, 2, 3  # client ids
-STRANGER = 99  # a client that never attached
-
-
-def attach(pool: BufferPool, *clients: int) -> None:
-    """Give each client a segment, closing its file descriptor as the daemon does once it is handed over."""
-    for client in clients:
-        os.close(pool.attach(client))
-
-
-def map_segment(fd: int, layout: Layout) -> Segment:
-    """What a client does with the file descriptor it is handed: map it, and close it."""
-    try:
-        return Segment(fd, layout)
-    finally:
-        os.close(fd)
-
-
-@pytest.fixture
-def bare_pool() -> Iterator[BufferPool]:
-    """A pool no client has attached to."""
-    pool = BufferPool(BLOCKS * BLOCK, BLOCK)
-    try:
-        yield pool
-    finally:
-        pool.close()
-
-
-@pytest.fixture
-def segments(bare_pool: BufferPool) -> Iterator[dict[int, Segment]]:
-    """Clients A, B and C attached, each one's segment as that client maps it."""
-    mapped: dict[int, Segment] = {}
-    try:
-        for client in (A, B, C):
-            mapped[client] = map_segment(bare_pool.attach(client), bare_pool.layout)
-        yield mapped
-    finally:
-        for segment in mapped.values():
-            segment.close()
-
-
-@pytest.fixture
-def pool(bare_pool: BufferPool, segments: dict[int, Segment]) -> BufferPool:
-    """The pool, with clients A, B and C attached."""
-    return bare_pool
-
-
-def states(pool: BufferPool, client: int) -> list[int]:
-    """The state of each block of a client's segment, as the daemon keeps it."""
-    return list(pool._memory[client].state)
-
-
-def take_all(pool: BufferPool, client: int = A) -> None:
-    assert pool.request(client, 0, BLOCKS, True, 0) == list(range(BLOCKS))
-
-
-def mapped(inode: int) -> bool:
-    """Whether this process maps the memory file of ``inode`` (as the kernel lists it in /proc/self/maps)."""
-    with open("/proc/self/maps") as maps:
-        return any(len(f := line.split()) >= 6 and f[4] == str(inode) and f[5].startswith("/memfd:") for line in maps)
-
-
-def sealed_memfd(size: int, seals: int = SEALS | fcntl.F_SEAL_SEAL) -> int:
-    fd = os.memfd_create("test-segment", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, size)
-    if seals:
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    return fd
-
-
-# -- the segments ---------------------------------------------------------------------------------
-
-
-def test_segment_layout(pool: BufferPool, segments: dict[int, Segment]) -> None:
-    assert (pool.block_size, pool.block_count, pool.free_blocks) == (BLOCK, BLOCKS, BLOCKS)
-    assert pool.layout == Layout(BLOCK, BLOCKS)
-    assert pool.layout.size == BLOCKS * BLOCK and pool.layout.block_offset(3) == 3 * BLOCK
-    segment = segments[A]
-    assert len(segment.buf) == pool.layout.size
-    assert len(segment.blocks(2, 3)) == 3 * BLOCK
-    assert states(pool, A) == [FREE] * BLOCKS
-    assert pool.held() == {A: 0, B: 0, C: 0}
+pytest_plugins = ("tests.support.buffer_pool_fixtures",)
 
 
 def test_pool_must_hold_one_block() -> None:
     with pytest.raises(ValueError, match="at least one batch.size"):
         BufferPool(BLOCK - 1, BLOCK)
-
-
-def test_a_segment_is_a_memfd_with_no_name_in_dev_shm(bare_pool: BufferPool) -> None:
-    before = set(os.listdir("/dev/shm"))
-    fds = [bare_pool.attach(A), bare_pool.attach(B)]
-    try:
-        assert set(os.listdir("/dev/shm")) == before
-        for fd in fds:
-            assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")
-            assert os.fstat(fd).st_size == bare_pool.layout.size
-            assert os.get_inheritable(fd) is False
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def test_a_segment_is_sealed_against_shrinking_and_growing(bare_pool: BufferPool) -> None:
-    fd = bare_pool.attach(A)
-    try:
-        assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS
-        for size in (0, BLOCK, bare_pool.layout.size - 1, bare_pool.layout.size + 1, 2 * bare_pool.layout.size):
-            with pytest.raises(PermissionError):
-                os.ftruncate(fd, size)
-        with pytest.raises(OSError):
-            os.posix_fallocate(fd, 0, bare_pool.layout.size + BLOCK)
-        # Nor can a client add a seal (one against writes would keep a restarted daemon from mapping it).
-        with pytest.raises(PermissionError):
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
-        assert os.fstat(fd).st_size == bare_pool.layout.size
-    finally:
-        os.close(fd)
-
-
-def test_a_segments_pages_are_allocated_only_when_written() -> None:
-    pool = BufferPool(256 * 16384, 16384)
-    try:
-        fd = pool.attach(A)
-        segment = map_segment(os.dup(fd), pool.layout)
-        try:
-            assert os.fstat(fd).st_blocks == 0
-            block = segment.blocks(0)
-            block[:] = b"x" * pool.block_size
-            block.release()
-            allocated = os.fstat(fd).st_blocks * 512
-            assert pool.block_size <= allocated < pool.layout.size
-        finally:
-            segment.close()
-            os.close(fd)
-    finally:
-        pool.close()
-
-
-def test_each_client_has_a_segment_of_its_own(pool: BufferPool, segments: dict[int, Segment]) -> None:
-    fds = [pool.attach(4), pool.attach(5)]
-    try:
-        assert os.fstat(fds[0]).st_ino != os.fstat(fds[1]).st_ino
-    finally:
-        for fd in fds:
-            os.close(fd)
-    # The same block number of two clients is not the same memory.
-    assert pool.request(A, 1, 1, True, 0) == [0]
-    assert pool.request(B, 2, 1, True, 0) == [0]
-    mine, theirs = segments[A].blocks(0), segments[B].blocks(0)
-    try:
-        mine[:] = b"A" * BLOCK
-        theirs[:] = b"B" * BLOCK
-        assert bytes(mine) == b"A" * BLOCK and bytes(theirs) == b"B" * BLOCK
-        view_a, view_b = pool.seal(A, 0, 1, BLOCK), pool.seal(B, 0, 1, BLOCK)
-        assert bytes(view_a) == b"A" * BLOCK and bytes(view_b) == b"B" * BLOCK
-        view_a.release()
-        view_b.release()
-        assert bytes(segments[C].blocks(0)) == bytes(BLOCK)
-    finally:
-        mine.release()
-        theirs.release()
-
-
-def test_a_client_attaches_once(pool: BufferPool) -> None:
-    with pytest.raises(ValueError, match=f"client {A} has a segment already"):
-        pool.attach(A)
-    assert pool.held() == {A: 0, B: 0, C: 0}
 
 
 def test_a_request_of_a_client_without_a_segment_is_refused(pool: BufferPool) -> None:
@@ -550,205 +384,21 @@ def test_detach_frees_unsealed_blocks_and_keeps_sealed_ones(pool: BufferPool) ->
     # The sealed block goes back when its batch is finished, and the segment with it.
     assert pool.free(A, [1]) == 1
     assert pool.free_blocks == BLOCKS - 2
-    assert A not in pool._memory and pool.held() == {B: 2, C: 0}
+    assert pool._memory.get(A) is None and pool.held() == {B: 2, C: 0}
     assert [(w.request_id, blocks) for w, blocks in pool.serve_waiters()] == [(5, [2])]
 
 
-def test_detach_keeps_the_segment_mapped_while_a_sealed_batch_is_held(bare_pool: BufferPool) -> None:
-    fd = bare_pool.attach(A)
-    inode = os.fstat(fd).st_ino
-    client = map_segment(fd, bare_pool.layout)
-    assert bare_pool.request(A, 1, 4, True, 0) == [0, 1, 2, 3]
-    client.buf[BLOCK:BLOCK + 5] = b"hello"
-    client.close()  # the client is gone
-    view = bare_pool.seal(A, 1, 1, 5)
-    try:
-        assert bare_pool.detach(A) == 3
-        assert bare_pool.free_blocks == BLOCKS - 1
-        assert mapped(inode) and bytes(view) == b"hello"
-        view.release()
-        assert bare_pool.free(A, [1]) == 1
-        assert bare_pool.free_blocks == BLOCKS and bare_pool.held() == {}
-        assert not mapped(inode)
-    finally:
-        view.release()
+def test_a_client_whose_session_ended_gets_no_more_blocks(pool: BufferPool) -> None:
+    (block,) = pool.request(A, 1, 1, True, 0)
+    pool.seal(A, block, 1, 10)
+    pool.detach(A)  # its sealed batch is still to be sent: its segment stays
+    with pytest.raises(BlockError, match="no segment"):
+        pool.request(A, 2, 2, False, 0)
+    pool.free(A, [block])
+    assert A not in pool.held() and pool.free_blocks == BLOCKS
 
 
-def test_detach_drops_a_segment_with_no_sealed_batch(bare_pool: BufferPool) -> None:
-    fd = bare_pool.attach(A)
-    inode = os.fstat(fd).st_ino
-    os.close(fd)
-    assert bare_pool.request(A, 1, 3, False, 0) is not None
-    assert mapped(inode)
-    assert bare_pool.detach(A) == 3
-    assert not mapped(inode) and bare_pool.held() == {} and bare_pool.free_blocks == BLOCKS
-    assert bare_pool.detach(A) == 0
-
-
-def test_a_batch_view_outlives_its_dropped_segment(bare_pool: BufferPool) -> None:
-    fd = bare_pool.attach(A)
-    inode = os.fstat(fd).st_ino
-    client = map_segment(fd, bare_pool.layout)
-    assert bare_pool.request(A, 1, 1, True, 0) == [0]
-    client.buf[:3] = b"abc"
-    client.close()
-    view = bare_pool.seal(A, 0, 1, 3)
-    bare_pool.detach(A)
-    bare_pool.free(A, [0])  # the daemon gave up on the batch while its view is still referenced
-    assert bare_pool.held() == {} and bare_pool.free_blocks == BLOCKS
-    assert bytes(view) == b"abc"
-    view.release()
-    gc.collect()
-    assert not mapped(inode)
-
-
-def test_a_kept_segment_stays_mapped_until_forgotten(bare_pool: BufferPool) -> None:
-    fd = bare_pool.attach(A)
-    inode = os.fstat(fd).st_ino
-    os.close(fd)
-    assert bare_pool.request(A, 1, 2, True, 0) == [0, 1]
-    bare_pool.seal(A, 0, 1, 10).release()
-    assert bare_pool.detach(A, keep=True) == 1
-    assert bare_pool.free(A, [0]) == 1
-    # Nothing is held, and the segment is still mapped: its client may take it back.
-    assert mapped(inode) and bare_pool.held() == {A: 0} and bare_pool.free_blocks == BLOCKS
-    with pytest.raises(BlockError, match="has no segment"):
-        bare_pool.request(A, 2, 1, False, 0)
-    bare_pool.forget(A)
-    assert not mapped(inode) and bare_pool.held() == {}
-
-
-def test_a_kept_segment_forgotten_while_a_batch_is_held_goes_with_the_batch(bare_pool: BufferPool) -> None:
-    attach(bare_pool, A)
-    assert bare_pool.request(A, 1, 1, True, 0) == [0]
-    bare_pool.seal(A, 0, 1, 10).release()
-    bare_pool.detach(A, keep=True)
-    bare_pool.forget(A)
-    assert bare_pool.held() == {A: 1}
-    bare_pool.free(A, [0])
-    assert bare_pool.held() == {}
-
-
-def test_a_kept_segments_free_blocks_keep_their_pages() -> None:
-    # What a client wrote into its blocks when its session ended, it offers back with the segment: the pages
-    # the pool gives back to stay within twice buffer.memory are others'.
-    pool = BufferPool(BLOCKS * BLOCK, BLOCK)
-    fd = pool.attach(A)
-    client = Segment(fd, pool.layout)
-    try:
-        assert pool.request(A, 1, 1, True, 0) == [0]
-        client.buf[:5] = b"HELLO"  # sealed by the client as its session ended; the daemon never got the seal
-        pool.detach(A, keep=True)
-        for other in range(B, B + 6):  # others churn through the pool, past the resident limit
-            os.close(pool.attach(other))
-            blocks = pool.request(other, 1, BLOCKS, False, 0) or []
-            pool.give_back(other, blocks)
-        assert bytes(client.buf[:5]) == b"HELLO"
-        pool.reattach(A, fd, [0])
-        view = pool.seal(A, 0, 1, 5)
-        assert bytes(view) == b"HELLO"
-        view.release()
-    finally:
-        client.close()
-        os.close(fd)
-        pool.close()
-
-
-def test_reattach_gives_the_kept_segment_back_with_the_blocks_named(bare_pool: BufferPool) -> None:
-    fd = bare_pool.attach(A)
-    client = Segment(fd, bare_pool.layout)
-    try:
-        assert bare_pool.request(A, 1, 3, True, 0) == [0, 1, 2]
-        bare_pool.seal(A, 0, 1, 10).release()  # in flight when the session ends
-        client.buf[BLOCK:BLOCK + 5] = b"later"  # block 1: sealed by the client, the daemon never got it
-        bare_pool.detach(A, keep=True)
-        assert bare_pool.free_blocks == BLOCKS - 1
-        bare_pool.reattach(A, fd, [1])
-        assert states(bare_pool, A)[:3] == [SEALED, OWNED, FREE]
-        assert bare_pool.held() == {A: 2} and bare_pool.free_blocks == BLOCKS - 2
-        view = bare_pool.seal(A, 1, 1, 5)
-        assert bytes(view) == b"later"
-        view.release()
-        # A live session again: granted, and dropped only when detached without keeping.
-        assert bare_pool.request(A, 2, 1, False, 0) == [2]
-    finally:
-        client.close()
-        os.close(fd)
-
-
-def test_reattach_needs_the_same_segment_and_free_blocks(bare_pool: BufferPool) -> None:
-    fd = bare_pool.attach(A)
-    other = create_segment(bare_pool.layout, "another")
-    try:
-        assert bare_pool.request(A, 1, 2, True, 0) == [0, 1]
-        bare_pool.seal(A, 0, 1, 10).release()
-        with pytest.raises(ValueError, match="no segment of client 1 is kept"):
-            bare_pool.reattach(A, fd, [])  # its session has not ended
-        bare_pool.detach(A, keep=True)
-        with pytest.raises(ValueError, match="not the one of the session"):
-            bare_pool.reattach(A, other, [])
-        for blocks in ([0], [1, 1], [BLOCKS]):
-            with pytest.raises(BlockError, match="distinct and free"):
-                bare_pool.reattach(A, fd, blocks)
-        assert bare_pool.held() == {A: 1} and bare_pool.free_blocks == BLOCKS - 1
-        bare_pool.reattach(A, fd, [1])
-        assert bare_pool.held() == {A: 2}
-    finally:
-        os.close(fd)
-        os.close(other)
-
-
-def test_the_clients_of_one_process_share_its_limit() -> None:
-    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=4)
-    try:
-        for client, process in ((A, 100), (B, 100), (C, 200)):
-            os.close(pool.attach(client, process))
-        assert len(pool.request(A, 1, 3, False, 0) or []) == 3
-        assert len(pool.request(B, 1, 3, False, 0) or []) == 1  # its process's share is taken
-        # B waits for its process's blocks, without holding back another process.
-        assert pool.request(B, 2, 1, False, 1000) is None and pool.clients_at_limit() == {B}
-        assert len(pool.request(C, 1, 4, False, 0) or []) == 4
-        assert (pool.held_by_process(100), pool.held_by_process(200)) == (4, 4)
-        pool.give_back(A, [pool._memory[A].state.find(bytes([OWNED]))])
-        assert [(w.client_id, len(blocks)) for w, blocks in pool.serve_waiters()] == [(B, 1)]
-        # A process's share goes with its last segment.
-        for client in (A, B):
-            pool.detach(client)
-        assert pool.held_by_process(100) == 0 and 100 not in pool._processes
-    finally:
-        pool.close()
-
-
-# -- adopt ----------------------------------------------------------------------------------------
-
-
-def test_adopt_takes_back_a_segment_with_its_records(bare_pool: BufferPool) -> None:
-    previous = BufferPool(BLOCKS * BLOCK, BLOCK)  # the daemon of the client's session, about to go
-    fd = previous.attach(A)
-    client = Segment(fd, previous.layout)  # the client keeps its file descriptor to resume
-    try:
-        assert previous.request(A, 1, 3, True, 0) == [0, 1, 2]
-        record = bytes(range(256)) * 24  # 6144 bytes in blocks 1 and 2
-        client.buf[BLOCK:BLOCK + len(record)] = record
-        previous.close()
-
-        bare_pool.adopt(A, fd, [1, 2])
-        os.close(fd)  # the caller's to close; the pool maps the segment
-        fd = -1
-        assert bare_pool.held() == {A: 2} and bare_pool.free_blocks == BLOCKS - 2
-        assert states(bare_pool, A)[:3] == [FREE, OWNED, OWNED]
-        view = bare_pool.seal(A, 1, 2, len(record))
-        assert bytes(view) == record
-        client.buf[BLOCK:BLOCK + 4] = b"same"  # the same memory, not a copy
-        assert bytes(view[:4]) == b"same"
-        view.release()
-        # Blocks not named are free; new grants are in the same segment, around the blocks held.
-        assert sorted(bare_pool.request(A, 2, 3, False, 0) or []) == [0, 3, 4]
-        assert bare_pool.held_by(A) == 5
-    finally:
-        client.close()
-        if fd >= 0:
-            os.close(fd)
+# -- blocks taken back ----------------------------------------------------------------------------
 
 
 def test_adopt_counts_blocks_past_the_pool_size(bare_pool: BufferPool) -> None:
@@ -795,97 +445,125 @@ def test_adopt_past_the_limit_holds_back_only_its_client() -> None:
         pool.close()
 
 
-def _regular_file(tmp_path: Path, size: int) -> int:
-    fd = os.open(tmp_path / "segment", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    os.ftruncate(fd, size)
-    return fd
+# -- limits per process ---------------------------------------------------------------------------
 
 
-def _dev_shm_file(tmp_path: Path, size: int) -> int:
-    """A segment of the previous design: a POSIX shared memory file in /dev/shm."""
-    path = f"/dev/shm/kafka-sidecar-test-{os.getpid()}-{tmp_path.name}"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    os.unlink(path)
-    os.ftruncate(fd, size)
-    return fd
-
-
-def _pipe(tmp_path: Path, size: int) -> int:
-    read, write = os.pipe()
-    os.close(write)
-    return read
-
-
-def _memfd_without_sealing(tmp_path: Path, size: int) -> int:
-    fd = os.memfd_create("unsealable", os.MFD_CLOEXEC)
-    os.ftruncate(fd, size)
-    return fd
-
-
-_NOT_A_MEMFD = r"not a sealable memory file \(memfd\)|seals are"
-_MISSEALED = "seals are 0x[0-9a-f]+, not 0x7: sealed against shrinking and growing, and against further seals, only"
-F_SEAL_FUTURE_WRITE = 0x10  # Linux 5.1; not in Python 3.11's fcntl
-
-
-@pytest.mark.parametrize(("make", "error", "match"), [
-    (_regular_file, ValueError, _NOT_A_MEMFD),
-    (_pipe, ValueError, r"not a sealable memory file \(memfd\)"),
-    (_dev_shm_file, ValueError, _MISSEALED),
-    (_memfd_without_sealing, ValueError, _MISSEALED),
-    (lambda _, size: sealed_memfd(size, 0), ValueError, _MISSEALED),
-    (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_SHRINK), ValueError, _MISSEALED),
-    (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_GROW), ValueError, _MISSEALED),
-    (lambda _, size: sealed_memfd(size - BLOCK), ValueError, f"has {BLOCKS * BLOCK - BLOCK} bytes"),
-    (lambda _, size: sealed_memfd(size + 1), ValueError, f"has {BLOCKS * BLOCK + 1} bytes, the pool's layout"),
-    (lambda _, size: sealed_memfd(0), ValueError, f"has 0 bytes, the pool's layout {BLOCKS * BLOCK}"),
-    # Not sealed against further seals: its holder could seal it against writes later.
-    (lambda _, size: sealed_memfd(size, SEALS), ValueError, _MISSEALED),
-    # Sealed against writes: the daemon could neither write into it nor give its pages back.
-    (lambda _, size: sealed_memfd(size, SEALS | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL), ValueError, _MISSEALED),
-    (lambda _, size: sealed_memfd(size, SEALS | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL), ValueError, _MISSEALED),
-], ids=["regular file", "pipe", "file in /dev/shm", "memfd that cannot be sealed", "unsealed memfd",
-        "memfd sealed against shrinking only", "memfd sealed against growing only", "smaller memfd",
-        "larger memfd", "empty memfd", "memfd that may be sealed later", "memfd sealed against writes",
-        "memfd sealed against future writes"])
-def test_adopt_refuses_a_segment_that_is_not_one_of_the_pool(
-        bare_pool: BufferPool, tmp_path: Path, make: Callable[[Path, int], int], error: type[Exception],
-        match: str | None) -> None:
-    attach(bare_pool, B)
-    fd = make(tmp_path, bare_pool.layout.size)
+def test_the_clients_of_one_process_share_its_limit() -> None:
+    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=4)
     try:
-        with pytest.raises(error, match=match):
-            bare_pool.adopt(A, fd, [0])
-        os.fstat(fd)  # the caller keeps its file descriptor
-        assert bare_pool.held() == {B: 0} and bare_pool.free_blocks == BLOCKS
-        with pytest.raises(BlockError, match=f"client {A} has no segment"):
-            bare_pool.request(A, 1, 1, False, 0)
+        for client, process in ((A, 100), (B, 100), (C, 200)):
+            os.close(pool.attach(client, process))
+        assert len(pool.request(A, 1, 3, False, 0) or []) == 3
+        assert len(pool.request(B, 1, 3, False, 0) or []) == 1  # its process's share is taken
+        # B waits for its process's blocks, without holding back another process.
+        assert pool.request(B, 2, 1, False, 1000) is None and pool.clients_at_limit() == {B}
+        assert len(pool.request(C, 1, 4, False, 0) or []) == 4
+        assert (pool.held_by_process(100), pool.held_by_process(200)) == (4, 4)
+        pool.give_back(A, [pool._memory[A].state.find(bytes([OWNED]))])
+        assert [(w.client_id, len(blocks)) for w, blocks in pool.serve_waiters()] == [(B, 1)]
+        # A process's share goes with its last segment.
+        for client in (A, B):
+            pool.detach(client)
+        assert pool.held_by_process(100) == 0 and 100 not in pool._process_held
     finally:
-        os.close(fd)
+        pool.close()
 
 
-@pytest.mark.parametrize("owned", [[1, 1], [0, 2, 0], [-1], [BLOCKS], [0, 2**40]])
-def test_adopt_refuses_blocks_that_are_not_distinct_and_in_the_segment(bare_pool: BufferPool, owned: list[int]) -> None:
-    fd = create_segment(bare_pool.layout, "resumed")
+@pytest.fixture
+def capped() -> Iterator[BufferPool]:
+    """A pool of which a client may hold at most 5 blocks, with clients A, B and C attached."""
+    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=5)
     try:
-        with pytest.raises(BlockError, match=f"must be distinct and in 0..{BLOCKS - 1}"):
-            bare_pool.adopt(A, fd, owned)
-        assert bare_pool.held() == {} and bare_pool.free_blocks == BLOCKS
-        # The segment itself is fine: with its blocks named right, it is taken.
-        bare_pool.adopt(A, fd, sorted(set(b for b in owned if 0 <= b < BLOCKS)))
+        attach(pool, A, B, C)
+        yield pool
     finally:
-        os.close(fd)
-    assert bare_pool.held() == {A: len({b for b in owned if 0 <= b < BLOCKS})}
+        pool.close()
 
 
-def test_adopt_of_a_client_with_a_segment_is_refused(pool: BufferPool) -> None:
-    assert pool.request(A, 1, 2, False, 0) == [0, 1]
-    fd = create_segment(pool.layout, "resumed")
-    try:
-        with pytest.raises(ValueError, match=f"client {A} has a segment already"):
-            pool.adopt(A, fd, [5])
-    finally:
-        os.close(fd)
-    assert pool.held() == {A: 2, B: 0, C: 0} and states(pool, A)[:6] == [OWNED, OWNED, FREE, FREE, FREE, FREE]
+def test_a_client_holds_at_most_its_limit(capped: BufferPool) -> None:
+    mine = capped.request(A, 1, BLOCKS, False, 0)
+    assert mine == [0, 1, 2, 3, 4]  # spare blocks: as many as the limit allows
+    assert capped.held_by(A) == 5 and capped.free_blocks == 3
+    # More waits, for A's own blocks: the pool is not exhausted, and nobody else is held back.
+    assert capped.request(A, 2, 2, True, 1000) is None
+    assert capped.clients_at_limit() == {A} and not capped.exhausted
+    assert capped.request(B, 3, 2, True, 1000) == [0, 1]
+    assert capped.serve_waiters() == []
+    # Sealed blocks are still A's until their batch is finished.
+    capped.seal(A, 0, 2, 100).release()
+    assert capped.held_by(A) == 5 and capped.serve_waiters() == []
+    capped.free(A, range(0, 2))
+    assert capped.held_by(A) == 3
+    assert [(w.request_id, blocks) for w, blocks in capped.serve_waiters()] == [(2, [0, 1])]
+    assert capped.held_by(A) == 5 and not capped.waiters
+
+
+def test_a_client_at_its_limit_waits_behind_nobody(capped: BufferPool) -> None:
+    assert capped.request(A, 1, 5, True, 0) == [0, 1, 2, 3, 4]
+    assert capped.request(A, 2, 1, False, 1000) is None  # at its limit
+    assert capped.request(B, 3, 3, False, 1000) == [0, 1, 2]
+    assert capped.request(B, 4, 1, True, 1000) is None  # the pool is empty: B waits for the pool
+    assert capped.exhausted and capped.clients_at_limit() == {A}
+    capped.give_back(A, [2])
+    # A is below its limit again and first in line.
+    assert [(w.request_id, blocks) for w, blocks in capped.serve_waiters()] == [(2, [2])]
+    assert capped.clients_at_limit() == set() and capped.exhausted
+
+
+def test_a_run_larger_than_the_limit_is_refused(capped: BufferPool) -> None:
+    with pytest.raises(BlockError, match="a run of 6 blocks: a process may hold 5 of the pool's 8"):
+        capped.request(A, 1, 6, True, 1000)
+    assert not capped.waiters and capped.free_blocks == BLOCKS
+
+
+def test_one_waiting_request_of_each_kind_per_client(pool: BufferPool) -> None:
+    take_all(pool, C)
+    assert pool.request(A, 1, 1, False, 100) is None
+    with pytest.raises(BlockError, match="request 1 for spare blocks is still waiting"):
+        pool.request(A, 2, 1, False, 100)
+    assert pool.request(A, 3, 2, True, 100) is None
+    with pytest.raises(BlockError, match="request 3 for a run of blocks is still waiting"):
+        pool.request(A, 4, 1, True, 100)
+    assert pool.request(B, 5, 1, False, 100) is None  # others are not limited by A's requests
+    assert [w.request_id for w in pool.waiters] == [1, 3, 5]
+    # Once served, A may ask again.
+    pool.free(C, range(BLOCKS))
+    assert [w.request_id for w, _ in pool.serve_waiters()] == [1, 3, 5]
+    assert pool.request(A, 6, 1, False, 100) is not None
+
+
+@pytest.mark.parametrize(("memory", "batch", "max_request", "limit"), [
+    (32 * 1024 * 1024, 16384, 1024 * 1024, 1024),  # the defaults: half the pool
+    (4 * 16384, 16384, 1024 * 1024, 4),            # a tiny pool: all of it, for one large record
+    (256 * 16384, 16384, 3 * 1024 * 1024, 192),    # at least the run of the largest batch
+    (16384, 16384, 100, 1),
+])
+def test_client_block_limit(memory: int, batch: int, max_request: int, limit: int) -> None:
+    assert client_block_limit(memory, batch, max_request) == limit
+
+
+def test_limit_must_allow_a_block() -> None:
+    with pytest.raises(ValueError, match="at least one block"):
+        BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=0)
+
+
+# -- the books ------------------------------------------------------------------------------------
+
+
+def test_states_follow_every_change(pool: BufferPool) -> None:
+    assert pool.request(A, 1, 4, True, 0) == [0, 1, 2, 3]
+    assert pool.request(B, 2, 2, True, 0) == [0, 1]
+    pool.seal(A, 0, 2, 5000).release()
+    pool.give_back(A, [3])
+    assert states(pool, A) == [SEALED, SEALED, OWNED] + [FREE] * 5
+    assert states(pool, B) == [OWNED, OWNED] + [FREE] * 6
+    assert pool.held() == {A: 3, B: 2, C: 0}
+    pool.free(A, [0, 1])
+    assert states(pool, A) == [FREE, FREE, OWNED] + [FREE] * 5
+    pool.detach(A)
+    pool.detach(B)
+    assert pool.held() == {C: 0}
+    assert pool.free_blocks == BLOCKS
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -974,274 +652,10 @@ def test_random_use_and_abuse_keeps_the_books(seed: int) -> None:
             kept = set(live) | {owner for owner, _ in model}
             held = {owner: sum(o == owner for o, _ in model) for owner in kept}
             assert pool.held() == held and all(count <= limit for count in held.values())
+            # Each client is a process of its own here; a process that holds nothing is not kept.
+            assert pool._process_held == {-owner: count for owner, count in held.items() if count}
             for owner in kept:
                 assert states(pool, owner) == [model.get((owner, b), FREE) for b in range(BLOCKS)]
             assert {w.client_id for w in pool.waiters} <= set(live)
     finally:
         pool.close()
-
-
-# -- limits per client ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def capped() -> Iterator[BufferPool]:
-    """A pool of which a client may hold at most 5 blocks, with clients A, B and C attached."""
-    pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=5)
-    try:
-        attach(pool, A, B, C)
-        yield pool
-    finally:
-        pool.close()
-
-
-def test_a_client_holds_at_most_its_limit(capped: BufferPool) -> None:
-    mine = capped.request(A, 1, BLOCKS, False, 0)
-    assert mine == [0, 1, 2, 3, 4]  # spare blocks: as many as the limit allows
-    assert capped.held_by(A) == 5 and capped.free_blocks == 3
-    # More waits, for A's own blocks: the pool is not exhausted, and nobody else is held back.
-    assert capped.request(A, 2, 2, True, 1000) is None
-    assert capped.clients_at_limit() == {A} and not capped.exhausted
-    assert capped.request(B, 3, 2, True, 1000) == [0, 1]
-    assert capped.serve_waiters() == []
-    # Sealed blocks are still A's until their batch is finished.
-    capped.seal(A, 0, 2, 100).release()
-    assert capped.held_by(A) == 5 and capped.serve_waiters() == []
-    capped.free(A, range(0, 2))
-    assert capped.held_by(A) == 3
-    assert [(w.request_id, blocks) for w, blocks in capped.serve_waiters()] == [(2, [0, 1])]
-    assert capped.held_by(A) == 5 and not capped.waiters
-
-
-def test_a_client_at_its_limit_waits_behind_nobody(capped: BufferPool) -> None:
-    assert capped.request(A, 1, 5, True, 0) == [0, 1, 2, 3, 4]
-    assert capped.request(A, 2, 1, False, 1000) is None  # at its limit
-    assert capped.request(B, 3, 3, False, 1000) == [0, 1, 2]
-    assert capped.request(B, 4, 1, True, 1000) is None  # the pool is empty: B waits for the pool
-    assert capped.exhausted and capped.clients_at_limit() == {A}
-    capped.give_back(A, [2])
-    # A is below its limit again and first in line.
-    assert [(w.request_id, blocks) for w, blocks in capped.serve_waiters()] == [(2, [2])]
-    assert capped.clients_at_limit() == set() and capped.exhausted
-
-
-def test_a_run_larger_than_the_limit_is_refused(capped: BufferPool) -> None:
-    with pytest.raises(BlockError, match="a run of 6 blocks: a process may hold 5 of the pool's 8"):
-        capped.request(A, 1, 6, True, 1000)
-    assert not capped.waiters and capped.free_blocks == BLOCKS
-
-
-def test_one_waiting_request_of_each_kind_per_client(pool: BufferPool) -> None:
-    take_all(pool, C)
-    assert pool.request(A, 1, 1, False, 100) is None
-    with pytest.raises(BlockError, match="request 1 for spare blocks is still waiting"):
-        pool.request(A, 2, 1, False, 100)
-    assert pool.request(A, 3, 2, True, 100) is None
-    with pytest.raises(BlockError, match="request 3 for a run of blocks is still waiting"):
-        pool.request(A, 4, 1, True, 100)
-    assert pool.request(B, 5, 1, False, 100) is None  # others are not limited by A's requests
-    assert [w.request_id for w in pool.waiters] == [1, 3, 5]
-    # Once served, A may ask again.
-    pool.free(C, range(BLOCKS))
-    assert [w.request_id for w, _ in pool.serve_waiters()] == [1, 3, 5]
-    assert pool.request(A, 6, 1, False, 100) is not None
-
-
-@pytest.mark.parametrize(("memory", "batch", "max_request", "limit"), [
-    (32 * 1024 * 1024, 16384, 1024 * 1024, 1024),  # the defaults: half the pool
-    (4 * 16384, 16384, 1024 * 1024, 4),            # a tiny pool: all of it, for one large record
-    (256 * 16384, 16384, 3 * 1024 * 1024, 192),    # at least the run of the largest batch
-    (16384, 16384, 100, 1),
-])
-def test_client_block_limit(memory: int, batch: int, max_request: int, limit: int) -> None:
-    assert client_block_limit(memory, batch, max_request) == limit
-
-
-def test_limit_must_allow_a_block() -> None:
-    with pytest.raises(ValueError, match="at least one block"):
-        BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=0)
-
-
-def test_states_follow_every_change(pool: BufferPool) -> None:
-    assert pool.request(A, 1, 4, True, 0) == [0, 1, 2, 3]
-    assert pool.request(B, 2, 2, True, 0) == [0, 1]
-    pool.seal(A, 0, 2, 5000).release()
-    pool.give_back(A, [3])
-    assert states(pool, A) == [SEALED, SEALED, OWNED] + [FREE] * 5
-    assert states(pool, B) == [OWNED, OWNED] + [FREE] * 6
-    assert pool.held() == {A: 3, B: 2, C: 0}
-    pool.free(A, [0, 1])
-    assert states(pool, A) == [FREE, FREE, OWNED] + [FREE] * 5
-    pool.detach(A)
-    pool.detach(B)
-    assert pool.held() == {C: 0}
-    assert pool.free_blocks == BLOCKS
-
-
-# -- close ----------------------------------------------------------------------------------------
-
-
-def test_close_unmaps_every_segment() -> None:
-    pool = BufferPool(BLOCKS * BLOCK, BLOCK)
-    inodes = []
-    for client in (A, B):
-        fd = pool.attach(client)
-        inodes.append(os.fstat(fd).st_ino)
-        os.close(fd)
-    pool.request(A, 1, 2, False, 0)
-    assert all(mapped(inode) for inode in inodes)
-    pool.close()
-    assert not any(mapped(inode) for inode in inodes)
-    assert pool.held() == {}
-
-
-def test_close_with_a_batch_view_still_alive(caplog: pytest.LogCaptureFixture) -> None:
-    pool = BufferPool(BLOCKS * BLOCK, BLOCK)
-    fd = pool.attach(A)
-    inode = os.fstat(fd).st_ino
-    client = map_segment(fd, pool.layout)
-    pool.request(A, 1, 1, True, 0)
-    client.buf[:10] = b"0123456789"
-    client.close()
-    view = pool.seal(A, 0, 1, 10)
-    with caplog.at_level(logging.DEBUG, logger="service.buffer_pool"):
-        pool.close()
-    assert f"segment of client {A} still in use" in caplog.text
-    assert pool.held() == {}
-    # The mapping stays valid for whoever still holds a view, and goes with the view.
-    assert bytes(view) == b"0123456789"
-    view.release()
-    gc.collect()
-    assert not mapped(inode)
-
-
-# -- what is resident ------------------------------------------------------------------------------
-
-
-def resident_pages(segment: Segment, block: int) -> int:
-    """Pages of a client's block that are memory now (mincore(2) through the client's mapping)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    page = os.sysconf("SC_PAGE_SIZE")
-    view = segment.blocks(block)
-    address = ctypes.addressof(ctypes.c_char.from_buffer(view))
-    vector = (ctypes.c_ubyte * (BLOCK // page))()
-    assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(BLOCK), vector) == 0, ctypes.get_errno()
-    view.release()
-    return sum(v & 1 for v in vector)
-
-
-def test_clients_together_keep_no_more_blocks_resident_than_twice_the_pool(pool: BufferPool,
-                                                                           segments: dict[int, Segment]) -> None:
-    # A and B each write every block of theirs and free them: twice the pool is resident, warm for their
-    # next batches.
-    for client in (A, B):
-        blocks = pool.request(client, 1, BLOCKS, False, 0)
-        for block in blocks:
-            segments[client].blocks(block)[:] = bytes([client]) * BLOCK
-        pool.free(client, blocks)
-    a_blocks = list(range(BLOCKS))
-    assert [resident_pages(segments[A], b) for b in a_blocks] == [1] * BLOCKS
-    # C takes three blocks: the pages of as many blocks free the longest (A's first three) go back, and
-    # read zeros again.
-    mine = pool.request(C, 1, 3, False, 0)
-    for block in mine:
-        segments[C].blocks(block)[:] = b"c" * BLOCK
-    assert [resident_pages(segments[A], b) for b in a_blocks] == [0, 0, 0] + [1] * (BLOCKS - 3)
-    assert bytes(segments[A].blocks(0)) == bytes(BLOCK)
-    assert bytes(segments[A].blocks(BLOCKS - 1)) == bytes([A]) * BLOCK
-    assert all(resident_pages(segments[B], b) == 1 for b in range(BLOCKS))
-    # A's next grant reuses what it freed last: still resident, no page given back.
-    pool.free(C, mine)
-    assert pool.request(A, 2, 2, False, 0) == [BLOCKS - 1, BLOCKS - 2]
-    assert resident_pages(segments[B], 0) == 1
-
-
-def test_a_client_whose_session_ended_gets_no_more_blocks(pool: BufferPool) -> None:
-    (block,) = pool.request(A, 1, 1, True, 0)
-    pool.seal(A, block, 1, 10)
-    pool.detach(A)  # its sealed batch is still to be sent: its segment stays
-    with pytest.raises(BlockError, match="no segment"):
-        pool.request(A, 2, 2, False, 0)
-    pool.free(A, [block])
-    assert A not in pool.held() and pool.free_blocks == BLOCKS
-
-
-# -- the queue's limit (sidecar.buffer.queue.ms) ---------------------------------------------------
-
-def seal_and_finish(pool: BufferPool, client: int, blocks: list[int]) -> None:
-    """Seal each block as a batch of its own, and finish it (acknowledged: the daemon frees it)."""
-    for block in blocks:
-        pool.seal(client, block, 1, 100).release()
-        pool.free(client, [block])
-
-
-@pytest.fixture
-def queued_pool() -> Iterator[BufferPool]:
-    """A pool of 64 blocks, clients A and B attached, its queue limited to 100 ms of finishing (at least 4 blocks),
-    first looked at (by follow_queue) at time 0."""
-    pool = BufferPool(64 * BLOCK, BLOCK)
-    try:
-        attach(pool, A, B)
-        pool.limit_queue(queue_ms=100, floor_blocks=4)
-        pool.follow_queue(0)
-        yield pool
-    finally:
-        pool.close()
-
-
-def test_while_batches_flow_the_sealed_blocks_are_limited_to_the_queue_time(queued_pool: BufferPool) -> None:
-    pool = queued_pool
-    # 10 blocks finish in 100 ms: 0.1 a ms, so 100 ms of queue is 10 blocks.
-    seal_and_finish(pool, A, pool.request(A, 0, 10, False, 0) or [])
-    pool.follow_queue(100)
-    assert pool.queue_limit == 10
-    blocks = pool.request(A, 1, 12, False, 0) or []
-    for block in blocks[:10]:
-        pool.seal(A, block, 1, 100).release()
-    assert pool.queue_full
-    # Free blocks, but the queue is full: B's request waits, and is served as soon as one finishes.
-    assert pool.request(B, 2, 1, False, 10_000) is None
-    assert pool.exhausted and pool.free_blocks == 64 - 12
-    assert pool.serve_waiters() == []
-    pool.free(A, [blocks[0]])
-    assert not pool.queue_full
-    [(waiter, granted)] = pool.serve_waiters()
-    assert waiter.client_id == B and len(granted) == 1
-
-
-def test_the_queue_limit_follows_the_rate_and_keeps_its_floor(queued_pool: BufferPool) -> None:
-    pool = queued_pool
-    seal_and_finish(pool, A, pool.request(A, 0, 40, False, 0) or [])
-    pool.follow_queue(100)
-    assert pool.queue_limit == 40
-    # Slower: one block in 100 ms. The smoothed rate comes down, and the limit with it, to the floor.
-    for now in range(200, 2000, 100):
-        seal_and_finish(pool, A, pool.request(A, now, 1, False, 0) or [])
-        pool.follow_queue(now)
-    assert pool.queue_limit == 4
-
-
-def test_when_nothing_finishes_the_whole_pool_buffers(queued_pool: BufferPool) -> None:
-    pool = queued_pool
-    seal_and_finish(pool, A, pool.request(A, 0, 5, False, 0) or [])
-    pool.follow_queue(100)
-    assert pool.queue_limit == 5
-    # A broker away: sealed blocks stay; after an interval with none finished, every block may be sealed.
-    blocks = pool.request(A, 1, 5, False, 0) or []
-    for block in blocks:
-        pool.seal(A, block, 1, 100).release()
-    assert pool.queue_full
-    pool.follow_queue(200)
-    assert pool.queue_limit == 64 and not pool.queue_full
-    assert len(pool.request(A, 2, 59, False, 0) or []) == 59
-
-
-def test_without_a_queue_time_the_whole_pool_may_be_sealed(pool: BufferPool) -> None:
-    take_all(pool)
-    for block in range(BLOCKS):
-        pool.seal(A, block, 1, 100).release()
-    pool.follow_queue(0)
-    pool.follow_queue(1000)
-    assert not pool.queue_full and pool.queue_limit == BLOCKS

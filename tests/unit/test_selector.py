@@ -19,7 +19,8 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.network.selector import WANT_READ, PlaintextTransport, Selector
+from service.network.selector import Selector
+from service.network.transport import WANT_READ, PlaintextTransport
 from service.poller import POLLIN
 
 NODE = 1
