@@ -175,6 +175,8 @@ class SidecarDaemon:
                  or self.front.replies_pending()):
             self.run_once()
         try:
+            # The producer's close turns the poll until what it holds is final: the clients are not served meanwhile.
+            self.front.stop_serving()
             self.core.close(max(deadline - self.core.clock(), 0) if not self._hurry.is_set() else 0)
             self.front.serve_due()
         finally:

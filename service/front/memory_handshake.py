@@ -189,14 +189,22 @@ class MemoryHandshakes:
         self.poller.unregister(conn)
         conn.close()
 
+    def stop(self) -> None:
+        """Accept no connection and read none any more (the daemon is about to close)."""
+        self._accept_paused_until = None
+        self.poller.unregister(self.memory.listener)
+        for conn in [*self._pending, *(s.connection for s in self.sessions.attached() if s.connection is not None)]:
+            self.poller.unregister(conn)
+
     def close_all(self) -> None:
+        """Close every connection: each client reads the end of its session."""
+        self.stop()
         for conn in list(self._pending):
             self._close(conn)
         for session in self.sessions.attached():
             if session.connection is not None:
                 self.close(session.connection)
                 session.connection = None
-        self.poller.unregister(self.memory.listener)
 
     def _close(self, conn: socket.socket) -> None:
         self._pending.pop(conn, None)

@@ -326,6 +326,12 @@ class SidecarFront:
         """Whether reports or replies wait for a client (ZeroMQ would not take them yet)."""
         return any(session.reports or session.waiting for session in self.sessions)
 
+    def stop_serving(self) -> None:
+        """Read nothing more of the clients: what they seal from now on stays theirs, for the next daemon (the
+        producer is closing, and would fail it). Replies still go out."""
+        self.poller.unregister(self.endpoint.socket)
+        self.handshakes.stop()
+
     def close(self) -> None:
         # The ZeroMQ socket first, lingering: the last reports reach the clients before the memory socket's
         # connections end, which tells each client that the daemon is gone.

@@ -106,3 +106,35 @@ def test_daemon_loop_survives_an_error_after_an_iteration(tmp_path: Path, monkey
         client.close()
         context.term()
         daemon.shutdown()
+
+
+def test_nothing_a_client_sends_is_read_while_the_producer_closes(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # The producer's close turns the poll until what it holds is final. A seal read then would be failed (the
+    # producer is closed); unread, it stays the client's, which hands it to the next daemon.
+    endpoint = f"ipc://{tmp_path}/sidecar.sock"
+    daemon = SidecarDaemon(ProducerConfig({"bootstrap.servers": "127.0.0.1:9", "buffer.memory": BLOCKS * BLOCK,
+                                           "batch.size": BLOCK}), endpoint)
+    context = zmq.Context()
+    client = context.socket(zmq.DEALER)
+    client.setsockopt(zmq.LINGER, 0)
+    client.connect(endpoint)
+    close = daemon.core.close
+    unread: list[bool] = []
+
+    def closing(timeout_ms: int | None = None) -> None:
+        client.send(ipc.pack(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "late", {}))
+        router = daemon.front.endpoint.socket
+        assert router.poll(10_000), "the message did not reach the daemon"
+        daemon.poller.poll(0)  # as the producer's flush turns it
+        unread.append(bool(router.poll(0)) and not client.poll(0))
+        close(timeout_ms)
+
+    try:
+        monkeypatch.setattr(daemon.core, "close", closing)
+        daemon.stop()
+        daemon.shutdown()
+        assert unread == [True]
+    finally:
+        client.close()
+        context.term()
