@@ -148,9 +148,6 @@ class RecordAccumulator:
     def queued_batches(self) -> int:
         return sum(len(q) for q in self._batches.values())
 
-    def queued_for(self, tp: TopicPartition) -> list[ProducerBatch]:
-        return list(self._batches.get(tp, ()))
-
     def queued_by_leader(self, cluster: Cluster) -> dict[int, int]:
         """Per leader node id, the batches queued for the partitions it leads."""
         counts: dict[int, int] = {}

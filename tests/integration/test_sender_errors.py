@@ -40,6 +40,7 @@ from tests.support.batches import Deliveries, SentRecord, encode_records
 from tests.support.broker_codec import RequestHeader
 from tests.support.core import JumpingClock, run_until
 from tests.support.fake_broker import CLOSE, FakeBroker, codec_api_versions, produce_response
+from tests.support.producer_batches import queued
 
 TOPIC = "orders"
 PRODUCE, METADATA, INIT_PRODUCER_ID = m.PRODUCE, m.METADATA, m.INIT_PRODUCER_ID
@@ -1044,7 +1045,7 @@ def test_an_unreachable_broker_holds_back_only_its_own_partitions(fake_broker, m
     assert all(b.final_state is FinalState.SUCCEEDED for b in going)
     assert log_values(one, 0) == [v for b in going for v in values_of(b, deliveries)]
     assert not any(b.is_done for b in held)
-    assert core.accumulator.queued_for(TopicPartition(TOPIC, 1)) == held
+    assert queued(core.accumulator, TopicPartition(TOPIC, 1)) == held
     assert produce_batches(one, 1) == []
     assert core.client.connection_failed(2) or core.client.is_connecting(2)
     # Nothing to send to broker 1: the loop waits (for the reconnect backoff), it does not spin.

@@ -25,6 +25,7 @@ from service.poller import Poller
 from service.producer.batch import ProducerBatch, TopicPartition
 from service.producer.core import ProducerCore
 from service.protocol import messages as m
+from tests.support.producer_batches import queued
 
 BLOCK = 4096
 BLOCKS = 8
@@ -282,7 +283,7 @@ class Env:
         return None if memory is None else memory.state[block]
 
     def queued(self, topic: str = "t", partition: int = 0) -> list[ProducerBatch]:
-        return self.core.accumulator.queued_for(TopicPartition(topic, partition))
+        return queued(self.core.accumulator, TopicPartition(topic, partition))
 
     def close(self) -> None:
         for client in self.clients:

@@ -11,8 +11,7 @@ from service.producer.accumulator import FOREVER, RecordAccumulator
 from service.producer.batch import ProducerBatch, TopicPartition
 from service.producer.transaction_manager import TransactionManager
 from service.protocol import messages as m
-
-from .producer_batches import make_batch, make_cluster
+from tests.support.producer_batches import make_batch, make_cluster, queued
 
 T0 = TopicPartition("t", 0)
 T1 = TopicPartition("t", 1)
@@ -203,7 +202,7 @@ def test_drain_groups_by_leader_and_only_for_the_given_nodes() -> None:
     [c] = append(acc, T2)
     drained = acc.drain(cluster, [cluster.nodes[2]], 1 << 20, 0)
     assert list(drained) == [2] and set(drained[2]) == {b, c}
-    assert acc.queued_for(T0) == [a]
+    assert queued(acc, T0) == [a]
 
 
 def test_drain_respects_max_size() -> None:
@@ -212,8 +211,8 @@ def test_drain_respects_max_size() -> None:
     cluster = make_cluster({tp: 1 for tp in tps})
     for tp in tps:
         append(acc, tp)
-    size = acc.queued_for(tps[0])[0].size_in_bytes
-    assert all(acc.queued_for(tp)[0].size_in_bytes == size for tp in tps)
+    size = queued(acc, tps[0])[0].size_in_bytes
+    assert all(queued(acc, tp)[0].size_in_bytes == size for tp in tps)
     drained = drain_one(acc, cluster, 0, max_size=2 * size + size // 2)
     assert len(drained) == 2
     assert sum(b.size_in_bytes for b in drained) <= 2 * size + size // 2
@@ -241,7 +240,7 @@ def test_drain_rotation_serves_every_partition() -> None:
     cluster = make_cluster({tp: 1 for tp in tps})
     for tp in tps:
         append(acc, tp, 40, count=2)
-    size = acc.queued_for(tps[0])[0].size_in_bytes
+    size = queued(acc, tps[0])[0].size_in_bytes
     served: dict[TopicPartition, int] = dict.fromkeys(tps, 0)
     first_round: set[TopicPartition] = set()
     for i in range(4):
@@ -251,7 +250,7 @@ def test_drain_rotation_serves_every_partition() -> None:
     assert first_round == set(tps)
     for i in range(4, 7 * 4):
         drain_one(acc, cluster, i, max_size=2 * size)
-    served = {tp: 40 - len(acc.queued_for(tp)) for tp in tps}
+    served = {tp: 40 - len(queued(acc, tp)) for tp in tps}
     assert set(served.values()) == {8}  # 28 drains x 2 batches over 7 partitions
 
 
@@ -264,7 +263,7 @@ def test_drain_rotation_survives_partitions_running_empty() -> None:
         append(acc, tp, 1, count=2)   # one batch each: they empty after being drained
     for tp in tps[3:]:
         append(acc, tp, 10, count=2)
-    size = acc.queued_for(tps[0])[0].size_in_bytes
+    size = queued(acc, tps[0])[0].size_in_bytes
     order = []
     for i in range(6):
         order.append(sorted(b.tp.partition for b in drain_one(acc, cluster, i, max_size=2 * size)))
@@ -272,7 +271,7 @@ def test_drain_rotation_survives_partitions_running_empty() -> None:
     assert order[1] == [2, 3]
     assert order[2] == [4, 5]
     # with only 3, 4 and 5 left, they keep taking turns
-    counts = {p: 10 - len(acc.queued_for(TopicPartition("t", p))) for p in (3, 4, 5)}
+    counts = {p: 10 - len(queued(acc, TopicPartition("t", p))) for p in (3, 4, 5)}
     assert max(counts.values()) - min(counts.values()) <= 1
 
 
@@ -297,7 +296,7 @@ def test_reenqueue_puts_batch_at_head() -> None:
     first, second = append(acc, T0, 2)
     assert drain_one(acc, cluster, 0) == [first]
     acc.reenqueue(first, 10)
-    assert acc.queued_for(T0) == [first, second]
+    assert queued(acc, T0) == [first, second]
     assert (first.attempts, first.last_attempt_ms, first.in_retry) == (1, 10, True)
 
 
@@ -320,7 +319,7 @@ def test_reenqueue_in_sequence_order_with_idempotence() -> None:
         rng.shuffle(shuffled)
         for b in shuffled:
             queue.reenqueue(b, 100)
-        assert queue.queued_for(T0) == retried + fresh
+        assert queued(queue, T0) == retried + fresh
 
 
 def test_reenqueue_in_sequence_order_across_the_wrap() -> None:
@@ -338,7 +337,7 @@ def test_reenqueue_in_sequence_order_across_the_wrap() -> None:
     assert tm.first_in_flight_sequence(T0) == before.base_sequence
     acc.reenqueue(after, 1)
     acc.reenqueue(before, 1)
-    assert acc.queued_for(T0) == [before, after]
+    assert queued(acc, T0) == [before, after]
     assert drain_one(acc, cluster, 2) == [before]
     assert drain_one(acc, cluster, 2) == []  # a retried batch goes when it is the first in flight
     tm.handle_completed_batch(before, 0)
@@ -351,7 +350,7 @@ def test_reenqueue_without_sequence_goes_to_head_even_with_idempotence() -> None
     first = make_batch(T0)
     [second] = append(acc, T0)
     acc.reenqueue(first, 0)
-    assert acc.queued_for(T0) == [first, second]
+    assert queued(acc, T0) == [first, second]
 
 
 def test_split_and_reenqueue_in_place_of_the_batch() -> None:
@@ -367,8 +366,8 @@ def test_split_and_reenqueue_in_place_of_the_batch() -> None:
     tm.handle_failed_batch(big, for_code(10), adjust_sequences=False)
     count = acc.split_and_reenqueue(big, big.records_size // 2, 50)
     assert count >= 2
-    parts = acc.queued_for(T0)[:count]
-    assert acc.queued_for(T0)[count:] == later
+    parts = queued(acc, T0)[:count]
+    assert queued(acc, T0)[count:] == later
     assert [p.base_sequence for p in parts] == [0, *[sum(q.record_count for q in parts[:i]) for i in range(1, count)]]
     assert all(p.last_attempt_ms == 50 for p in parts)
     assert big not in acc.incomplete and set(parts) <= acc.incomplete
@@ -392,7 +391,7 @@ def test_split_and_reenqueue_without_idempotence() -> None:
     assert drain_one(acc, cluster, 0) == [big]
     count = acc.split_and_reenqueue(big, 1, 20)
     assert count == 6
-    parts = acc.queued_for(T0)
+    parts = queued(acc, T0)
     assert len(parts) == 7 and parts[-1] is later
     assert [p.origin_index for p in parts[:-1]] == list(range(6))
     assert not any(p.has_sequence for p in parts)
@@ -416,7 +415,7 @@ def test_expired_batches_removed_in_order() -> None:
     assert acc.next_batch_expiry_ms == 100
     expired = acc.expired_batches(112)
     assert expired == [a, b, d]
-    assert acc.queued_for(T0) == [c] and acc.queued_for(T1) == [e]
+    assert queued(acc, T0) == [c] and queued(acc, T1) == [e]
     assert acc.next_batch_expiry_ms == 120
     assert acc.expired_batches(200) == [c, e]
     assert acc.next_batch_expiry_ms == FOREVER
@@ -435,7 +434,7 @@ def test_expiry_looks_past_a_younger_head() -> None:
         acc.append(batch)
     assert acc.next_batch_expiry_ms == 100
     assert acc.expired_batches(100) == [old]
-    assert acc.queued_for(T0) == [young, newest]
+    assert queued(acc, T0) == [young, newest]
     assert acc.next_batch_expiry_ms == 150
     assert acc.expired_batches(160) == [young, newest]
 
@@ -460,7 +459,7 @@ def test_expiry_bound_follows_batches_put_back() -> None:
     assert acc.expired_batches(112) == []
     assert acc.next_batch_expiry_ms == FOREVER
     assert acc.split_and_reenqueue(parent, parent.records_size // 2, 112) > 1
-    parts = acc.queued_for(T0)
+    parts = queued(acc, T0)
     assert acc.next_batch_expiry_ms == 105
     assert acc.expired_batches(105) == parts
 
@@ -549,7 +548,7 @@ def test_drain_stops_for_unresolved_partition_only() -> None:
     [waiting] = append(acc, T0)
     [other] = append(acc, T1)
     assert drain_one(acc, cluster, 1) == [other]
-    assert acc.queued_for(T0) == [waiting]
+    assert queued(acc, T0) == [waiting]
     assert not waiting.has_sequence
 
 
@@ -588,7 +587,7 @@ def test_retried_batch_goes_only_when_first_in_flight() -> None:
     acc.reenqueue(batches[1], 10)
     [fresh] = append(acc, T0)
     assert drain_one(acc, cluster, 10) == []
-    assert acc.queued_for(T0) == [batches[1], fresh]
+    assert queued(acc, T0) == [batches[1], fresh]
     tm.handle_completed_batch(batches[0], 0)
     assert drain_one(acc, cluster, 11) == [batches[1]]
     # the new batch waits behind it (one per partition per request), then takes the next sequence
@@ -697,8 +696,8 @@ def left_for_the_next_request(acc: RecordAccumulator, cluster) -> tuple[list[Pro
     append(acc, T1, count=50)
     small = append(acc, T0, 3)
     assert [b.tp for b in drain_one(acc, cluster, 0, max_size=max_size)] == [T1]
-    [queued] = acc.queued_for(T0)
-    assert queued.parts == small
+    [coalesced] = queued(acc, T0)
+    assert coalesced.parts == small
     return small, max_size
 
 
@@ -716,11 +715,11 @@ def test_queued_coalesced_batch_is_aborted_with_its_parts() -> None:
     acc = coalescing()
     cluster = make_cluster({T0: 1, T1: 1})
     small, _ = left_for_the_next_request(acc, cluster)
-    [queued] = acc.queued_for(T0)
+    [coalesced] = queued(acc, T0)
     assert acc.abort_undrained(KafkaError("closing")) == 1
-    assert queued.is_done
+    assert coalesced.is_done
     assert all(b.is_done and str(b.error) == "closing" for b in small)
-    assert queued not in acc.incomplete and not set(small) & acc.incomplete
+    assert coalesced not in acc.incomplete and not set(small) & acc.incomplete
 
 
 @pytest.mark.parametrize("idempotent", [True, False])
@@ -801,7 +800,7 @@ def test_parts_of_a_split_coalesced_batch_keep_its_sequences_and_go_alone_in_ord
     # what the sender does on MESSAGE_TOO_LARGE
     tm.handle_failed_batch(combined, for_code(10), adjust_sequences=False)
     assert acc.split_and_reenqueue(combined, combined.records_size // 2, 50) == 4
-    assert acc.queued_for(T0) == parts + later
+    assert queued(acc, T0) == parts + later
     assert [p.base_sequence for p in parts] == [0, 2, 5, 6]
     assert combined not in acc.incomplete and set(parts) | set(later) == acc.incomplete
     offset = 100
@@ -827,7 +826,7 @@ def test_parts_of_a_split_coalesced_batch_go_alone_without_idempotence() -> None
     [combined] = drain_one(acc, cluster, 0)
     later = append(acc, T0, 2)
     assert acc.split_and_reenqueue(combined, combined.records_size // 2, 50) == 3
-    assert acc.queued_for(T0) == parts + later
+    assert queued(acc, T0) == parts + later
     assert [drain_one(acc, cluster, 60) for _ in parts] == [[p] for p in parts]
     [rest] = drain_one(acc, cluster, 60)
     assert rest.parts == later

@@ -11,8 +11,7 @@ from service.producer.batch import FinalState, ProducerBatch, TopicPartition
 from service.protocol.compression import CompressionType
 from service.protocol.record_batch import NO_SEQUENCE, decode_batch
 from tests.support.batches import encode_records
-
-from .producer_batches import BASE_TS, T0, make_batch, record_specs
+from tests.support.producer_batches import BASE_TS, T0, make_batch, record_specs
 
 
 class Outcomes:

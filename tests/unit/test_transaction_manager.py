@@ -19,8 +19,7 @@ from service.producer.transaction_manager import (
     increment_sequence,
 )
 from service.protocol import messages as m
-
-from .producer_batches import make_batch
+from tests.support.producer_batches import make_batch
 
 T0 = TopicPartition("t", 0)
 T1 = TopicPartition("t", 1)

@@ -7,6 +7,7 @@ from typing import Any
 
 from client_stub.contract.records import Header
 from service.network.metadata import Cluster, Node, PartitionInfo
+from service.producer.accumulator import RecordAccumulator
 from service.producer.batch import ProducerBatch, TopicPartition
 from tests.support.batches import encode_records
 
@@ -44,3 +45,9 @@ def make_cluster(leaders: dict[TopicPartition, int | None], node_ids: Sequence[i
         partitions.setdefault(tp.topic, {})[tp.partition] = PartitionInfo(
             tp.topic, tp.partition, -1 if leader is None else leader, 0)
     return Cluster(nodes=nodes, partitions=partitions)
+
+
+def queued(accumulator: RecordAccumulator, tp: TopicPartition) -> list[ProducerBatch]:
+    """The batches queued for ``tp``, in the order they will be drained (read off the accumulator's own queue:
+    the producer itself only ever drains it)."""
+    return list(accumulator._batches.get(tp, ()))
