@@ -2,8 +2,9 @@
 
 One thread waits on one poller, where the network's selector registers the
 brokers' sockets and the front its clients' (the ZeroMQ socket, the memory
-socket and its connections): the sender drains and sends, each ready socket is
-served by its part, then the front serves what is due (grants, reports, timers).
+socket and its connections): the sender drains and sends and the network client
+handles what the brokers answered; then each client socket that is ready is
+served by its part, and the front serves what is due (grants, reports, timers).
 
 Signals: SIGTERM and SIGINT shut it down (a second one cuts the drain short);
 SIGHUP reopens its log file and reloads its settings, taking those that can
@@ -132,8 +133,9 @@ class SidecarDaemon:
         self.shutdown()
 
     def run_once(self) -> None:
-        """One iteration: sending, and the one wait that serves the brokers' sockets and the clients'; then what is
-        due of the front (grants, reports, timers)."""
+        """One iteration: sending, and the one wait on the brokers' sockets and the clients' (the brokers' served at
+        once by the network client); then the clients' sockets that are ready, and what is due of the front
+        (grants, reports, timers)."""
         if self._reload_requested.is_set():
             self._reload_requested.clear()
             self.reload()
@@ -146,6 +148,7 @@ class SidecarDaemon:
         self.service_manager.tick(self.core.metadata.update_version > 0, len(self.front.sessions),
                                   self.core.metrics.records_sent)
         try:
+            self.poller.serve_ready()
             self.pool.follow_queue(self.core.clock())
             self.front.serve_due()
             if self.exporter is not None and self.core.clock() >= self._next_publish_ms:

@@ -14,7 +14,6 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -25,7 +24,7 @@ from .. import memory_socket
 from ..buffer_pool import BufferPool
 from ..client_error import ClientError
 from ..memory_socket import MemorySocket
-from ..poller import POLLIN, Poller, isolated
+from ..poller import POLLIN, Poller
 from .checks import is_int, notice_fields
 from .quotas import ProcessQuotas
 from .refusals import Refusals
@@ -38,15 +37,6 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_MS = 10_000
 # After the memory socket could not accept a connection (out of file descriptors), it waits this long.
 _ACCEPT_PAUSE_MS = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Which daemon and pool a resumed session must fit."""
-
-    daemon_id: str
-    block_size: int
-    block_count: int
 
 
 class MemoryHandshakes:
@@ -73,8 +63,7 @@ class MemoryHandshakes:
         # Connections awaiting their token, each until when.
         self._pending: dict[socket.socket, int] = {}
         self._accept_paused_until: int | None = None
-        self._accept_handler = isolated(self._accept)
-        poller.register(memory.listener, POLLIN, self._accept_handler)
+        poller.register(memory.listener, POLLIN, self._accept, later=True)
 
     # -- at HELLO --------------------------------------------------------------------------------
 
@@ -85,7 +74,7 @@ class MemoryHandshakes:
         else:
             resume = ipc.Resume._make(raw)
             if resume.daemon_id == self.daemon_id and not (is_int(resume.client_id)
-                                                           and self.sessions.kept(resume.client_id)):
+                                                           and self.sessions.kept_session(resume.client_id)):
                 # This daemon ended the session itself, and sent what it had of it, or has forgotten it.
                 reason = "its session was this daemon's, which ended it and kept nothing of it"
             elif (resume.block_size, resume.block_count) != (self.pool.block_size, self.pool.block_count):
@@ -98,7 +87,7 @@ class MemoryHandshakes:
         log.warning("a client's session cannot be resumed: %s; what it held is failed as unknown", reason)
         return None
 
-    def claims(self, resume: ipc.Resume | None) -> int | None:
+    def claimed_client_id(self, resume: ipc.Resume | None) -> int | None:
         """The client id of the kept session a resume claims, if it claims one of this daemon's."""
         return resume.client_id if resume is not None and resume.daemon_id == self.daemon_id else None
 
@@ -109,14 +98,14 @@ class MemoryHandshakes:
         deadline = self.clock() + HANDSHAKE_TIMEOUT_MS
         for conn in accepted:
             self._pending[conn] = deadline
-            self.poller.register(conn, POLLIN, isolated(partial(self._token, conn)))
+            self.poller.register(conn, POLLIN, partial(self._read_token, conn), later=True)
         if failed:
             # Out of file descriptors, say: the listener would stay readable, and the loop spin.
             log.error("the memory socket cannot accept connections: %s; pausing %d ms", failed, _ACCEPT_PAUSE_MS)
             self.poller.unregister(self.memory.listener)
             self._accept_paused_until = self.clock() + _ACCEPT_PAUSE_MS
 
-    def _token(self, conn: socket.socket, events: int) -> None:
+    def _read_token(self, conn: socket.socket, events: int) -> None:
         """A client's token, and the segment it hands over if it takes a session back."""
         try:
             received = memory_socket.read_token(conn)
@@ -144,7 +133,7 @@ class MemoryHandshakes:
                                       "daemon in the host's pid namespace (Kubernetes: hostPID: true; docker: "
                                       "--pid host)")
                 self.quotas.check_sessions(session)
-                segment = self._segment(session, fds)
+                segment = self._hand_over_segment(session, fds)
             except (ClientError, OSError) as exc:
                 memory_socket.refuse(conn, str(exc))
                 self._close(conn)
@@ -155,7 +144,7 @@ class MemoryHandshakes:
             if claimed is not None and claimed.connection is not None:
                 self.close(claimed.connection)
                 claimed.connection = None
-            self.poller.register(conn, POLLIN, isolated(partial(self._hung_up, session)))
+            self.poller.register(conn, POLLIN, partial(self._hung_up, session), later=True)
             memory_socket.answer(conn, segment)
         finally:
             for fd in [*fds, *([] if segment is None else [segment])]:
@@ -175,7 +164,7 @@ class MemoryHandshakes:
                 self._close(conn)
         if self._accept_paused_until is not None and self._accept_paused_until <= now:
             self._accept_paused_until = None
-            self.poller.register(self.memory.listener, POLLIN, self._accept_handler)
+            self.poller.register(self.memory.listener, POLLIN, self._accept, later=True)
 
     def due_in_ms(self, now: int) -> list[int]:
         """When the connections and the pause need the loop next."""
@@ -212,7 +201,7 @@ class MemoryHandshakes:
 
     # -- the segment -----------------------------------------------------------------------------
 
-    def _segment(self, session: ClientSession, fds: list[int]) -> int | None:
+    def _hand_over_segment(self, session: ClientSession, fds: list[int]) -> int | None:
         """The new segment's file descriptor, or None once the segment of a resumed session is taken back."""
         if session.resume is None:
             if fds:
@@ -222,7 +211,7 @@ class MemoryHandshakes:
             raise ClientError("a resumed session hands over its segment")
         kept = None
         if session.state is SessionState.CLAIMING:
-            [kept] = self.sessions.kept(session.client_id) or [None]
+            kept = self.sessions.kept_session(session.client_id)
             if kept is None:
                 raise ClientError("this daemon keeps that session no more: another took it back, or its process is "
                                   "gone")
@@ -232,7 +221,7 @@ class MemoryHandshakes:
             # reported to the session and kept) are not sealed again.
             known = {*kept.unreported, *(report.batch_id for report in kept.reports)}
             session.resume = session.resume._replace(sealed=[
-                notice for notice in session.resume.sealed if notice_fields(notice).get("batch_id") not in known])
+                notice for notice in session.resume.sealed if not self._known(notice, known)])
         owned = self._owned_blocks(session, session.resume.sealed)
         if kept is None:
             self.pool.adopt(session.client_id, fds[0], owned, session.pid)
@@ -241,6 +230,13 @@ class MemoryHandshakes:
             self.pool.reattach(session.client_id, fds[0], owned)
             session.reports, session.unreported = kept.reports, kept.unreported
         return None
+
+    @staticmethod
+    def _known(notice: Any, batch_ids: set[int]) -> bool:
+        """Whether a notice names one of ``batch_ids`` (one that does not name a batch plainly is sealed, and
+        refused, as any other)."""
+        batch_id = notice_fields(notice).get("batch_id")
+        return is_int(batch_id) and batch_id in batch_ids
 
     def _owned_blocks(self, session: ClientSession, sealed: list[Any]) -> list[int]:
         """The blocks of a resumed session's sealed batches, which are the client's again, up to what its process

@@ -41,7 +41,7 @@ class ProcessQuotas:
         """ClientError if the session's process has as many sessions as it may (those kept for it included, but
         the one it takes back)."""
         limit = self.settings.max_sessions_per_process
-        claimed = self.sessions.owner(session.client_id) if session.state is SessionState.CLAIMING else None
+        claimed = self.sessions.kept_session(session.client_id) if session.state is SessionState.CLAIMING else None
         if sum(s.pid == session.pid and s is not claimed for s in self.sessions.attached()) >= limit:
             raise ClientError(f"process {session.pid} has {limit} sessions, as many as sidecar.process.max.sessions "
                               "allows")

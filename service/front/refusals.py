@@ -19,6 +19,7 @@ class Refusals:
         self._logged = float("-inf")
 
     def count(self, reason: str) -> None:
+        """One more refusal, for ``reason``."""
         self.messages_refused += 1
         now = time.monotonic()
         if now - self._logged >= _LOG_INTERVAL_S:

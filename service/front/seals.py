@@ -47,10 +47,8 @@ class Seals:
         # Records of the batches clients sealed (handed off).
         self.records_sealed = 0
 
-    def seal(self, session: ClientSession, notices: Any, now: int) -> None:
+    def seal(self, session: ClientSession, notices: list[Any], now: int) -> None:
         """Hand over the batches of a SEAL, a LASTSEAL or a session taken back, each on its own."""
-        if not isinstance(notices, list):
-            raise ClientError("a seal carries a list of notices")
         for notice in notices:
             if not self.sessions.is_live(session):
                 return  # ended by a reply it did not take: the notices left are offered again when it comes back
@@ -60,11 +58,6 @@ class Seals:
                 self._refuse(session, ClientError(f"seal refused: {exc}", exc.code))
                 self._fail_notice(session, notice, InvalidRequestError(clip(f"the daemon refused the batch: {exc}")))
                 continue
-            except Exception as exc:
-                # A bug, not the client's fault: fail this batch, go on with the rest.
-                log.exception("could not make a batch of a seal notice")
-                self._fail_notice(session, notice, KafkaError(f"the daemon could not take the batch: {exc}"))
-                continue
             try:
                 self.append(batch)
             except Exception as exc:
@@ -72,7 +65,7 @@ class Seals:
                 log.exception("could not queue a sealed batch")
                 batch.abort(KafkaError(f"the daemon could not queue the batch: {exc}"))
 
-    def _fail_notice(self, session: ClientSession, notice: Any, error: KafkaError) -> None:
+    def _fail_notice(self, session: ClientSession, notice: Any, error: InvalidRequestError) -> None:
         """A failed report for the notice's batch, and the blocks it named that the client holds unsealed freed:
         the client counts a failed batch as finished, and neither writes to nor releases its blocks again."""
         fields = notice_fields(notice)

@@ -21,6 +21,8 @@ from client_stub.contract import ipc
 
 
 class SessionState(enum.Enum):
+    """Where a session is in its life (see the module's docstring)."""
+
     AWAITING_HANDSHAKE = "awaiting its memory handshake"
     # Awaiting its memory handshake too, which must hand over the segment of the kept session it claims.
     CLAIMING = "claiming a kept session"
@@ -67,6 +69,7 @@ class ClientSession:
 
     @property
     def attached(self) -> bool:
+        """Whether its client has its segment, in a live session."""
         return self.state is SessionState.ATTACHED
 
 
@@ -101,12 +104,14 @@ class SessionTable:
         """The session, live or kept, a client id's reports go to."""
         return self._owners.get(client_id)
 
-    def kept(self, client_id: int | None = None) -> list[ClientSession]:
-        """The kept sessions (of ``client_id`` only, if given)."""
-        if client_id is not None:
-            owner = self._owners.get(client_id)
-            return [owner] if owner is not None and owner.state is SessionState.KEPT else []
+    def kept(self) -> list[ClientSession]:
+        """The kept sessions."""
         return [s for s in self._owners.values() if s.state is SessionState.KEPT]
+
+    def kept_session(self, client_id: int) -> ClientSession | None:
+        """The kept session of a client id, if this daemon keeps one."""
+        owner = self._owners.get(client_id)
+        return owner if owner is not None and owner.state is SessionState.KEPT else None
 
     def attached(self) -> list[ClientSession]:
         """The sessions whose clients have their segments, kept ones included: each holds a memory connection."""

@@ -25,7 +25,7 @@ from client_stub.contract.shared_memory import TOKEN_SIZE
 
 from ..buffer_pool import BufferPool
 from ..client_error import ClientError
-from ..poller import POLLIN, Poller, isolated
+from ..poller import POLLIN, Poller
 from .checks import check_int, clip, is_int, max_message_size, read_message
 from .endpoint import Endpoint
 from .grants import Grants
@@ -88,7 +88,7 @@ class SidecarFront:
         self.handshakes = MemoryHandshakes(self.endpoint.memory, poller, self.sessions, pool, self.quotas,
                                            self.refusals, self.daemon_id, clock, attached=self._attached,
                                            refused=self.end_session, gone=self._gone)
-        poller.register(self.endpoint.socket, POLLIN, isolated(lambda events: self.handle_readable()))
+        poller.register(self.endpoint.socket, POLLIN, lambda events: self.handle_readable(), later=True)
         # Why the daemon is shutting down, once it is: it takes no new session and grants no block.
         self.shutting_down: str | None = None
 
@@ -176,7 +176,7 @@ class SidecarFront:
         if options.resume is not None:
             session.resume = self.handshakes.resumable(options.resume)
         # A claim of a session this daemon keeps is the client's own once its memory handshake proves it.
-        self.sessions.open(session, claimed=self.handshakes.claims(session.resume))
+        self.sessions.open(session, claimed=self.handshakes.claimed_client_id(session.resume))
         self.replies.send(session, ipc.Welcome(PROTOCOL_VERSION, session.client_id, session.token,
                                                self.pool.block_size, self.pool.block_count, self.settings.welcome,
                                                self.daemon_id, session.resume is not None,
@@ -261,6 +261,7 @@ class SidecarFront:
             log.info("reclaimed %d unsealed block(s) of client %s", reclaimed, session.client_id)
 
     def _close_connection(self, session: ClientSession) -> None:
+        """Close the session's memory connection, if it has one: its client reads the end of its session."""
         if session.connection is not None:
             self.handshakes.close(session.connection)
             session.connection = None
@@ -282,6 +283,9 @@ class SidecarFront:
         self.topic_updates.tell_changes()
 
     def _end_if_overdue(self, session: ClientSession, now: int) -> None:
+        """End a session whose memory handshake is overdue, or keep one whose client has been silent too long."""
+        if not self.sessions.is_live(session):
+            return  # ended in this turn (its client did not read its replies)
         if not session.attached and session.handshake_deadline_ms <= now:
             # Unbounded otherwise: nothing limits the sessions of a socket that never proves a process.
             log.warning("%s made no memory handshake in %d ms: ending its session", session.describe(),
@@ -296,11 +300,13 @@ class SidecarFront:
         """How long the loop may sleep before :meth:`serve_due` has work (waiters, deadlines, waiting replies)."""
         now = self.clock()
         timeout_ms = self.settings.client_timeout_ms
-        due = [*self.grants.due_in_ms(now), *self.handshakes.due_in_ms(now)]
-        due += [s.handshake_deadline_ms - now for s in self.sessions if not s.attached]
-        due.append(min((s.last_seen_ms + timeout_ms - now for s in self.sessions), default=timeout_ms))
-        if any(s.waiting for s in self.sessions):
-            due.append(_RETRY_WAITING_MS)
+        due = [timeout_ms, *self.grants.due_in_ms(now), *self.handshakes.due_in_ms(now)]
+        for session in self.sessions:
+            due.append(session.last_seen_ms + timeout_ms - now)
+            if not session.attached:
+                due.append(session.handshake_deadline_ms - now)
+            if session.waiting:
+                due.append(_RETRY_WAITING_MS)
         return max(min(due), 0)
 
     # -- shutdown --------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ class Workload:
     key_count: int = 1000
     duration_s: float = 0.0  # > 0: every process sends until this many seconds have passed (or its share is sent)
     # Records each process sends, and waits for, before the measured part (not counted): connections,
-    # metadata and producer id are then in place, and the figures show the steady state.
+    # metadata and producer id are then in place, and the measurements show the steady state.
     warmup_records: int = 0
     # False: no record gets a delivery callback (latency not measured; delivered = sent - client.undelivered()).
     callbacks: bool = True
@@ -137,7 +137,7 @@ class Result:
 
     def summary(self) -> dict[str, float | None]:
         """Kafka's metrics; the latencies None without callbacks (not measured)."""
-        figures: dict[str, float | None] = {
+        summary: dict[str, float | None] = {
             "records": self.records, "errors": self.errors, "sent": self.sent, "seconds": round(self.seconds, 3),
             "records_per_s": round(self.records_per_s, 1), "mb_per_s": round(self.mb_per_s, 3)}
         lat = self.latencies_ms
@@ -147,9 +147,9 @@ class Result:
         latencies = {"latency_avg_ms": total / self.records if self.records else 0.0, "latency_max_ms": most,
                      **{f"latency_{name}_ms": self.percentile(fraction, ordered)
                         for name, fraction in (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999))}}
-        figures.update({name: round(value, 3) if self.callbacks else None for name, value in latencies.items()})
-        figures.update(cpu_s=round(self.cpu_seconds, 3), startup_s=round(self.startup_seconds, 3))
-        return figures
+        summary.update({name: round(value, 3) if self.callbacks else None for name, value in latencies.items()})
+        summary.update(cpu_s=round(self.cpu_seconds, 3), startup_s=round(self.startup_seconds, 3))
+        return summary
 
     def line(self) -> str:
         s = self.summary()
@@ -241,8 +241,8 @@ def make_sidecar_client(options: dict[str, Any]) -> Client:
 
         def undelivered(self) -> int:
             """Records whose future failed, and those still without an outcome (Producer.metrics())."""
-            figures = self.producer.metrics()
-            return int(figures["record-error-total"] + figures["records-outstanding"])
+            metrics = self.producer.metrics()
+            return int(metrics["record-error-total"] + metrics["records-outstanding"])
 
         def close(self) -> None:
             self.producer.close()

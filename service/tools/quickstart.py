@@ -276,7 +276,7 @@ def _producing_process(endpoint: str, topic: str, worker: int, records: int,
 
 @dataclass
 class DemoRun:
-    """The demo's figures, from its processes' reports."""
+    """The demo's results, from its processes' reports."""
 
     processes: int
     records: int
@@ -481,7 +481,7 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def _summary(outcome: Outcome, partitions: int) -> str:
-    """The figures a user reads at the end: a column for the demo, one for the pipeline if it ran."""
+    """What a user reads at the end: a column for the demo, one for the pipeline if it ran."""
     demo, brokers = outcome.demo, outcome.brokers
     processes, records = demo.processes, demo.records
 

@@ -214,9 +214,11 @@ class Env:
         assert self.front.endpoint.socket.poll(1000), "nothing reached the daemon"
         self.front.handle_readable()
 
-    def serve(self) -> None:
-        """One poll of the loop's poller, without waiting: each socket ready is served by its part."""
-        self.poller.poll(0)
+    def serve(self, timeout_ms: int = 0) -> None:
+        """One poll of the loop's poller, as the daemon's loop turns it: each client socket ready is served by its
+        part."""
+        self.poller.poll(timeout_ms)
+        self.poller.serve_ready()
 
     def serve_until(self, condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
         """Poll the loop's poller until ``condition()``; fails if it is still false after ``timeout_s`` (what the
@@ -224,7 +226,7 @@ class Env:
         deadline = time.monotonic() + timeout_s
         while not condition():
             assert time.monotonic() < deadline, "what the front waited for did not come"
-            self.poller.poll(50)
+            self.serve(50)
 
     def connect_memory(self, own_process: bool = False) -> socket.socket:
         """A connection to the memory socket, accepted by the front; with ``own_process``, connected by a child
@@ -270,7 +272,8 @@ class Env:
         return session
 
     def kept(self, client_id: int) -> ClientSession:
-        [session] = self.front.sessions.kept(client_id)
+        session = self.front.sessions.kept_session(client_id)
+        assert session is not None, f"client {client_id}'s session is not kept"
         return session
 
     def sidecar_metrics(self) -> dict[str, float]:

@@ -127,6 +127,7 @@ def test_nothing_a_client_sends_is_read_while_the_producer_closes(tmp_path: Path
         router = daemon.front.endpoint.socket
         assert router.poll(10_000), "the message did not reach the daemon"
         daemon.poller.poll(0)  # as the producer's flush turns it
+        daemon.poller.serve_ready()
         unread.append(bool(router.poll(0)) and not client.poll(0))
         close(timeout_ms)
 

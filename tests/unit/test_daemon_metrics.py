@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 from client_stub.contract import ipc
-from tests.support.front import (
-    BLOCKS,
-    Env,
-    notice,
-)
+from service.daemon_metrics import process_metrics
+from tests.support.front import BLOCKS, TIMEOUT_MS, Env, notice
 
 
 def test_stats_report_what_the_pool_holds(env: Env) -> None:
@@ -45,3 +42,14 @@ def test_stats_report_what_the_pool_holds(env: Env) -> None:
         (env.session(a_id).pid, 1, 3)]
     # Asking is no session.
     assert len(env.front.sessions) == 2
+
+
+def test_a_kept_session_counts_once_for_its_process(env: Env) -> None:
+    client = env.client()
+    client_id = client.hello()
+    client.blocks(2)
+    env.clock.advance(TIMEOUT_MS + 1)
+    env.front.serve_due()  # silent: its session ends, kept (with its segment: the blocks it sealed, none here)
+    assert env.sidecar_metrics()["sessions-kept"] == 1
+    [process] = process_metrics(env.pool, env.front)
+    assert (process["pid"], process["sessions"]) == (env.kept(client_id).pid, 1)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
 
-import pytest
 import zmq
 
-from service.poller import POLLIN, Poller, isolated
+from service.poller import POLLIN, Poller
 
 
 def test_a_zmq_message_wakes_the_poll_and_its_handler_serves_it(
@@ -85,25 +83,40 @@ def test_a_handler_unregistered_by_another_in_the_same_poll_is_not_called() -> N
         assert served in (["a"], ["b"])  # whichever came first unregistered the other
 
 
-def test_an_isolated_handler_logs_what_it_raises_and_the_poll_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_handler_registered_later_is_served_by_serve_ready_not_by_the_poll() -> None:
+    # The clients' sockets are served after the producer's turn: their work is not counted as the brokers'.
     (a, a_peer), (b, b_peer) = socket.socketpair(), socket.socketpair()
     poller = Poller()
     served: list[str] = []
-
-    def broken(events: int) -> None:
-        raise RuntimeError("a bug")
-
     with a, a_peer, b, b_peer:
-        poller.register(a, POLLIN, isolated(broken))
-        poller.register(b, POLLIN, lambda events: served.append(b.recv(16).decode()))
+        poller.register(a, POLLIN, lambda events: served.append("client " + a.recv(16).decode()), later=True)
+        poller.register(b, POLLIN, lambda events: served.append("broker " + b.recv(16).decode()))
+        a_peer.sendall(b"seal")
+        b_peer.sendall(b"ack")
+        deadline = time.monotonic() + 10
+        while not served and time.monotonic() < deadline:
+            poller.poll(100)
+        assert served == ["broker ack"]
+        started = time.monotonic()
+        poller.poll(60_000)  # a client's socket ready and not served yet: the poll does not wait
+        assert time.monotonic() - started < 30
+        poller.serve_ready()
+        assert served == ["broker ack", "client seal"]
+        poller.serve_ready()  # served once
+        assert served == ["broker ack", "client seal"]
+
+
+def test_a_socket_unregistered_before_it_is_served_later_is_not_served() -> None:
+    a, a_peer = socket.socketpair()
+    poller = Poller()
+    served: list[int] = []
+    with a, a_peer:
+        poller.register(a, POLLIN, served.append, later=True)
         a_peer.sendall(b"x")
-        b_peer.sendall(b"ok")
-        with caplog.at_level(logging.ERROR, logger="service.poller"):
-            deadline = time.monotonic() + 10
-            while not served and time.monotonic() < deadline:
-                poller.poll(100)
-        assert served == ["ok"]
-        assert "error serving a client's socket" in caplog.text and "RuntimeError: a bug" in caplog.text
+        poller.poll(5_000)
+        poller.unregister(a)
+        poller.serve_ready()
+        assert served == []
 
 
 def test_wakeup_from_another_thread_ends_a_long_poll() -> None:

@@ -43,7 +43,7 @@ def test_a_kept_session_still_owns_its_client_id_until_it_is_forgotten() -> None
         table.attach(a, conn)
         assert table.end(a, keep=True) is True
         assert a.state is SessionState.KEPT and not table.is_live(a)
-        assert table.owner(a.client_id) is a and table.kept() == [a] and table.kept(a.client_id) == [a]
+        assert table.owner(a.client_id) is a and table.kept() == [a] and table.kept_session(a.client_id) is a
         assert table.attached() == [a]  # its memory connection tells when its process is gone
         table.forget(a)
         assert a.state is SessionState.ENDED and table.owner(a.client_id) is None and table.kept() == []
