@@ -17,7 +17,6 @@ from client_stub.errors import KafkaTimeoutError
 from service.producer.batch import FinalState, ProducerBatch
 from service.producer.core import ProducerCore
 from service.protocol.messages import PRODUCE
-from service.protocol.record_batch import decode_batches
 from service.tools.readback import read_topic
 from tests.support.batches import Deliveries, SentRecord
 from tests.support.core import (
@@ -29,6 +28,7 @@ from tests.support.core import (
 )
 from tests.support.fake_broker import produce_response, record_count
 from tests.support.proxy import FaultProxy
+from tests.support.record_batches import decode_batches
 
 MESSAGE_TOO_LARGE = 10
 
@@ -129,7 +129,7 @@ def test_coalesced_batches_retried_after_cut_connections_arrive_once_in_order(pr
         batches += one_record_batches(deliveries, 2, 300, b"round-%d" % len(batches))
     send_all(core, batches)
 
-    assert core.metrics.batches_retried > 0
+    assert core.metrics.producer_figures(core.clock())["record-retry-total"] > 0
     assert_each_reported_and_released_once(deliveries, warm_up + batches)
     assert len(deliveries.succeeded()) == len(warm_up + batches)
     proxy.heal()
@@ -237,7 +237,7 @@ def test_parts_of_a_coalesced_batch_refused_as_too_large_go_on_their_own(fake_br
     send_all(core, parts)
 
     assert refused == [9]  # the four parts, coalesced
-    assert core.metrics.batch_splits == 1
+    assert core.metrics.producer_figures(core.clock())["batch-split-total"] == 1
     stored = stored_batches(broker, "large")
     # Each part went as it was, under the sequences the coalesced batch had.
     assert [[r.value for r in b.records] for b in stored] == [

@@ -35,9 +35,9 @@ from client_stub.errors import (
     SidecarUnavailableError,
 )
 from service.protocol.messages import PRODUCE
-from service.protocol.record_batch import decode_batches
 from service.tools.readback import read_topic
 from tests.support.fake_broker import produce_response, record_count
+from tests.support.record_batches import decode_batches
 from tests.support.workers import run_children
 
 ROOT = Path(__file__).parents[2]

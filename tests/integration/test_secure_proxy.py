@@ -24,10 +24,10 @@ from client_stub.fastpath import encode_record
 from service.protocol import messages as m
 from service.protocol.api import decode_response, encode_request
 from service.protocol.framing import SIZE
-from service.protocol.record_batch import build_batch
 from service.protocol.schema import Message
 from tests.support.certificates import Certificates
 from tests.support.fake_broker import FakeBroker
+from tests.support.record_batches import build_batch
 from tests.support.secure_proxy import (
     BROKER_GONE,
     CLIENT_GONE,

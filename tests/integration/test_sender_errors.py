@@ -34,12 +34,12 @@ from service.producer.batch import FinalState, ProducerBatch, TopicPartition
 from service.producer.core import ProducerCore
 from service.protocol import messages as m
 from service.protocol.api import encode_request
-from service.protocol.record_batch import RecordBatch, decode_batches
 from service.tools.embedded import free_port
 from tests.support.batches import Deliveries, SentRecord, encode_records
 from tests.support.broker_codec import RequestHeader
 from tests.support.core import JumpingClock, run_until
 from tests.support.fake_broker import CLOSE, FakeBroker, codec_api_versions, produce_response
+from tests.support.record_batches import RecordBatch, decode_batches
 
 TOPIC = "orders"
 PRODUCE, METADATA, INIT_PRODUCER_ID = m.PRODUCE, m.METADATA, m.INIT_PRODUCER_ID
@@ -265,6 +265,11 @@ class SequencedLog:
             for t in request.topic_data])
 
 
+def figure(core: ProducerCore, name: str) -> float:
+    """One of the sender's producer-metrics figures, as ``kafka-sidecar stats`` shows it."""
+    return core.metrics.producer_figures(core.clock())[name]
+
+
 def warm_up(core: ProducerCore, deliveries: Deliveries, partition: int = 1) -> None:
     """Metadata, a connection to the leader and (idempotent) a producer id, through one delivered batch."""
     (batch,) = new_batches(deliveries, partition=partition, records=1)
@@ -314,7 +319,7 @@ def test_retriable_error_is_retried_then_succeeds(fake_broker, make_core, error:
         assert metadata_requests >= 1, "a stale-metadata error did not refresh metadata"
     else:
         assert metadata_requests == 0
-    assert core.metrics.batches_retried == 2
+    assert figure(core, "record-retry-total") == 2 * batch.record_count
     assert deliveries.releases[batch.origin] == 1
 
 
@@ -407,8 +412,9 @@ def test_a_retriable_answer_after_the_delivery_timeout_fails_the_batch(fake_brok
 
     assert batch.final_state is FinalState.FAILED
     assert (batch.error.name, batch.error.message) == ("NOT_ENOUGH_REPLICAS", "1 of 3 in sync")
-    assert batch.attempts == 0 and core.metrics.batches_retried == 0
-    assert core.metrics.batches_expired == 0
+    assert batch.attempts == 0 and figure(core, "record-retry-total") == 0
+    # Failed once, with the broker's error, and not expired too.
+    assert figure(core, "record-error-total") == batch.record_count
     assert core.flush(1000)
     assert len(broker.requests_of(PRODUCE)) == produce_before + 1, "retried after delivery.timeout.ms"
     assert deliveries.releases[batch.origin] == 1
@@ -448,7 +454,7 @@ def test_final_error_fails_the_batch_with_the_brokers_message(fake_broker, make_
     assert not batch.error.retriable
     assert str(batch.error) == f"{name} ({error}): {message}"
     assert len(broker.requests_of(PRODUCE)) == produce_before + 1, "a final error was retried"
-    assert core.metrics.batches_failed == 1 and core.metrics.batches_retried == 0
+    assert figure(core, "record-error-total") == records and figure(core, "record-retry-total") == 0
     assert deliveries.releases[batch.origin] == 1
 
     # The partition goes on: with idempotence, under a new producer id from sequence 0 (the
@@ -480,7 +486,7 @@ def test_corrupt_message_is_retried_once_then_failed(fake_broker, make_core) -> 
     assert type(batch.error) is InvalidRecordError
     assert (batch.error.code, batch.error.name, batch.error.message) == (CORRUPT_MESSAGE, "CORRUPT_MESSAGE",
                                                                          "CRC mismatch")
-    assert core.metrics.batches_retried == 1 and core.metrics.batches_failed == 1
+    assert figure(core, "record-retry-total") == figure(core, "record-error-total") == batch.record_count
 
 
 def test_corrupt_message_once_then_accepted(fake_broker, make_core) -> None:
@@ -513,7 +519,8 @@ def test_an_unusable_produce_version_fails_the_batch_and_the_partition_goes_on(f
     # The broker is upgraded: the partition must not have stayed muted.
     broker.api_versions[PRODUCE] = produce_versions
     broker.close_connections()
-    run_until(core, lambda: core.client.node_api_versions(1) is None)  # the versions go with the connection
+    # The versions go with the connection: the next one asks again.
+    run_until(core, lambda: not core.client.connection_states.is_ready(1))
     (after,) = new_batches(deliveries)
     core.append(after)
     assert core.flush(5000)
@@ -542,7 +549,7 @@ def test_a_partition_named_twice_in_a_response_is_completed_once(fake_broker, ma
     assert core.flush(5000)
 
     assert batch.final_state is FinalState.SUCCEEDED
-    assert batch.attempts == 1 and core.metrics.batches_retried == 1
+    assert batch.attempts == 1 and figure(core, "record-retry-total") == batch.record_count
     assert len(produce_batches(broker)) == produce_before + 2, "the batch went out more than once per attempt"
     assert log_values(broker) == values_of(batch, deliveries)
     assert deliveries.releases[batch.origin] == 1
@@ -594,7 +601,7 @@ def test_too_large_batches_are_split_until_they_fit(fake_broker, make_core, idem
     written = log_of(broker)
     assert all(b.record_count <= 3 for b in written)
     assert len(written) > 2
-    assert core.metrics.batch_splits >= 3
+    assert figure(core, "batch-split-total") >= 3
     if idempotent:
         # Sequences continue from the big batch's base sequence through its parts to the small batch.
         assert written[0].base_sequence == 0
@@ -629,7 +636,7 @@ def test_a_single_record_too_large_fails(fake_broker, make_core) -> None:
     assert batch.final_state is FinalState.FAILED
     assert type(batch.error) is RecordTooLargeError
     assert batch.error.name == "MESSAGE_TOO_LARGE"
-    assert core.metrics.batch_splits == 0
+    assert figure(core, "batch-split-total") == 0
 
 
 def partitions_of(request: m.ProduceRequest) -> list[int]:
@@ -670,7 +677,7 @@ def test_a_batch_that_cannot_be_split_fails_alone_and_the_response_goes_on(fake_
     assert "do not parse" in garbage.error.message
     assert deliveries.releases["bad"] == 1
     assert deliveries.reports.count(garbage) == 1
-    assert core.metrics.batch_splits == 0 and core.metrics.batches_failed == 1
+    assert figure(core, "batch-split-total") == 0 and figure(core, "record-error-total") == garbage.record_count
     assert good.final_state is FinalState.SUCCEEDED
     assert log_values(broker, 1) == values_of(good, deliveries)
 
@@ -682,7 +689,7 @@ def test_a_batch_that_cannot_be_split_fails_alone_and_the_response_goes_on(fake_
     assert after.final_state is FinalState.SUCCEEDED
     assert log_values(broker, 0)[1:] == values_of(after, deliveries)
     if idempotent:
-        assert core.transaction_manager.producer_id_resets == 1
+        assert len(broker.requests_of(INIT_PRODUCER_ID)) == 2  # one new producer id
         assert log.seen[-1][1:4] == (1001, 0, 0)
 
 
@@ -718,8 +725,8 @@ def test_a_batch_of_garbage_is_never_sent_and_its_neighbours_keep_their_sequence
                                                                                 False)
     assert "not 7 well-formed records (record 0, byte 0 of 1024)" in garbage.error.message
     assert deliveries.releases["bad"] == 1 and deliveries.reports.count(garbage) == 1
-    assert core.metrics.batches_failed == core.metrics.batches_corrupt == 1
-    assert core.metrics.batches_retried == 0
+    assert core.metrics.batches_corrupt == 1 and figure(core, "record-error-total") == garbage.record_count
+    assert figure(core, "record-retry-total") == 0
     assert all(b.final_state is FinalState.SUCCEEDED for b in before + after)
     # What reached the broker: the warm-up and the well-formed batches, each once, in order.
     sent = produce_batches(broker)
@@ -730,7 +737,7 @@ def test_a_batch_of_garbage_is_never_sent_and_its_neighbours_keep_their_sequence
     if idempotent:
         assert {(b.producer_id, b.producer_epoch) for b in sent} == {(1000, 0)}
         assert [b.base_sequence for b in sent] == list(itertools.accumulate([0] + [b.record_count for b in sent[:-1]]))
-        assert core.transaction_manager.producer_id_resets == 0
+        assert len(broker.requests_of(INIT_PRODUCER_ID)) == 1  # no new producer id
 
 
 def test_an_error_settling_one_batch_does_not_leave_the_rest_of_the_response(fake_broker, make_core,
@@ -788,7 +795,8 @@ def test_retries_exhausted_fail_with_the_last_error(fake_broker, make_core, idem
     assert isinstance(batch.error, RetriableError)
     assert (batch.error.code, batch.error.name, batch.error.message) == (NOT_ENOUGH_REPLICAS,
                                                                          "NOT_ENOUGH_REPLICAS", "1 of 3 in sync")
-    assert core.metrics.batches_retried == 2 and core.metrics.batches_failed == 1
+    assert figure(core, "record-retry-total") == 2 * batch.record_count
+    assert figure(core, "record-error-total") == batch.record_count
 
 
 def test_retries_zero_fails_at_the_first_error(fake_broker, make_core) -> None:
@@ -901,7 +909,7 @@ def test_duplicate_sequence_number_is_success(fake_broker, make_core) -> None:
     assert core.flush(5000)
     assert batch.final_state is FinalState.SUCCEEDED and batch.error is None
     assert [code for p, *_, code in log.seen if p == 0] == [NONE, DUPLICATE_SEQUENCE_NUMBER]
-    assert core.metrics.batches_failed == 0
+    assert figure(core, "record-error-total") == 0
 
     core.append(after)
     assert core.flush(5000)
@@ -930,7 +938,6 @@ def test_lost_producer_state_takes_a_new_producer_id(fake_broker, make_core, err
     assert [(pid, seq, code) for _, pid, _, seq, _, code in log.seen] == [
         (1000, 0, NONE), (1000, 5, error), (1001, 0, NONE)]
     assert (second.producer_id, second.base_sequence) == (1001, 0)
-    assert core.transaction_manager.producer_id_resets == 1
 
     core.append(third)
     assert core.flush(5000)
@@ -966,7 +973,7 @@ def test_a_batch_drained_after_its_delivery_timeout_is_failed_not_sent(fake_brok
             for t in r.topic_data for p in t.partition_data]
     assert sent == [(TOPIC, 1)], "the expired batch was sent"
     assert deliveries.releases[stale.origin] == 1
-    assert core.metrics.batches_expired == 1
+    assert figure(core, "record-error-total") == stale.record_count
 
     # The partition goes on (with idempotence, under a new producer id: the batch used up a sequence).
     (after,) = new_batches(deliveries, partition=0)
@@ -1033,7 +1040,9 @@ def test_an_unreachable_broker_holds_back_only_its_own_partitions(fake_broker, m
     one.set_brokers([(1, one.host, one.port), (2, "127.0.0.1", free_port())])
     one.set_leader(TOPIC, 1, 2)
     clock = JumpingClock()
-    core = make_core(one, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000)
+    # A reconnect backoff that outlasts the test's real time: a broker tried and refused is seen backing off.
+    core = make_core(one, clock=clock, delivery_timeout_ms=60_000, request_timeout_ms=30_000,
+                     reconnect_backoff_ms=60_000, reconnect_backoff_max_ms=60_000)
     deliveries = Deliveries(TOPIC)
     held = new_batches(deliveries, partition=1, batches=2, created_ms=clock())
     going = new_batches(deliveries, partition=0, batches=3, created_ms=clock())
@@ -1046,7 +1055,8 @@ def test_an_unreachable_broker_holds_back_only_its_own_partitions(fake_broker, m
     assert not any(b.is_done for b in held)
     assert core.accumulator.queued_for(TopicPartition(TOPIC, 1)) == held
     assert produce_batches(one, 1) == []
-    assert core.client.connection_failed(2) or core.client.is_connecting(2)
+    # Broker 2 was tried: it is being connected to, or backing off after the refusal.
+    assert core.client.is_connecting(2) or core.client.connection_delay(2, clock()) > 0
     # Nothing to send to broker 1: the loop waits (for the reconnect backoff), it does not spin.
     assert core.sender.send_producer_data(clock()) > 0
 
@@ -1129,9 +1139,11 @@ def test_close_with_a_silent_broker_fails_what_is_left_once(fake_broker, make_co
         assert "producer closed" in str(batch.error)
     # The buffers of those still in flight go back too, once the connections are closed.
     assert all(deliveries.releases[b.origin] == 1 for b in batches)
-    # Sent ones failed, queued ones were aborted: each counted once.
-    assert sum(b.final_state is FinalState.FAILED for b in batches) == core.metrics.batches_failed == 5
-    assert sum(b.final_state is FinalState.ABORTED for b in batches) == core.metrics.batches_aborted == 3
+    # Sent ones failed, each counted once as Kafka counts errors; queued ones were aborted, which Kafka does not
+    # count (Java's abortBatches).
+    failed = [b for b in batches if b.final_state is FinalState.FAILED]
+    assert len(failed) == 5 and sum(b.final_state is FinalState.ABORTED for b in batches) == 3
+    assert figure(core, "record-error-total") == sum(b.record_count for b in failed)
 
     # Closed: a batch handed over now fails at once.
     (late,) = new_batches(deliveries)
@@ -1177,11 +1189,11 @@ def test_metrics_agree_with_what_happened(fake_broker, make_core) -> None:
     figures = core.metrics.producer_figures(now)
     # Kafka's meanings: a record counts as sent in each request that carries it, retried once per retry, and
     # as an error when its batch fails for good.
-    assert figures["record-retry-total"] == 8 and core.metrics.batches_retried == 2
-    assert figures["record-error-total"] == 3 and core.metrics.batches_failed == 1
-    assert core.metrics.batches_succeeded == 2 and core.metrics.records_succeeded == 6
-    assert core.metrics.batches_sent == 5 and figures["record-send-total"] == 3 * 4 + 3 + 2
-    assert core.metrics.batches_expired == 0 and core.metrics.batches_aborted == 0
+    assert figures["record-retry-total"] == 8
+    assert figures["record-error-total"] == 3 and failed.error.name == "INVALID_RECORD"
+    assert figures["record-send-total"] == 3 * 4 + 3 + 2
+    # The batches each broker received: the retried one three times, the other two once.
+    assert (len(produce_batches(one, 0)), len(produce_batches(two, 1))) == (3, 2)
     topic = core.metrics.topic_figures(now)[TOPIC]
     assert (topic["record-send-total"], topic["record-retry-total"], topic["record-error-total"]) == (17, 8, 3)
     # Each produce request's latency, overall and per broker.
@@ -1230,13 +1242,13 @@ def test_expiry_figures_and_late_answers_counted_once(fake_broker, make_core) ->
     clock.advance(60_000)
     core.run_once(0)
     assert all(b.final_state is FinalState.FAILED and b.error.name == "KafkaTimeoutError" for b in batches)
-    assert (core.metrics.batches_expired, core.metrics.records_expired) == (7, 21)
-    assert core.metrics.batches_failed == 7
+    assert figure(core, "record-error-total") == 21
 
     # The broker answers after all: the answers change nothing.
     broker.resume()
     run_until(core, lambda: core.client.in_flight_request_count(1) == 0)
-    assert (core.metrics.batches_expired, core.metrics.batches_failed, core.metrics.batches_succeeded) == (7, 7, 1)
+    assert all(b.final_state is FinalState.FAILED and b.error.name == "KafkaTimeoutError" for b in batches)
+    assert figure(core, "record-error-total") == 21
     assert sorted(deliveries.origins_reported().values()) == [1] * 8
     assert all(deliveries.releases[b.origin] == 1 for b in batches)
 
@@ -1310,5 +1322,5 @@ def test_unknown_producer_id_with_several_in_flight_renumbers_them_all(fake_brok
 
     assert all(b.final_state is FinalState.SUCCEEDED for b in batches)
     assert [(b.producer_id, b.base_sequence) for b in batches] == [(1001, 0), (1001, 5), (1001, 10), (1001, 15)]
-    assert core.transaction_manager.producer_id_resets == 1
+    assert len(broker.requests_of(INIT_PRODUCER_ID)) == 2  # one new producer id for the four
     assert log_values(broker) == [v for b in [first, *batches] for v in values_of(b, deliveries)]

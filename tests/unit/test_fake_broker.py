@@ -11,9 +11,9 @@ import pytest
 from client_stub.fastpath import encode_record
 from service.protocol import messages as m
 from service.protocol.api import APIS, decode_response, encode_request
-from service.protocol.record_batch import build_batch, decode_batches
 from service.protocol.schema import Message
 from tests.support.fake_broker import CLOSE, FakeBroker, produce_response, record_count
+from tests.support.record_batches import build_batch, decode_batches
 
 MESSAGE_TOO_LARGE = 10
 

@@ -37,9 +37,9 @@ from service.network.metadata import Metadata, Node
 from service.network.selector import Selector
 from service.protocol import messages as m
 from service.protocol.api import APIS
-from service.protocol.record_batch import build_batch, decode_batches
 from tests.support.broker_codec import encode_response
 from tests.support.fake_broker import CLOSE, FakeBroker, codec_api_versions
+from tests.support.record_batches import build_batch, decode_batches
 
 TOPIC = "events"
 
@@ -181,12 +181,17 @@ def test_not_ready_until_api_versions_are_known(fake_broker: Callable[..., FakeB
     assert client.selector.is_connected(1)
     assert client.connection_states.state(1) is ConnectionState.CHECKING_API_VERSIONS
     assert not client.ready(target, client.clock())
-    assert client.node_api_versions(1) is None
+    assert not client.can_send_request(1)
 
     broker.resume()
     run_until(client, lambda: client.ready(target, client.clock()))
     assert client.connection_states.state(1) is ConnectionState.READY
-    assert client.node_api_versions(1) == NodeApiVersions(codec_api_versions())
+    # A request goes at the highest version the broker's answer allows.
+    request = init_producer_id(1, client.clock())
+    client.send(request, client.clock())
+    (response,) = answers(client, [request])
+    assert response.request.version == APIS[m.INIT_PRODUCER_ID].max_version
+    assert [h.api_version for h, _ in broker.requests_of(m.INIT_PRODUCER_ID)] == [response.request.version]
 
 
 def test_not_ready_while_a_send_is_pending(fake_broker: Callable[..., FakeBroker],
@@ -380,16 +385,22 @@ def test_no_common_produce_version_fails_the_request_naming_the_api(
 
 def test_api_versions_falls_back_to_what_the_broker_knows(fake_broker: Callable[..., FakeBroker],
                                                           make_client: Callable[..., NetworkClient]) -> None:
-    ranges = {**codec_api_versions(), m.API_VERSIONS: (0, 2)}
+    # The v2 answer's ranges are those the client goes by: InitProducerId below what the codec speaks.
+    ranges = {**codec_api_versions(), m.API_VERSIONS: (0, 2), m.INIT_PRODUCER_ID: (0, 3)}
+    assert APIS[m.INIT_PRODUCER_ID].max_version > 3
     broker = fake_broker(1, topics={TOPIC: 1}, api_versions=ranges)
     client = make_client(broker)
     wait_ready(client, 1)
 
     versions = [h.api_version for h, _ in broker.requests_of(m.API_VERSIONS)]
     assert versions == [4, 2, 4, 2]  # the bootstrap connection, then node 1's
-    assert client.node_api_versions(1) == NodeApiVersions(ranges)
-    # The metadata request went at the highest common version.
+    # The metadata request went at the highest common version, and so does InitProducerId.
     assert {h.api_version for h, _ in broker.requests_of(m.METADATA)} == {APIS[m.METADATA].max_version}
+    request = init_producer_id(1, client.clock())
+    client.send(request, client.clock())
+    (response,) = answers(client, [request])
+    assert response.request.version == 3 and response.error is None
+    assert [h.api_version for h, _ in broker.requests_of(m.INIT_PRODUCER_ID)] == [3]
 
 
 def test_a_broker_without_api_versions_is_not_used(fake_broker: Callable[..., FakeBroker],
@@ -496,7 +507,7 @@ def test_request_timeout_disconnects_and_fails_everything_in_flight(
     accepted = broker.connections_accepted
 
     # Backing off: no reconnect until the backoff has passed on the loop's clock.
-    assert client.connection_states.is_blacked_out(1, clock())
+    assert client.connection_states.state(1).is_disconnected and not client.connection_states.can_connect(1, clock())
     assert 0 < client.connection_delay(1, clock()) <= 10_000  # reconnect.backoff.ms = max: no growth, no jitter
     assert not client.ready(target, clock())
     for _ in range(5):
@@ -574,7 +585,8 @@ def test_a_broker_that_leaves_is_disconnected(fake_broker: Callable[..., FakeBro
     for broker in (one, two):
         broker.set_brokers(brokers)
         broker.set_leader(TOPIC, 1, 2)
-    client = make_client(one)
+    # A reconnect backoff long enough to see whether a disconnected node's state is kept.
+    client = make_client(one, reconnect_backoff_ms=60_000, reconnect_backoff_max_ms=60_000)
     wait_ready(client, 1)
     wait_ready(client, 2)
     assert client.metadata.cluster.leader_for(TOPIC, 1).id == 2
@@ -592,7 +604,8 @@ def test_a_broker_that_leaves_is_disconnected(fake_broker: Callable[..., FakeBro
     (response,) = answers(client, [request], responses)
     assert response.disconnected
     assert client.selector.channels() == [1]
-    assert 2 not in client.connection_states
+    # Forgotten, not backing off: were it to come back, it would be connected to at once.
+    assert client.connection_delay(2, client.clock()) == 0
     assert client.metadata.cluster.leader_for(TOPIC, 1).id == 1
     two.resume()
     run_until(client, lambda: two.open_connections == 0)
@@ -760,11 +773,11 @@ def test_least_loaded_node_without_connections(clock: Clock) -> None:
     # Nothing connected: any node that may be connected to.
     assert client.least_loaded_node(now).id in (-1, -2, -3)
     # A node already connecting beats one that is not.
-    client.connection_states.connecting(-2, now, "127.0.0.1", 2)
+    client.connection_states.connecting(-2, now)
     assert client.least_loaded_node(now).id == -2
     # Every node backing off: none.
     for node_id in (-1, -2, -3):
-        client.connection_states.connecting(node_id, now, "127.0.0.1", -node_id)
+        client.connection_states.connecting(node_id, now)
         client.connection_states.disconnected(node_id, now)
     assert client.least_loaded_node(now) is None
     assert client.least_loaded_node(now + 10_000) is not None
