@@ -12,7 +12,7 @@ import pytest
 from client_stub import Producer
 from service.tools.readback import read_topic
 from tests.support import users
-from tests.support.sidecar import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 

@@ -31,7 +31,8 @@ from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTo
 from client_stub.fastpath import encode_record
 from service.tools.readback import ConsumedRecord, read_topic
 from tests.support import workers
-from tests.support.sidecar import SidecarProcess, wait_until
+from tests.support.sidecar import SidecarProcess
+from tests.support.waiting import wait_until
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")

@@ -15,7 +15,8 @@ import pytest
 from client_stub import Producer
 from client_stub.errors import ProducerClosedError, SidecarUnavailableError
 from service.tools.readback import read_topic
-from tests.support.sidecar import SidecarProcess, wait_until
+from tests.support.sidecar import SidecarProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 

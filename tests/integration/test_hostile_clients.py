@@ -24,7 +24,7 @@ from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
 from client_stub.errors import InvalidRecordError
 from service.tools.readback import read_topic
 from tests.support import workers
-from tests.support.sidecar import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 

@@ -17,7 +17,7 @@ from client_stub import Producer
 from service.tools.embedded import free_port
 from service.tools.readback import read_topic
 from tests.support import users
-from tests.support.sidecar import wait_until
+from tests.support.waiting import wait_until
 from tests.support.workers import default_sigint
 
 pytestmark = pytest.mark.broker

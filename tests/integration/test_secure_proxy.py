@@ -43,7 +43,7 @@ from tests.support.secure_proxy import (
     authentication_failed_message,
     librdkafka_settings,
 )
-from tests.support.sidecar import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
@@ -19,16 +18,6 @@ from client_stub.errors import SidecarUnavailableError
 from service.stats import request_stats
 from service.tools.embedded import free_port
 from tests.support import users
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 30) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` seconds have passed; returns whether it held."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 class SidecarProcess:
@@ -43,7 +32,8 @@ class SidecarProcess:
         # The daemon runs as ``user`` (in its primary group only), with ``umask`` as systemd's unit sets it.
         self.user = user
         self.umask = umask
-        self._dir = tempfile.mkdtemp(prefix="kafka-sidecar-")
+        # Another user's daemon needs a directory its clients can reach.
+        self._dir = tempfile.mkdtemp(prefix="kafka-sidecar-", dir=None if user is None else users.open_temp_dir())
         if user is not None:
             os.chown(self._dir, user.uid, user.gid)
             os.chmod(self._dir, 0o750)
@@ -74,10 +64,10 @@ class SidecarProcess:
         for key, value in self.settings.items():
             command += ["-X", f"{key}={value}"]
         self._log = self.log_path.open("ab")
-        as_user = {} if self.user is None else {"user": self.user.uid, "group": self.user.gid, "extra_groups": [],
-                                                "env": users.python_env()}
+        as_user = ({"cwd": users.ROOT, "umask": self.umask} if self.user is None
+                   else self.user.popen_options(self.umask))
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, cwd=users.ROOT, umask=self.umask, **as_user)
+                                        stdin=subprocess.DEVNULL, **as_user)
         try:
             self.stats(self.start_timeout)
         except BaseException:
