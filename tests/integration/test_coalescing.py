@@ -29,6 +29,7 @@ from tests.support.core import (
 from tests.support.fake_broker import produce_response, record_count
 from tests.support.proxy import FaultProxy
 from tests.support.record_batches import decode_batches
+from tests.support.waiting import wait_until
 
 MESSAGE_TOO_LARGE = 10
 
@@ -63,7 +64,7 @@ def warmed_up_core(proxy: FaultProxy, deliveries: Deliveries, partitions: int,
     warm_up = one_record_batches(deliveries, partitions, 1, b"warm-up")
     for batch in warm_up:
         core.append(batch)
-    assert core.flush(30_000)
+    assert core.flush()
     return core, warm_up
 
 
@@ -71,7 +72,7 @@ def send_all(core: ProducerCore, batches: list[ProducerBatch]) -> None:
     """Queue every batch before the loop runs, then flush: they are all there at the first drain."""
     for batch in batches:
         core.append(batch)
-    assert core.flush(60_000)
+    assert core.flush()
     core.close()
 
 
@@ -270,7 +271,8 @@ def test_records_of_a_coalesced_batch_refused_as_too_large_are_reported_once_whe
         for client, producer in enumerate(producers):
             futures[client] = [producer.send("large", b"c%d-%d" % (client, n), partition=0) for n in range(3)]
             producer.flush(0)  # seals without waiting
-        time.sleep(1)  # ample time for the seal notices to reach the daemon, as the batch waits
+        # The seal notices reach the daemon while the first batch waits.
+        assert wait_until(lambda: daemon.stats()["sidecar"]["records-sealed-total"] >= 1 + 4 * 3)
         broker.resume()
         for producer in producers:
             assert producer.flush(30) == 0

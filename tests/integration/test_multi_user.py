@@ -33,14 +33,14 @@ CLIENT = """
 import json, os, sys, time
 from client_stub import Producer
 topic, count, endpoint, name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4].encode()
-producer = Producer(endpoint, max_block_ms=20000)
+producer = Producer(endpoint, max_block_ms=int(sys.argv[5]))
 futures = []
 started = time.monotonic()
 for n in range(count):
     futures.append(producer.send(topic, b"%s-%d" % (name, n), key=b"%d" % (n % 7)))
     if n % 500 == 499:
         time.sleep(max(0.0, started + 3.0 * (n + 1) / count - time.monotonic()))
-left = producer.flush(60)
+left = producer.flush()
 errors = [repr(f.exception(0)) for f in futures if f.done() and f.exception(0) is not None]
 offsets = [(f.result(0).partition, f.result(0).offset) for f in futures if f.done() and f.exception(0) is None]
 producer.close(10)
@@ -57,14 +57,14 @@ producer = Producer(endpoint)
 stop = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
 futures = [producer.send(topic, b"SECRET-OF-B-%d" % n) for n in range(1000)]
-producer.flush(30)
+producer.flush()
 print("SENDING", os.getpid(), flush=True)
 n = 1000
 while not stop.is_set():
     futures += [producer.send(topic, b"SECRET-OF-B-%d" % m) for m in range(n, n + 100)]
     n += 100
     stop.wait(0.002)
-left = producer.flush(60)
+left = producer.flush()
 producer.close(10)
 print(json.dumps({"left": left, "delivered": sum(f.exception(0) is None for f in futures), "sent": len(futures)}))
 """
@@ -104,7 +104,7 @@ print(json.dumps(found))
 
 
 def run_client(user: users.User, topic: str, count: int, endpoint: str) -> dict[str, object]:
-    code = f"import sys; sys.argv = ['client', {topic!r}, '{count}', {endpoint!r}, {user.name!r}]\n" + CLIENT
+    code = with_argv(CLIENT, topic, count, endpoint, user.name, int(HANG_S * 1000))
     done = users.run_python(user, code)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -212,10 +212,10 @@ def test_the_daemon_sees_a_client_of_another_user_die_at_once(broker, topic_fact
 def test_a_user_outside_the_group_can_neither_connect_nor_get_memory(broker, host_users) -> None:
     with SidecarProcess(broker.bootstrap, user=host_users["daemon"], umask=0o000) as daemon:
         memory = daemon.endpoint[len("ipc://"):] + ".memory"
-        code = ("import os, socket\n"
+        code = ("import os, socket, sys\n"
                 "from client_stub import Producer\n"
                 "from client_stub.errors import SidecarUnavailableError\n"
-                f"producer = Producer({daemon.endpoint!r}, max_block_ms=2000)\n"
+                f"producer = Producer({daemon.endpoint!r}, max_block_ms=int(sys.argv[1]))\n"
                 "try:\n"
                 "    producer.send('t', b'v')\n"
                 "except SidecarUnavailableError as exc:\n"
@@ -225,8 +225,9 @@ def test_a_user_outside_the_group_can_neither_connect_nor_get_memory(broker, hos
                 "    socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).connect(" + repr(memory) + ")\n"
                 "except PermissionError:\n"
                 "    print('no memory socket')\n")
-        outside = users.run_python(host_users["outsider"], code, umask=0o000)
-        inside = users.run_python(host_users["b"], code.replace("2000", "20000"), umask=0o000)
+        # The outsider's send fails once it has waited max.block.ms for a daemon; a member's never waits that long.
+        outside = users.run_python(host_users["outsider"], with_argv(code, 2000), umask=0o000)
+        inside = users.run_python(host_users["b"], with_argv(code, int(HANG_S * 1000)), umask=0o000)
     assert outside.returncode == 0, outside.stderr[-2000:]
     assert "refused: no kafka-sidecar daemon answered" in outside.stdout and "no memory socket" in outside.stdout
     # The same code as a member of the group: it connects and gets its segment.

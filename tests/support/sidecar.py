@@ -18,13 +18,14 @@ from client_stub.errors import SidecarUnavailableError
 from service.stats import request_stats
 from service.tools.embedded import free_port
 from tests.support import users
+from tests.support.waiting import HANG_S
 
 
 class SidecarProcess:
     """``python -m service.cli run`` with the given settings; stopped with SIGTERM."""
 
     def __init__(self, bootstrap: str, *, transport: str = "ipc", endpoint: str | None = None,
-                 settings: dict[str, object] | None = None, start_timeout: float = 20.0,
+                 settings: dict[str, object] | None = None, start_timeout: float = HANG_S,
                  user: users.User | None = None, umask: int = 0o007) -> None:
         self.bootstrap = bootstrap
         self.settings = {k: str(v) for k, v in (settings or {}).items()}
@@ -75,7 +76,7 @@ class SidecarProcess:
             raise
         return self
 
-    def stats(self, timeout: float = 10.0) -> dict[str, Any]:
+    def stats(self, timeout: float = HANG_S) -> dict[str, Any]:
         """The daemon's figures (see service.metrics.daemon_figures), asked as `kafka-sidecar stats` asks, waiting
         up to ``timeout`` for it to answer."""
         deadline = time.monotonic() + timeout
@@ -103,7 +104,7 @@ class SidecarProcess:
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, timeout: float = 30.0) -> int | None:
+    def stop(self, timeout: float = HANG_S) -> int | None:
         """SIGTERM, wait (kill after ``timeout``); returns the exit code."""
         process, self.process = self.process, None
         code = None
