@@ -289,9 +289,6 @@ class ProducerConfig:
         """Whether ``name`` was set explicitly rather than left at its default."""
         return name in self._given
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self._values)
-
     def reload(self, new: ProducerConfig) -> tuple[list[str], list[str]]:
         """Take ``new``'s values of the live settings; returns the names of the settings that changed and were
         taken, and of those that changed but need a restart. Nothing is taken if the mix breaks a rule."""

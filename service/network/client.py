@@ -191,15 +191,9 @@ class NetworkClient:
     def connection_delay(self, node_id: int, now: int) -> int:
         return self.connection_states.connection_delay(node_id, now)
 
-    def connection_failed(self, node_id: int) -> bool:
-        return self.connection_states.state(node_id).is_disconnected and node_id in self.connection_states
-
     def is_connecting(self, node_id: int) -> bool:
         return self.connection_states.state(node_id) in (
             ConnectionState.CONNECTING, ConnectionState.AUTHENTICATING, ConnectionState.CHECKING_API_VERSIONS)
-
-    def node_api_versions(self, node_id: int) -> NodeApiVersions | None:
-        return self._api_versions.get(node_id)
 
     def in_flight_request_count(self, node_id: int | None = None) -> int:
         return self.in_flight.count(node_id)
@@ -233,7 +227,7 @@ class NetworkClient:
     # -- connections -----------------------------------------------------------------------------
 
     def _initiate_connect(self, node: Node, now: int) -> None:
-        self.connection_states.connecting(node.id, now, node.host, node.port)
+        self.connection_states.connecting(node.id, now)
         try:
             self.selector.connect(node.id, node.host, node.port)
         except OSError as exc:

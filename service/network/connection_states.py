@@ -20,10 +20,6 @@ class ConnectionState(enum.Enum):
     def is_disconnected(self) -> bool:
         return self in (ConnectionState.DISCONNECTED, ConnectionState.AUTHENTICATION_FAILED)
 
-    @property
-    def is_connected(self) -> bool:
-        return self in (ConnectionState.CHECKING_API_VERSIONS, ConnectionState.READY,
-                        ConnectionState.AUTHENTICATING)
 
 
 class ExponentialBackoff:
@@ -54,8 +50,6 @@ class ExponentialBackoff:
 @dataclass(slots=True)
 class NodeConnectionState:
     state: ConnectionState
-    host: str
-    port: int
     last_connect_attempt_ms: int
     failed_attempts: int = 0
     reconnect_backoff_ms: int = 0
@@ -77,27 +71,15 @@ class ClusterConnectionStates:
         self._setup_timeout_ms = connection_setup_timeout_ms
         self._nodes: dict[int, NodeConnectionState] = {}
 
-    def __contains__(self, node_id: int) -> bool:
-        return node_id in self._nodes
-
     def state(self, node_id: int) -> ConnectionState:
         entry = self._nodes.get(node_id)
         return ConnectionState.DISCONNECTED if entry is None else entry.state
-
-    def address(self, node_id: int) -> tuple[str, int] | None:
-        entry = self._nodes.get(node_id)
-        return None if entry is None else (entry.host, entry.port)
 
     def can_connect(self, node_id: int, now: int) -> bool:
         entry = self._nodes.get(node_id)
         if entry is None:
             return True
         return entry.state.is_disconnected and now - entry.last_connect_attempt_ms >= entry.reconnect_backoff_ms
-
-    def is_blacked_out(self, node_id: int, now: int) -> bool:
-        entry = self._nodes.get(node_id)
-        return (entry is not None and entry.state.is_disconnected
-                and now - entry.last_connect_attempt_ms < entry.reconnect_backoff_ms)
 
     def connection_delay(self, node_id: int, now: int) -> int:
         """Milliseconds until a connection attempt is allowed (0 if now); large if connected."""
@@ -108,17 +90,13 @@ class ClusterConnectionStates:
             return max(entry.reconnect_backoff_ms - (now - entry.last_connect_attempt_ms), 0)
         return 2**31 - 1
 
-    def connecting(self, node_id: int, now: int, host: str, port: int) -> None:
+    def connecting(self, node_id: int, now: int) -> None:
         entry = self._nodes.get(node_id)
         if entry is None:
-            entry = self._nodes[node_id] = NodeConnectionState(ConnectionState.CONNECTING, host, port, now)
+            entry = self._nodes[node_id] = NodeConnectionState(ConnectionState.CONNECTING, now)
         entry.state = ConnectionState.CONNECTING
-        entry.host, entry.port = host, port
         entry.last_connect_attempt_ms = now
         entry.connection_setup_timeout_ms = self._setup_timeout_ms
-
-    def is_connecting(self, node_id: int) -> bool:
-        return self.state(node_id) is ConnectionState.CONNECTING
 
     def connection_setup_expired(self, node_id: int, now: int) -> bool:
         entry = self._nodes.get(node_id)

@@ -157,9 +157,6 @@ class RecordAccumulator:
                 counts[leader.id] = counts.get(leader.id, 0) + len(queue)
         return counts
 
-    def has_undrained(self) -> bool:
-        return any(self._batches.values())
-
     def has_incomplete(self) -> bool:
         return bool(self.incomplete)
 

@@ -4,8 +4,7 @@ Overall (``producer-metrics``), per topic (``producer-topic-metrics``) and per b
 (the request latency of ``producer-node-metrics``; the rest of a node's metrics are the
 Selector's), under Kafka's names and with Kafka's meanings: a record is counted as sent
 when a ProduceRequest carries it (again on each retry), as an error when its batch fails
-for good (expired included), as a retry when its batch goes back to the queue. The
-batch-level counters below them are the sidecar's own.
+for good (expired included), as a retry when its batch goes back to the queue.
 """
 
 from __future__ import annotations
@@ -67,17 +66,8 @@ class SenderMetrics:
         self.splits = self._sensor()
         self.topics: dict[str, TopicMetrics] = {}
         self.node_latency: dict[int, Sensor] = {}
-        # The sidecar's own counts, by batch.
-        self.requests_sent = 0
-        self.batches_sent = 0
-        self.batches_succeeded = 0
-        self.records_succeeded = 0
-        self.batches_retried = 0
-        self.batches_failed = 0
-        self.batches_expired = 0
-        self.records_expired = 0
-        self.batches_aborted = 0
-        # Failed before they were sent: their records were not what their clients said (counted as failed too).
+        # The sidecar's own: batches failed before they were sent, their records not what their clients said
+        # (their records are errors too).
         self.batches_corrupt = 0
         # Reads the gauges; the sender that owns what they measure sets it.
         self.gauges: Callable[[], Gauges] = Gauges
@@ -95,24 +85,11 @@ class SenderMetrics:
     def records_sent(self) -> int:
         return int(self.records_per_request.total)
 
-    @property
-    def batch_splits(self) -> int:
-        return self.splits.count
-
-    @property
-    def records_retried(self) -> int:
-        return int(self.retries.total)
-
-    @property
-    def records_failed(self) -> int:
-        return int(self.errors.total)
-
     # -- recording -------------------------------------------------------------------------------
 
     def record_batch(self, topic: str, records: int, size: int, compression_rate: float, queue_time_ms: int,
                      now: int) -> None:
         """A batch going out in a ProduceRequest: ``size`` bytes on the wire, header included."""
-        self.batches_sent += 1
         self.batch_size.record(size, now)
         self.compression_rate.record(compression_rate, now)
         self.queue_time.record(queue_time_ms, now)
@@ -123,7 +100,6 @@ class SenderMetrics:
 
     def record_request(self, records: int, now: int) -> None:
         """A ProduceRequest of ``records`` records sent (after each of its batches' record_batch)."""
-        self.requests_sent += 1
         self.records_per_request.record(records, now)
 
     def record_response(self, node_id: int, latency_ms: float, throttle_time_ms: int | None, now: int) -> None:
@@ -138,13 +114,11 @@ class SenderMetrics:
 
     def record_retry(self, topic: str, records: int, now: int) -> None:
         """A batch of ``records`` back to the head of its queue."""
-        self.batches_retried += 1
         self.retries.record(records, now)
         self.topic(topic).retries.record(records, now)
 
     def record_error(self, topic: str, records: int, now: int) -> None:
         """A batch of ``records`` failed for good (expired included)."""
-        self.batches_failed += 1
         self.errors.record(records, now)
         self.topic(topic).errors.record(records, now)
 

@@ -131,8 +131,7 @@ class Sender:
         tm.maybe_resolve_sequences()
         if tm.has_fatal_error:
             error = tm.fatal_error or KafkaError("the idempotent producer failed")
-            aborted = self.accumulator.abort_undrained(error)
-            self.metrics.batches_aborted += aborted
+            self.accumulator.abort_undrained(error)
             return FOREVER
         if self._init_producer_id_in_flight:
             return FOREVER
@@ -284,8 +283,6 @@ class Sender:
             # Java's Sender's words, to the character: users search their logs for them.
             message = (f"Expiring {batch.record_count} record(s) for {batch.tp}:"
                        f"{now - batch.created_ms} ms has passed since batch creation")
-            self.metrics.batches_expired += 1
-            self.metrics.records_expired += batch.record_count
             self._fail_batch(batch, KafkaTimeoutError(message), adjust_sequences=False)
             if self.transaction_manager is not None and batch.has_sequence:
                 # The broker may have it (or, drained and never sent, its sequence is a gap): hold
@@ -449,9 +446,7 @@ class Sender:
                 tm.handle_completed_batch(batch, base_offset)
             self._remove_in_flight(batch)
             self.accumulator.completed(batch)
-            if batch.done(base_offset, log_append_time_ms, None):
-                self.metrics.batches_succeeded += 1
-                self.metrics.records_succeeded += batch.record_count
+            batch.done(base_offset, log_append_time_ms, None)
             batch.maybe_release()
 
     def _can_retry(self, batch: ProducerBatch, error: int, log_start_offset: int, now: int) -> bool:
@@ -515,7 +510,6 @@ class Sender:
     def abort_incomplete(self, error: KafkaError) -> int:
         """Fail every batch queued or in flight with ``error`` (a forced close); returns how many."""
         aborted = self.accumulator.abort_undrained(error)
-        self.metrics.batches_aborted += aborted
         # Those in flight were sent: they fail (and count as failed), not abort.
         for batch in self.in_flight_batches():
             self._fail_batch(batch, error, adjust_sequences=False)

@@ -112,7 +112,6 @@ class TransactionManager:
         self._unresolved: dict[TopicPartition, int] = {}
         self._to_rewrite: set[TopicPartition] = set()
         self._new_producer_id_required = False
-        self.producer_id_resets = 0
 
     def _entry(self, tp: TopicPartition) -> TxnPartitionEntry:
         entry = self._partitions.get(tp)
@@ -187,7 +186,6 @@ class TransactionManager:
                  ", ".join(sorted(map(str, self._to_rewrite))))
         self.producer_id_and_epoch = NONE
         self.state = State.UNINITIALIZED
-        self.producer_id_resets += 1
 
     def _request_new_producer_id(self, tp: TopicPartition) -> None:
         self._new_producer_id_required = True

@@ -56,11 +56,6 @@ APIS: dict[int, Api] = {api.key: api for api in (
 )}
 
 
-def api_for(message: type[Message]) -> Api:
-    """The API a request or response class belongs to."""
-    return APIS[message.API_KEY]
-
-
 # What starts every request header, whatever its version: api key, api version, correlation id.
 REQUEST_HEADER = struct.Struct(">hhi")
 

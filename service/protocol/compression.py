@@ -1,8 +1,7 @@
 """Record batch compression codecs, framed as Kafka frames them.
 
 - gzip: a gzip member (standard library).
-- snappy: raw snappy blocks, as librdkafka writes them; the xerial framing the
-  Java client writes is read as well.
+- snappy: raw snappy blocks, as librdkafka writes them.
 - lz4: the LZ4 frame format with independent 64 KiB blocks and no checksums,
   which is what Kafka's KafkaLZ4BlockOutputStream writes and what its reader,
   which decodes each block on its own, requires.
@@ -13,7 +12,6 @@ from __future__ import annotations
 
 import enum
 import gzip
-import struct
 
 import cramjam
 import lz4.frame
@@ -49,9 +47,6 @@ DEFAULT_LEVELS = {CompressionType.GZIP: 6, CompressionType.LZ4: 9, CompressionTy
 LEVEL_RANGES = {CompressionType.GZIP: (1, 9), CompressionType.LZ4: (1, 17),
                 CompressionType.ZSTD: (-131072, 22)}
 
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
-_XERIAL_HEADER_SIZE = 16
-
 
 def compress(codec: CompressionType, data: Buffer, level: int | None = None) -> bytes:
     """Compress a batch's record bytes with ``codec``."""
@@ -71,29 +66,3 @@ def compress(codec: CompressionType, data: Buffer, level: int | None = None) -> 
     if codec is CompressionType.ZSTD:
         return bytes(cramjam.zstd.compress(data, level=level))
     raise ValueError(f"cannot compress with {codec!r}")
-
-
-def decompress(codec: CompressionType, data: Buffer) -> bytes:
-    """Decompress a batch's record bytes."""
-    if codec is CompressionType.GZIP:
-        return gzip.decompress(data)
-    if codec is CompressionType.SNAPPY:
-        if bytes(data[:8]) == _XERIAL_MAGIC:
-            return _decompress_xerial(memoryview(data))
-        return bytes(cramjam.snappy.decompress_raw(data))
-    if codec is CompressionType.LZ4:
-        return lz4.frame.decompress(data)
-    if codec is CompressionType.ZSTD:
-        return bytes(cramjam.zstd.decompress(data))
-    raise ValueError(f"cannot decompress {codec!r}")
-
-
-def _decompress_xerial(data: memoryview) -> bytes:
-    out = bytearray()
-    pos = _XERIAL_HEADER_SIZE
-    while pos < len(data):
-        (size,) = struct.unpack_from(">i", data, pos)
-        pos += 4
-        out += cramjam.snappy.decompress_raw(data[pos:pos + size])
-        pos += size
-    return bytes(out)

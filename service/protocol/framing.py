@@ -32,11 +32,6 @@ class FrameReader:
         # The start of a frame that the bytes so far did not complete.
         self._pending = bytearray()
 
-    @property
-    def has_partial(self) -> bool:
-        """Whether a frame has begun and not ended."""
-        return bool(self._pending)
-
     def feed(self, data: bytes) -> list[bytes]:
         """The frames that ``data`` completes; raises InvalidFrameSize (the stream is then unusable).
 

@@ -13,13 +13,9 @@ from collections.abc import Sequence
 from client_stub.contract import records
 from client_stub.contract.records import Buffer, uvarint
 
-INT8 = struct.Struct(">b")
+# Sizes and lengths read and written by hand; the messages' own fields are packed by the code schema.py compiles.
 INT16 = struct.Struct(">h")
 INT32 = struct.Struct(">i")
-INT64 = struct.Struct(">q")
-UINT16 = struct.Struct(">H")
-UINT32 = struct.Struct(">I")
-FLOAT64 = struct.Struct(">d")
 
 ZERO_UUID = bytes(16)
 

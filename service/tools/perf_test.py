@@ -35,7 +35,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, Protocol
 
@@ -114,8 +114,6 @@ class Result:
     latencies_ms: list[float]  # of the successful deliveries: all of them, or an even sample (LATENCY_SAMPLES)
     sent: int = 0  # records handed to send()
     cpu_seconds: float = 0.0  # user + system of the producing processes, from go to after close()
-    worker_cpu_seconds: list[float] = field(default_factory=list)
-    pids: list[int] = field(default_factory=list)
     startup_seconds: float = 0.0  # the slowest process, from go to its producer made and warm-up delivered
     latency_sum_ms: float | None = None  # of every successful delivery (None: take the sample's)
     latency_max_ms: float | None = None
@@ -504,11 +502,9 @@ def _run(context: Any, workload: Workload, adapter: str, options: dict[str, Any]
     latencies: list[float] = []
     for event in finished:
         latencies += array.array("d", event[7])
-    finished.sort(key=lambda e: e[1])
     return Result(records=sum(e[3] for e in finished), errors=sum(e[4] for e in finished),
                   seconds=max(e[5] for e in finished), record_size=workload.record_size, latencies_ms=latencies,
                   sent=sum(e[2] for e in finished), cpu_seconds=sum(e[6] for e in finished),
-                  worker_cpu_seconds=[e[6] for e in finished], pids=pids,  # type: ignore[arg-type]
                   startup_seconds=max(e[8] for e in finished), latency_sum_ms=sum(e[9] for e in finished),
                   latency_max_ms=max(e[10] for e in finished), callbacks=workload.callbacks)
 

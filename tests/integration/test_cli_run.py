@@ -12,7 +12,7 @@ import pytest
 from client_stub import Producer
 from service.tools.readback import read_topic
 from tests.support import users
-from tests.support.sidecar import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -26,7 +26,7 @@ def test_a_daemon_runs_from_its_configuration_file_and_logs_json(broker, topic_f
     daemon = subprocess.Popen([sys.executable, "-m", "service.cli", "run", "--config", str(config)],
                               stderr=subprocess.PIPE, text=True, cwd=users.ROOT)
     try:
-        assert wait_until(lambda: (tmp_path / "sidecar.sock").exists() or daemon.poll() is not None, timeout=20)
+        assert wait_until(lambda: (tmp_path / "sidecar.sock").exists() or daemon.poll() is not None)
         with Producer(endpoint) as producer:
             assert producer.send(topic, b"from the file's daemon").result(30).offset == 0
     finally:
@@ -57,20 +57,20 @@ def test_sighup_reopens_the_log_file_and_takes_the_settings_that_can_change_live
             log_file.rename(tmp_path / "kafka-sidecar.log.1")
             config.write_text(settings.replace("linger.ms = 1", "linger.ms = 20").replace("16384", "32768"))
             daemon.send_signal(signal.SIGHUP)
-            assert wait_until(lambda: log_file.exists() and "reload:" in log_file.read_text(), timeout=20)
+            assert wait_until(lambda: log_file.exists() and "reload:" in log_file.read_text())
             text = log_file.read_text()
             assert "reload: now linger.ms=20" in text
             assert "batch.size changed, which only a restart applies" in text
             # A configuration that breaks a rule is not taken; the daemon goes on as it was.
             config.write_text(settings.replace("linger.ms = 1", "linger.ms = -5"))
             daemon.send_signal(signal.SIGHUP)
-            assert wait_until(lambda: "the settings are not taken" in log_file.read_text(), timeout=20)
+            assert wait_until(lambda: "the settings are not taken" in log_file.read_text())
             assert "invalid value -5 for linger.ms" in log_file.read_text()
             # A log file that cannot be opened is no reason to stop: the old one goes on.
             config.write_text(settings.replace("linger.ms = 1", "linger.ms = 20")
                               .replace(str(log_file), str(tmp_path / "missing" / "kafka-sidecar.log")))
             daemon.send_signal(signal.SIGHUP)
-            assert wait_until(lambda: "cannot open the log file" in log_file.read_text(), timeout=20)
+            assert wait_until(lambda: "cannot open the log file" in log_file.read_text())
             assert producer.send(topic, b"after").result(30).offset == 1
         # A client that connects now gets the new linger.ms.
         with Producer(endpoint) as producer:

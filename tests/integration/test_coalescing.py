@@ -17,7 +17,6 @@ from client_stub.errors import KafkaTimeoutError
 from service.producer.batch import FinalState, ProducerBatch
 from service.producer.core import ProducerCore
 from service.protocol.messages import PRODUCE
-from service.protocol.record_batch import decode_batches
 from service.tools.readback import read_topic
 from tests.support.batches import Deliveries, SentRecord
 from tests.support.core import (
@@ -29,6 +28,8 @@ from tests.support.core import (
 )
 from tests.support.fake_broker import produce_response, record_count
 from tests.support.proxy import FaultProxy
+from tests.support.record_batches import decode_batches
+from tests.support.waiting import wait_until
 
 MESSAGE_TOO_LARGE = 10
 
@@ -63,7 +64,7 @@ def warmed_up_core(proxy: FaultProxy, deliveries: Deliveries, partitions: int,
     warm_up = one_record_batches(deliveries, partitions, 1, b"warm-up")
     for batch in warm_up:
         core.append(batch)
-    assert core.flush(30_000)
+    assert core.flush()
     return core, warm_up
 
 
@@ -71,7 +72,7 @@ def send_all(core: ProducerCore, batches: list[ProducerBatch]) -> None:
     """Queue every batch before the loop runs, then flush: they are all there at the first drain."""
     for batch in batches:
         core.append(batch)
-    assert core.flush(60_000)
+    assert core.flush()
     core.close()
 
 
@@ -129,7 +130,7 @@ def test_coalesced_batches_retried_after_cut_connections_arrive_once_in_order(pr
         batches += one_record_batches(deliveries, 2, 300, b"round-%d" % len(batches))
     send_all(core, batches)
 
-    assert core.metrics.batches_retried > 0
+    assert core.metrics.producer_metrics(core.clock())["record-retry-total"] > 0
     assert_each_reported_and_released_once(deliveries, warm_up + batches)
     assert len(deliveries.succeeded()) == len(warm_up + batches)
     proxy.heal()
@@ -237,7 +238,7 @@ def test_parts_of_a_coalesced_batch_refused_as_too_large_go_on_their_own(fake_br
     send_all(core, parts)
 
     assert refused == [9]  # the four parts, coalesced
-    assert core.metrics.batch_splits == 1
+    assert core.metrics.producer_metrics(core.clock())["batch-split-total"] == 1
     stored = stored_batches(broker, "large")
     # Each part went as it was, under the sequences the coalesced batch had.
     assert [[r.value for r in b.records] for b in stored] == [
@@ -270,7 +271,8 @@ def test_records_of_a_coalesced_batch_refused_as_too_large_are_reported_once_whe
         for client, producer in enumerate(producers):
             futures[client] = [producer.send("large", b"c%d-%d" % (client, n), partition=0) for n in range(3)]
             producer.flush(0)  # seals without waiting
-        time.sleep(1)  # ample time for the seal notices to reach the daemon, as the batch waits
+        # The seal notices reach the daemon while the first batch waits.
+        assert wait_until(lambda: daemon.stats()["sidecar"]["records-sealed-total"] >= 1 + 4 * 3)
         broker.resume()
         for producer in producers:
             assert producer.flush(30) == 0

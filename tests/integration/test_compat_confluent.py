@@ -35,6 +35,7 @@ from client_stub.compat.confluent import (
 from service.tools.readback import read_topic
 from tests.support.broker import TansuBroker
 from tests.support.sidecar import SidecarProcess
+from tests.support.waiting import HANG_S
 from tests.support.workers import default_sigint
 
 ROOT = Path(__file__).parents[2]
@@ -161,9 +162,9 @@ def test_callbacks_run_inside_poll_and_flush_on_the_calling_thread(broker, topic
     assert reports.calls[-1][2] is poller and reports.calls[-1][1].value() == b"from another thread's poll"
     assert producer.poll(0) == 0
 
-    assert sorted(producer.list_topics(topic, timeout=10).topics[topic].partitions) == [0, 1, 2]
+    assert sorted(producer.list_topics(topic, timeout=HANG_S).topics[topic].partitions) == [0, 1, 2]
     # Without a topic, the health check confluent-kafka's users write: the daemon answered; the topics produced to.
-    listed = producer.list_topics(timeout=5)
+    listed = producer.list_topics(timeout=HANG_S)
     assert list(listed.topics) == [topic] and sorted(listed.topics[topic].partitions) == [0, 1, 2]
     assert producer.close()
     with pytest.raises(RuntimeError, match="Producer has been closed"):

@@ -15,7 +15,8 @@ import pytest
 from client_stub import Producer
 from client_stub.errors import ProducerClosedError, SidecarUnavailableError
 from service.tools.readback import read_topic
-from tests.support.sidecar import SidecarProcess, wait_until
+from tests.support.sidecar import SidecarProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -54,7 +55,7 @@ def test_sigterm_under_load_delivers_every_record_handed_off_and_fails_the_rest_
     with Producer(daemon.endpoint, max_block_ms=2000) as producer:
         sender = Sender(producer, topic)
         sender.start()
-        assert wait_until(lambda: len(sender.futures) >= 50_000, timeout=60)
+        assert wait_until(lambda: len(sender.futures) >= 50_000)
         daemon.process.send_signal(signal.SIGTERM)
         assert daemon.process.wait(60) == 0, daemon.log_tail()
         sender.join(30)
@@ -87,7 +88,8 @@ def test_what_cannot_be_delivered_by_the_close_timeout_is_reported_failed(proxie
         assert producer.send("held", b"first").result(30).offset == 0
         proxy.blackhole()  # the broker hears nothing more, and says nothing
         futures = [producer.send("held", b"held %d" % n) for n in range(100)]
-        producer.flush(0.5)  # sealed and handed off: in the daemon's hands now
+        producer.flush(0)  # sealed and handed off: in the daemon's hands once it has the seal notice
+        assert wait_until(lambda: daemon.stats()["sidecar"]["records-sealed-total"] >= 1 + 100)
         daemon.process.send_signal(signal.SIGTERM)
         assert daemon.process.wait(30) == 0, daemon.log_tail()
         done, pending = concurrent.futures.wait(futures, timeout=30)
@@ -119,7 +121,7 @@ def test_a_send_waiting_for_blocks_at_the_shutdown_waits_for_the_next_daemon(pro
         sender = threading.Thread(target=send_large)
         sender.start()
         # Two requests wait in the pool's FIFO: the client's for spare blocks, and the send's for its run.
-        assert wait_until(lambda: daemon.stats()["producer"]["waiting-threads"] == 2, timeout=4), waiting
+        assert wait_until(lambda: daemon.stats()["producer"]["waiting-threads"] == 2), waiting
         daemon.process.send_signal(signal.SIGTERM)
         assert daemon.process.wait(30) == 0, daemon.log_tail()
         sender.join(30)
@@ -138,9 +140,10 @@ def test_a_second_signal_cuts_the_drain_short(proxied_broker, sidecar) -> None:
         producer.send("held", b"first").result(30)
         proxy.blackhole()
         future = producer.send("held", b"held")
-        producer.flush(0.5)
+        producer.flush(0)
+        assert wait_until(lambda: daemon.stats()["sidecar"]["records-sealed-total"] >= 2)
         daemon.process.send_signal(signal.SIGTERM)
-        assert wait_until(lambda: "shutting down" in daemon.log_path.read_text(), timeout=10)
+        assert wait_until(lambda: "shutting down" in daemon.log_path.read_text())
         daemon.process.send_signal(signal.SIGINT)  # an operator's second Ctrl-C
         assert daemon.process.wait(30) == 0, daemon.log_tail()
         assert isinstance(future.exception(30), ProducerClosedError)

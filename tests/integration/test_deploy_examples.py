@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.support import users
-from tests.support.sidecar import wait_until
+from tests.support.waiting import wait_until
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"

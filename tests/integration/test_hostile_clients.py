@@ -24,7 +24,7 @@ from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
 from client_stub.errors import InvalidRecordError
 from service.tools.readback import read_topic
 from tests.support import workers
-from tests.support.sidecar import wait_until
+from tests.support.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -160,7 +160,7 @@ for n in range(2):
     sock.send(ipc.pack(ipc.Blocks.TYPE, 1, welcome.block_count, False, 3_600_000))
     held.append((sock, conn))
 print("asked", flush=True)
-time.sleep(60)
+time.sleep(3600)  # until the test kills it
 """
 
 
@@ -174,7 +174,7 @@ def test_two_sessions_of_one_process_take_at_most_the_share_of_one(broker, topic
         pool = daemon.stats()
         share = pool["sidecar"]["blocks-total"] // 2  # client_block_limit: half the pool, for a process
         assert wait_until(lambda: sum(held for _, pid, held in daemon.stats()["clients"] if pid == greedy.pid)
-                          == share, timeout=10)
+                          == share)
         with Producer(daemon.endpoint) as producer, WellBehaved(producer, topic) as good:
             time.sleep(2)
         held = [held for _, pid, held in daemon.stats()["clients"] if pid == greedy.pid]
@@ -202,11 +202,12 @@ def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory
             producer.send(topic, b"warm").result(30)
             good = WellBehaved(producer, topic)
             with good:
+                flooded = time.monotonic()
                 for n in range(5000):
                     hostile.send(ipc.pack(ipc.Metadata.TYPE, f"{prefix}-{n}"))
                 # Every refusal, however long the daemon takes (64 of one client's messages a loop turn),
                 # and a moment for any beyond the bound.
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + HANG_S
                 while time.monotonic() < deadline:
                     if refused >= 4900 - 5:
                         deadline = min(deadline, time.monotonic() + 0.5)
@@ -224,8 +225,9 @@ def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory
     assert 4900 - 5 <= refused <= 4900
     assert 0 < stats["sidecar"]["topics-awaiting-creation"] <= 100
     admin = AdminClient({"bootstrap.servers": broker.bootstrap, "allow.auto.create.topics": False})
-    created = [name for name in admin.list_topics(timeout=10).topics if name.startswith(prefix)]
-    assert 0 < len(created) <= 5, created  # the rate: 5 a minute (the test takes less than one)
+    created = [name for name in admin.list_topics(timeout=HANG_S).topics if name.startswith(prefix)]
+    # The rate: 5 in any minute (the test takes less than one, unless the machine is busy).
+    assert 0 < len(created) <= 5 * (1 + int((time.monotonic() - flooded) // 60)), created
     good.check(broker.bootstrap, b"warm")
 
 
@@ -248,10 +250,9 @@ def test_garbage_at_full_speed_costs_the_others_nothing_but_a_share_of_the_loop(
                     hostile.send(message)
                     sent += 1
         after = peak_resident_mb(daemon.pid)
-    stats = daemon.stats()
     assert daemon.is_running()
-    # Refused as they come (the rest is still on its way).
-    assert stats["sidecar"]["messages-refused-total"] >= sent // 2
+    # Each refused, however long the daemon takes to get through them.
+    assert wait_until(lambda: daemon.stats()["sidecar"]["messages-refused-total"] >= sent)
     assert after - before < 40, (before, after)
     good.check(broker.bootstrap, b"warm")
 
@@ -267,11 +268,11 @@ def test_a_client_stopped_past_the_client_timeout_gets_every_report_when_it_cont
                            args=(daemon.endpoint, topic, 0, 20_000, str(results), 6.0, str(client_log)))
     client.start()
     try:
-        time.sleep(2.5)
+        # Stopped while it sends (over 6 s), once the daemon has some of its batches.
+        assert wait_until(lambda: daemon.stats()["sidecar"]["records-sealed-total"] >= 2000)
         assert client.pid is not None and client.is_alive()
         os.kill(client.pid, signal.SIGSTOP)
-        time.sleep(3.0)
-        assert daemon.stats()["sidecar"]["sessions-kept"] == 1, daemon.log_tail()
+        assert wait_until(lambda: daemon.stats()["sidecar"]["sessions-kept"] == 1), daemon.log_tail()
         os.kill(client.pid, signal.SIGCONT)
         client.join(120)
         assert client.exitcode == 0
@@ -301,7 +302,7 @@ def test_a_client_rewriting_its_sealed_blocks_hurts_only_its_own_records(broker,
     hostile = SPAWN.Process(target=workers.rewrite_sealed_values, args=(daemon.endpoint, topic, partitions, rewriting))
     hostile.start()
     try:
-        assert rewriting.wait(30), "the hostile client never rewrote a sealed block"
+        assert rewriting.wait(HANG_S), "the hostile client never rewrote a sealed block"
         with Producer(daemon.endpoint, linger_ms=1) as producer:
             futures = [producer.send(topic, b"good-%d" % n, partition=n % partitions) for n in range(count)]
             offsets = [f.result(60).offset for f in futures]

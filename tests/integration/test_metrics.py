@@ -17,15 +17,18 @@ from client_stub import Producer
 from service.tools.embedded import free_port
 from service.tools.readback import read_topic
 from tests.support import users
-from tests.support.sidecar import wait_until
+from tests.support.waiting import HANG_S, wait_until
 from tests.support.workers import default_sigint
 
 pytestmark = pytest.mark.broker
+# A watch that has not exited this long after its SIGINT never will: it is made to say where it hangs, within
+# the test's own timeout.
+WATCH_EXIT_S = 60
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """The metrics page, parsed by prometheus_client's own parser: each sample by name and labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=HANG_S) as response:
         text = response.read().decode()
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}
@@ -48,8 +51,7 @@ def test_the_prometheus_page_counts_what_the_brokers_hold(broker, topic_factory,
         held = read_topic(broker.bootstrap, topic, expected=20_000) + read_topic(broker.bootstrap, other,
                                                                                expected=500)
         # Read while the client is connected: the loop publishes its figures once a second.
-        assert wait_until(lambda: producer_sample(scrape(port), "kafka_producer_record_send_total") == len(held),
-                          timeout=10)
+        assert wait_until(lambda: producer_sample(scrape(port), "kafka_producer_record_send_total") == len(held))
         page = scrape(port)
         assert producer_sample(page, "kafka_producer_topic_record_send_total", topic=topic) == 20_000
         assert producer_sample(page, "kafka_producer_topic_record_send_total", topic=other) == 500
@@ -106,10 +108,11 @@ def test_kafka_sidecar_stats_reads_the_figures_over_the_endpoint(broker, topic_f
         finally:
             watch.send_signal(signal.SIGINT)
             try:
-                status = watch.wait(10)
+                status = watch.wait(WATCH_EXIT_S)
             except subprocess.TimeoutExpired:
                 watch.send_signal(signal.SIGABRT)
-                pytest.fail(f"stats --watch did not exit within 10 s of SIGINT:\n{watch.communicate(30)[1]}")
+                pytest.fail(f"stats --watch did not exit within {WATCH_EXIT_S} s of SIGINT:\n"
+                            f"{watch.communicate(30)[1]}")
             assert status == 0, watch.communicate()[1]
 
 

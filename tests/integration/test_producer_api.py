@@ -35,9 +35,9 @@ from client_stub.errors import (
     SidecarUnavailableError,
 )
 from service.protocol.messages import PRODUCE
-from service.protocol.record_batch import decode_batches
 from service.tools.readback import read_topic
 from tests.support.fake_broker import produce_response, record_count
+from tests.support.record_batches import decode_batches
 from tests.support.workers import run_children
 
 ROOT = Path(__file__).parents[2]
@@ -229,7 +229,9 @@ def test_linger_seals_without_flush(broker, topic_factory, sidecar) -> None:
         started = time.monotonic()
         futures = [producer.send(topic, b"%d" % n, on_delivery=deliveries) for n in range(10)]
         time.sleep(0.5)
-        assert len(producer) == 10 and not any(f.done() for f in futures)  # still lingering
+        lingering = len(producer) == 10 and not any(f.done() for f in futures)
+        # Still lingering, unless a busy machine looked only after linger_ms (the lower bound below holds anyway).
+        assert lingering or time.monotonic() - started >= 1.5
         offsets = [f.result(30).offset for f in futures]  # no flush: linger_ms seals the batch
         assert offsets == list(range(offsets[0], offsets[0] + 10))
         # Sealed at linger_ms, not before (a lower bound only: a busy machine can only make it later).
@@ -482,7 +484,8 @@ def test_a_record_larger_than_buffer_memory_is_refused_at_once(broker, topic_fac
         started = time.monotonic()
         with pytest.raises(RecordTooLargeError, match=r"buffer.memory configuration \(65536\)"):
             producer.send(topic, b"x" * 100_000)
-        assert time.monotonic() - started < 10, "it waited for memory that can never be there"
+        # Not after max_block_ms (30 s): it did not wait for memory that can never be there.
+        assert time.monotonic() - started < 30, "it waited for memory that can never be there"
         assert producer.send(topic, b"after").result(30).offset == 1
 
 
@@ -615,7 +618,7 @@ def test_a_welcome_of_another_protocol_version_is_refused(tmp_path) -> None:
         with pytest.raises(SidecarUnavailableError,
                            match=rf"other-version.sock speaks protocol version 99, this client {PROTOCOL_VERSION}"):
             producer.send("t", b"v")
-        assert time.monotonic() - started < 10, "refused at the WELCOME, not after max_block_ms"
+        assert time.monotonic() - started < 30, "refused at the WELCOME, not after max_block_ms (30 s)"
         assert [hello[1] for hello in hellos] == [PROTOCOL_VERSION]
         producer.close(0)
     finally:

@@ -24,10 +24,10 @@ from client_stub.fastpath import encode_record
 from service.protocol import messages as m
 from service.protocol.api import decode_response, encode_request
 from service.protocol.framing import SIZE
-from service.protocol.record_batch import build_batch
 from service.protocol.schema import Message
 from tests.support.certificates import Certificates
 from tests.support.fake_broker import FakeBroker
+from tests.support.record_batches import build_batch
 from tests.support.secure_proxy import (
     BROKER_GONE,
     CLIENT_GONE,
@@ -43,7 +43,7 @@ from tests.support.secure_proxy import (
     authentication_failed_message,
     librdkafka_settings,
 )
-from tests.support.sidecar import wait_until
+from tests.support.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -106,13 +106,13 @@ def _produce(settings: dict[str, str], count: int, *, spread: float = 0.0) -> No
             if n % 100 == 99:
                 producer.poll(0)
                 time.sleep(max(start + spread * n / count - time.monotonic(), 0))
-        assert producer.flush(30) == 0
+        assert producer.flush(HANG_S) == 0
     finally:
         del producer  # closes its connections before the proxy stops
     assert not failures, failures[:5]
 
 
-def _read_back(settings: dict[str, str], count: int, timeout: float = 30.0) -> list[int]:
+def _read_back(settings: dict[str, str], count: int, timeout: float = HANG_S) -> list[int]:
     """The values of TOPIC's records from the beginning, CRCs checked, read until at least ``count`` came and
     every partition is at its end (so that a duplicate shows)."""
     consumer = Consumer({**settings, "group.id": f"verifier-{uuid.uuid4().hex}", "enable.auto.commit": False,
@@ -134,7 +134,12 @@ def _read_back(settings: dict[str, str], count: int, timeout: float = 30.0) -> l
     return values
 
 
-def _first_error(settings: dict[str, str], timeout: float = 10.0) -> KafkaError:
+def _sleep_until(moment: float) -> None:
+    """Sleep until time.monotonic() reaches ``moment`` (at once if it has)."""
+    time.sleep(max(moment - time.monotonic(), 0))
+
+
+def _first_error(settings: dict[str, str], timeout: float = HANG_S) -> KafkaError:
     """The first error (other than "all brokers down") a producer with ``settings`` reports."""
     errors: list[KafkaError] = []
     producer = Producer({**settings, "error_cb": errors.append, "log_level": 0})
@@ -185,7 +190,7 @@ def test_client_certificates_when_the_listener_requires_them(
 
     before = len(kafka.proxy.sessions)
     producer = Producer({**_client_settings(kafka, certs), "log_level": 0})
-    assert wait_until(lambda: len(kafka.proxy.sessions) > before and kafka.proxy.sessions[-1].closed, 10)
+    assert wait_until(lambda: len(kafka.proxy.sessions) > before and kafka.proxy.sessions[-1].closed)
     del producer
     assert "PEER_DID_NOT_RETURN_A_CERTIFICATE" in (kafka.proxy.sessions[-1].closed or "")
 
@@ -267,7 +272,7 @@ class _RawClient:
     def __init__(self, address: str, ca: Path | None = None, *,
                  minimum_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2) -> None:
         host, port = address.rsplit(":", 1)
-        sock = socket.create_connection((host, int(port)), timeout=5)
+        sock = socket.create_connection((host, int(port)), timeout=HANG_S)
         if ca is not None:
             context = ssl.create_default_context(cafile=str(ca))
             context.minimum_version = minimum_version
@@ -331,7 +336,7 @@ def connect() -> Iterator[Callable[..., _RawClient]]:
 
 
 def _session_closed(kafka: SecureBroker, index: int = 0) -> str | None:
-    assert wait_until(lambda: kafka.proxy.sessions[index].closed is not None, 5)
+    assert wait_until(lambda: kafka.proxy.sessions[index].closed is not None)
     return kafka.proxy.sessions[index].closed
 
 
@@ -421,20 +426,24 @@ def test_a_request_the_broker_leaves_unanswered_holds_up_no_other_answer(
 def test_a_session_is_renewed_by_reauthentication_and_closed_once_expired(
         secured: Callable[..., SecureBroker], connect: Callable[..., _RawClient],
         certs: Certificates) -> None:
-    kafka = secured(_listener("SASL_PLAINTEXT", certs, ("PLAIN",), session_lifetime_ms=1000))
+    # A lifetime long beside a round trip on a busy machine: each step below has half of it to spare.
+    lifetime_s = 3.0
+    kafka = secured(_listener("SASL_PLAINTEXT", certs, ("PLAIN",), session_lifetime_ms=int(lifetime_s * 1000)))
     client = connect(kafka.bootstrap)
 
-    assert client.authenticate_plain("alice", USERS["alice"]).session_lifetime_ms == 1000
+    assert client.authenticate_plain("alice", USERS["alice"]).session_lifetime_ms == 3000
+    first_ends_by = time.monotonic() + lifetime_s
     assert client.request(m.MetadataRequest(topics=None), 12).brokers  # authenticated: forwarded
     # A SaslAuthenticate out of turn is answered, as KafkaApis does; the connection stays.
     assert client.request(m.SaslAuthenticateRequest(auth_bytes=b""), 2).error_code == ILLEGAL_SASL_STATE
-    time.sleep(0.6)
-    assert client.authenticate_plain("alice", USERS["alice"]).error_code == 0  # re-authenticated: 1 s more
-    time.sleep(0.6)  # past the first session's end, within the second's
+    _sleep_until(first_ends_by - lifetime_s / 2)
+    assert client.authenticate_plain("alice", USERS["alice"]).error_code == 0  # re-authenticated: 3 s more
+    second_ends_by = time.monotonic() + lifetime_s
+    _sleep_until(first_ends_by)  # past the first session's end, within the second's (with half of it to go)
     assert client.request(m.MetadataRequest(topics=None), 12).brokers
     assert kafka.proxy.sessions[0].reauthentications == 1
 
-    time.sleep(0.5)
+    _sleep_until(second_ends_by)
     client.send(m.MetadataRequest(topics=None), 12)
     assert client.closed_by_peer()
     assert _session_closed(kafka) == "session expired"

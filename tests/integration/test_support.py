@@ -18,6 +18,7 @@ from service.tools.readback import ReadTimeout, read_topic
 from tests.support.broker import TansuBroker
 from tests.support.mock_cluster import MockCluster
 from tests.support.proxy import FaultProxy, SilentListener
+from tests.support.waiting import HANG_S
 
 API_VERSIONS = 18
 PRODUCE = 0
@@ -43,7 +44,7 @@ def _produce(bootstrap: str, messages: list[Message]) -> dict[tuple[int, int], M
 
     for sent in messages:
         producer.produce(**sent, on_delivery=partial(on_delivery, sent))
-    assert producer.flush(15) == 0
+    assert producer.flush(HANG_S) == 0
     assert not failures
     return placed
 
@@ -65,7 +66,7 @@ def test_read_topic_returns_records_intact(
     placed = _produce(broker.bootstrap, messages)
 
     # No `expected`: the producer has flushed, so reading to the end must find them all.
-    records = read_topic(broker.bootstrap, topic, timeout=20)
+    records = read_topic(broker.bootstrap, topic, timeout=HANG_S)
 
     assert [(r.partition, r.offset) for r in records] == sorted(placed)
     assert len({r.partition for r in records}) > 1
@@ -80,7 +81,7 @@ def test_read_topic_returns_records_intact(
 
 
 def test_read_topic_of_empty_topic(broker: TansuBroker, topic_factory: Callable[..., str]) -> None:
-    assert read_topic(broker.bootstrap, topic_factory(3), timeout=10) == []
+    assert read_topic(broker.bootstrap, topic_factory(3), timeout=HANG_S) == []
 
 
 def test_read_topic_times_out_short_of_expected(
@@ -131,7 +132,7 @@ def _raw_produce(address: tuple[str, int], topic: str, partition: int, batch: by
     body += struct.pack(">hhii", -1, -1, 10_000, 1)  # no transactional id, acks, timeout, 1 topic
     body += struct.pack(">h", len(name)) + name
     body += struct.pack(">iii", 1, partition, len(batch)) + batch
-    with socket.create_connection(address, timeout=10) as sock:
+    with socket.create_connection(address, timeout=HANG_S) as sock:
         sock.sendall(struct.pack(">i", len(body)) + body)
         response = _read_frame(sock)
     assert response is not None
@@ -149,9 +150,9 @@ def test_read_topic_fails_on_a_corrupt_batch(
     _raw_produce(address, good, 0, _record_batch([b"a", b"b"], corrupt_crc=False))
     _raw_produce(address, bad, 0, _record_batch([b"a", b"b"], corrupt_crc=True))
 
-    assert [r.value for r in read_topic(broker.bootstrap, good, timeout=10)] == [b"a", b"b"]
+    assert [r.value for r in read_topic(broker.bootstrap, good, timeout=HANG_S)] == [b"a", b"b"]
     with pytest.raises(AssertionError, match="CRC"):
-        read_topic(broker.bootstrap, bad, timeout=10)
+        read_topic(broker.bootstrap, bad, timeout=HANG_S)
 
 
 def test_mock_cluster_brokers_and_leaders(mock_cluster: MockCluster) -> None:
@@ -177,7 +178,7 @@ def test_mock_cluster_round_trip(mock_cluster: MockCluster) -> None:
         mock_cluster.bootstrap,
         [{"topic": "round-trip", "key": f"k{i}".encode(), "value": b"v"} for i in range(20)],
     )
-    records = read_topic(mock_cluster.bootstrap, "round-trip", expected=20, timeout=20)
+    records = read_topic(mock_cluster.bootstrap, "round-trip", expected=20, timeout=HANG_S)
     assert [(r.partition, r.offset) for r in records] == sorted(placed)
 
 
@@ -214,7 +215,7 @@ def _api_versions(sock: socket.socket, correlation_id: int) -> bytes | None:
 
 
 def _connect(proxy: FaultProxy) -> socket.socket:
-    return socket.create_connection((proxy.host, proxy.port), timeout=5)
+    return socket.create_connection((proxy.host, proxy.port), timeout=HANG_S)
 
 
 def test_proxy_forwards_a_round_trip(
@@ -295,7 +296,7 @@ def test_proxy_cut_delay_blackhole_heal(
         sock.settimeout(0.5)
         with pytest.raises(TimeoutError):
             sock.recv(1)
-        sock.settimeout(5)
+        sock.settimeout(HANG_S)
         proxy.heal()
         # The blackholed request never reached the broker; the connection still works.
         assert _api_versions(sock, 4) is not None
@@ -303,7 +304,7 @@ def test_proxy_cut_delay_blackhole_heal(
 
 
 def test_silent_listener(silent_listener: SilentListener) -> None:
-    with socket.create_connection((silent_listener.host, silent_listener.port), timeout=5) as sock:
+    with socket.create_connection((silent_listener.host, silent_listener.port), timeout=HANG_S) as sock:
         sock.sendall(_api_versions_request(1))
         sock.settimeout(0.3)
         with pytest.raises(TimeoutError):

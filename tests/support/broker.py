@@ -8,12 +8,15 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from service.tools.embedded import EmbeddedBroker
+from tests.support.waiting import HANG_S
 
 
 class TansuBroker(EmbeddedBroker):
     """An EmbeddedBroker whose create_topic returns only once every partition has a leader."""
 
-    def create_topic(self, name: str, partitions: int, *, timeout: float = 15.0) -> None:
+    def create_topic(self, name: str, partitions: int, *, timeout: float = HANG_S) -> None:
+        """Create the topic and wait for its leaders, however long Tansu's CLI and the broker take on a busy
+        machine: ``timeout`` bounds a hang only."""
         super().create_topic(name, partitions, timeout=timeout)
         # Tansu auto-creates (with 4 partitions) any unknown topic named in a Metadata
         # request that allows it, and librdkafka's AdminClient allows it by default: turn it

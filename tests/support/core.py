@@ -10,6 +10,7 @@ from service.network.client import monotonic_ms
 from service.producer.core import ProducerCore
 from service.tools.readback import ConsumedRecord
 from tests.support.batches import Deliveries
+from tests.support.waiting import HANG_S
 
 
 class JumpingClock:
@@ -35,8 +36,8 @@ def make_core(bootstrap: str, clock: Callable[[], int] | None = None, **settings
     return ProducerCore(config) if clock is None else ProducerCore(config, clock=clock)
 
 
-def run_until(core: ProducerCore, condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Turn the loop until ``condition()``, failing after ``timeout`` seconds."""
+def run_until(core: ProducerCore, condition: Callable[[], bool], timeout: float = HANG_S) -> None:
+    """Turn the loop until ``condition()``, failing after ``timeout`` seconds (a hang's bound)."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "the sender loop did not get there in time"

@@ -188,7 +188,7 @@ class FakeBroker(_SelectorServer):
     def batches(self) -> dict[tuple[str, int], list[bytes]]:
         """Raw record sets of the Produce requests answered by default, per (topic, partition).
 
-        ``service.protocol.record_batch.decode_batches`` reads them (and checks CRCs).
+        ``tests.support.record_batches.decode_batches`` reads them (and checks CRCs).
         """
         with self._lock:
             return {tp: list(sets) for tp, sets in self._batches.items()}

@@ -24,6 +24,8 @@ from typing import IO, Any, Self
 
 from confluent_kafka import KafkaException, Producer
 
+from tests.support.waiting import HANG_S
+
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,7 +38,7 @@ class MockCluster:
     controller the mock never advertises.
     """
 
-    def __init__(self, num_brokers: int = 3, *, start_timeout: float = 15.0) -> None:
+    def __init__(self, num_brokers: int = 3, *, start_timeout: float = HANG_S) -> None:
         self.num_brokers = num_brokers
         self.start_timeout = start_timeout
         self.brokers: dict[int, tuple[str, int]] = {}
@@ -91,7 +93,7 @@ class MockCluster:
             self._log_file.close()
             self._log_file = None
 
-    def ensure_topic(self, name: str, *, timeout: float = 10.0) -> dict[int, int]:
+    def ensure_topic(self, name: str, *, timeout: float = HANG_S) -> dict[int, int]:
         """Create ``name`` if needed; return its partition -> leader broker id."""
         reply = self._request({"op": "ensure_topic", "topic": name, "timeout": timeout}, timeout)
         return {int(partition): leader for partition, leader in reply["leaders"].items()}
@@ -155,7 +157,7 @@ class MockCluster:
 def _serve(num_brokers: int) -> None:
     """The child: hold the mock cluster and answer requests until stdin closes."""
     holder = Producer({"test.mock.num.brokers": num_brokers, "bootstrap.servers": ""})
-    cluster = holder.list_topics(timeout=10)
+    cluster = holder.list_topics(timeout=HANG_S)
     _reply({"brokers": {b.id: [b.host, b.port] for b in cluster.brokers.values()}})
     for line in sys.stdin:
         request = json.loads(line)

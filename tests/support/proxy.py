@@ -314,6 +314,13 @@ class FaultProxy(_SelectorServer):
             return self._most_produce_outstanding
 
     @property
+    def produce_requests_outstanding(self) -> int:
+        """The Produce requests that have reached the proxy and whose responses have not been passed back yet, now
+        (every connection's)."""
+        with self._lock:
+            return sum(map(_produce_outstanding, self._links))
+
+    @property
     def responses_dropped(self) -> int:
         """Responses swallowed by ``drop_responses`` since start."""
         with self._lock:
@@ -431,9 +438,7 @@ class FaultProxy(_SelectorServer):
         """Release the frames that are due, write what can be written, finish closings."""
         now = time.monotonic()
         for link in list(self._links):
-            outstanding = (sum(1 for _, frame in link.requests if _api_key(frame) == _PRODUCE)
-                           + sum(1 for _, api_key in link.in_flight if api_key == _PRODUCE))
-            self._most_produce_outstanding = max(self._most_produce_outstanding, outstanding)
+            self._most_produce_outstanding = max(self._most_produce_outstanding, _produce_outstanding(link))
             try:
                 while not link.closing and link.requests and self._due(link.requests, now):
                     self._forward_request(link, link.requests.popleft()[1])
@@ -521,6 +526,12 @@ def _api_key(frame: bytes) -> int | None:
         return peek_request_header(frame, SIZE.size)[0]
     except ProtocolError:
         return None
+
+
+def _produce_outstanding(link: _Link) -> int:
+    """Produce requests of ``link`` that reached the proxy and whose responses were not passed back yet."""
+    return (sum(1 for _, frame in link.requests if _api_key(frame) == _PRODUCE)
+            + sum(1 for _, api_key in link.in_flight if api_key == _PRODUCE))
 
 
 def _match_request(in_flight: deque[tuple[int, int]], correlation_id: int) -> int | None:

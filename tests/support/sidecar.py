@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
@@ -19,23 +18,14 @@ from client_stub.errors import SidecarUnavailableError
 from service.stats import request_stats
 from service.tools.embedded import free_port
 from tests.support import users
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 30) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` seconds have passed; returns whether it held."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+from tests.support.waiting import HANG_S
 
 
 class SidecarProcess:
     """``python -m service.cli run`` with the given settings; stopped with SIGTERM."""
 
     def __init__(self, bootstrap: str, *, transport: str = "ipc", endpoint: str | None = None,
-                 settings: dict[str, object] | None = None, start_timeout: float = 20.0,
+                 settings: dict[str, object] | None = None, start_timeout: float = HANG_S,
                  user: users.User | None = None, umask: int = 0o007) -> None:
         self.bootstrap = bootstrap
         self.settings = {k: str(v) for k, v in (settings or {}).items()}
@@ -43,7 +33,8 @@ class SidecarProcess:
         # The daemon runs as ``user`` (in its primary group only), with ``umask`` as systemd's unit sets it.
         self.user = user
         self.umask = umask
-        self._dir = tempfile.mkdtemp(prefix="kafka-sidecar-")
+        # Another user's daemon needs a directory its clients can reach.
+        self._dir = tempfile.mkdtemp(prefix="kafka-sidecar-", dir=None if user is None else users.open_temp_dir())
         if user is not None:
             os.chown(self._dir, user.uid, user.gid)
             os.chmod(self._dir, 0o750)
@@ -74,10 +65,10 @@ class SidecarProcess:
         for key, value in self.settings.items():
             command += ["-X", f"{key}={value}"]
         self._log = self.log_path.open("ab")
-        as_user = {} if self.user is None else {"user": self.user.uid, "group": self.user.gid, "extra_groups": [],
-                                                "env": users.python_env()}
+        as_user = ({"cwd": users.ROOT, "umask": self.umask} if self.user is None
+                   else self.user.popen_options(self.umask))
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, cwd=users.ROOT, umask=self.umask, **as_user)
+                                        stdin=subprocess.DEVNULL, **as_user)
         try:
             self.stats(self.start_timeout)
         except BaseException:
@@ -85,7 +76,7 @@ class SidecarProcess:
             raise
         return self
 
-    def stats(self, timeout: float = 10.0) -> dict[str, Any]:
+    def stats(self, timeout: float = HANG_S) -> dict[str, Any]:
         """The daemon's metrics (see service.daemon_metrics.daemon_metrics), asked as `kafka-sidecar stats` asks,
         waiting up to ``timeout`` for it to answer."""
         deadline = time.monotonic() + timeout
@@ -113,7 +104,7 @@ class SidecarProcess:
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, timeout: float = 30.0) -> int | None:
+    def stop(self, timeout: float = HANG_S) -> int | None:
         """SIGTERM, wait (kill after ``timeout``); returns the exit code."""
         process, self.process = self.process, None
         code = None

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from client_stub import Producer
+from tests.support.waiting import HANG_S
 
 BIG_VALUE_SIZE = 900 * 1024
 BASE_TIMESTAMP = 1_700_000_000_000
@@ -87,7 +88,7 @@ def read_results(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in lines]
 
 
-def run_children(children: list[multiprocessing.Process], queue: Queue, timeout: float = 120) -> list[Any]:
+def run_children(children: list[multiprocessing.Process], queue: Queue, timeout: float = HANG_S) -> list[Any]:
     """Start the child processes, collect one result from each on ``queue``, check that each exited 0,
     and make sure none is left running."""
     try:
@@ -95,7 +96,7 @@ def run_children(children: list[multiprocessing.Process], queue: Queue, timeout:
             child.start()
         results = [queue.get(timeout=timeout) for _ in children]
         for child in children:
-            child.join(30)
+            child.join(timeout)
             assert child.exitcode == 0
         return results
     finally:
@@ -108,13 +109,12 @@ def run_children(children: list[multiprocessing.Process], queue: Queue, timeout:
 def seal_then_keep_writing(endpoint: str, topic: str, client: int, sealed: int) -> None:
     """Send ``sealed`` records and seal them, say so on stdout, then write unsealed records forever.
 
-    The test kills this process with SIGKILL once it has said SEALED.
+    The test kills this process with SIGKILL once the daemon has the seal notices (its records-sealed-total).
     """
     producer = Producer(endpoint, linger_ms=3_600_000)
     for n in range(sealed):
         producer.send(topic, **record(client, n))
-    producer.flush(timeout=0)  # seals every open batch without waiting for the outcomes
-    time.sleep(1)  # the I/O thread sends the seal notices at once; give it ample time
+    producer.flush(timeout=0)  # seals every open batch without waiting for the outcomes: the notices go at once
     print(f"SEALED {sealed}", flush=True)
     n = sealed
     while True:

@@ -191,7 +191,7 @@ def test_drain_one_batch_per_partition_per_request() -> None:
     assert sorted(second, key=lambda b: b.tp) == [queued0[1], queued1[1]]
     assert drain_one(acc, cluster, 6) == [queued0[2]]
     assert drain_one(acc, cluster, 7) == []
-    assert not acc.has_undrained()
+    assert acc.queued_batches() == 0
 
 
 def test_drain_groups_by_leader_and_only_for_the_given_nodes() -> None:
@@ -419,7 +419,7 @@ def test_expired_batches_removed_in_order() -> None:
     assert acc.next_batch_expiry_ms == 120
     assert acc.expired_batches(200) == [c, e]
     assert acc.next_batch_expiry_ms == FOREVER
-    assert not acc.has_undrained()
+    assert acc.queued_batches() == 0
     assert acc.incomplete == {a, b, c, d, e}  # the sender completes them
 
 
@@ -487,9 +487,9 @@ def test_completion_bookkeeping() -> None:
     acc = accumulator()
     cluster = make_cluster({T0: 1})
     [batch] = append(acc, T0)
-    assert acc.has_incomplete() and acc.has_undrained()
+    assert acc.has_incomplete() and acc.queued_batches() > 0
     assert drain_one(acc, cluster, 0) == [batch]
-    assert acc.has_incomplete() and not acc.has_undrained()  # in flight is still incomplete
+    assert acc.has_incomplete() and acc.queued_batches() == 0  # in flight is still incomplete
     acc.completed(batch)
     assert not acc.has_incomplete()
 
@@ -621,7 +621,7 @@ def test_small_batches_of_a_partition_are_drained_as_one() -> None:
     small = append(acc, T0, 5, count=2)
     [sent] = drain_one(acc, cluster, 0)
     assert sent.parts == small and sent.record_count == 10
-    assert not acc.has_undrained()
+    assert acc.queued_batches() == 0
     assert acc.incomplete == {sent}
     settle(acc, sent, 40)
     assert not acc.has_incomplete()
@@ -653,7 +653,7 @@ def test_coalesced_batches_hold_at_most_coalesce_bytes_of_records() -> None:
     cluster = make_cluster({T0: 1})
     small = append(acc, T0, 200, count=4)
     drained = []
-    while acc.has_undrained():
+    while acc.queued_batches():
         drained += drain_one(acc, cluster, 0)
     assert all(b.records_size <= BATCH_SIZE for b in drained)
     assert [p for b in drained for p in b.parts] == small
@@ -667,7 +667,7 @@ def test_coalesced_batches_fit_in_a_request() -> None:
     small = append(acc, T0, 100, count=2)
     max_size = 10 * small[0].size_in_bytes
     drained = []
-    while acc.has_undrained():
+    while acc.queued_batches():
         [batch] = drain_one(acc, cluster, 0, max_size=max_size)
         assert batch.size_in_bytes <= max_size
         drained.append(batch)
@@ -684,7 +684,7 @@ def test_one_batch_per_partition_per_request_still_holds() -> None:
     assert sorted(b.tp for b in drained) == [T0, T1, T2]
     by_tp = {b.tp: b for b in drained}
     assert by_tp[T0].parts == t0 and by_tp[T1].parts == t1 and by_tp[T2] is t2
-    assert not acc.has_undrained()
+    assert acc.queued_batches() == 0
 
 
 def left_for_the_next_request(acc: RecordAccumulator, cluster) -> tuple[list[ProducerBatch], int]:
@@ -708,7 +708,7 @@ def test_a_coalesced_batch_left_for_the_next_request_takes_no_more_parts() -> No
     later = append(acc, T0, 2)
     assert [b.parts for b in drain_one(acc, cluster, 1, max_size=max_size)] == [small]
     assert [b.parts for b in drain_one(acc, cluster, 1, max_size=max_size)] == [later]
-    assert not acc.has_undrained()
+    assert acc.queued_batches() == 0
 
 
 def test_queued_coalesced_batch_is_aborted_with_its_parts() -> None:
@@ -751,7 +751,7 @@ def test_a_malformed_batch_leaves_its_queue_unsent_and_spends_no_sequence(idempo
     later = append(acc, T0, 2)
     drains: list[list[ProducerBatch]] = []
     corrupt = []
-    while acc.has_undrained():
+    while acc.queued_batches():
         drains.append(drain_one(acc, cluster, 0))
         corrupt += acc.corrupt_batches
     # Not coalesced with its neighbours, and, its records read before it takes a sequence, not drained: the

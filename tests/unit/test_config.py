@@ -58,7 +58,7 @@ def test_defaults_keep_idempotence() -> None:
     cfg = ProducerConfig(BOOTSTRAP)
     assert cfg.idempotent
     assert cfg.given("bootstrap.servers")
-    assert cfg.as_dict()["bootstrap.servers"] == ["localhost:9092"]
+    assert cfg["bootstrap.servers"] == ["localhost:9092"]
 
 
 # -- parsing -------------------------------------------------------------------------------------

@@ -21,49 +21,46 @@ def states(backoff_ms: int = 50, backoff_max_ms: int = 1000, setup_timeout_ms: i
 def test_a_node_never_seen_is_disconnected_and_may_connect() -> None:
     s = states()
     assert s.state(NODE) is ConnectionState.DISCONNECTED
-    assert NODE not in s
     assert s.can_connect(NODE, NOW)
-    assert not s.is_blacked_out(NODE, NOW)
     assert s.connection_delay(NODE, NOW) == 0
-    assert s.address(NODE) is None
-    s.disconnected(NODE, NOW)  # nothing to do for an unknown node
-    assert NODE not in s
+    s.disconnected(NODE, NOW)  # nothing to do for an unknown node: no backoff starts
+    assert s.can_connect(NODE, NOW) and s.connection_delay(NODE, NOW) == 0
 
 
 def test_life_cycle_to_ready() -> None:
     s = states()
-    s.connecting(NODE, NOW, "127.0.0.1", 9092)
+    s.connecting(NODE, NOW)
     assert s.state(NODE) is ConnectionState.CONNECTING
-    assert s.is_connecting(NODE) and s.connecting_nodes() == [NODE]
-    assert s.address(NODE) == ("127.0.0.1", 9092)
+    assert s.connecting_nodes() == [NODE]
     assert not s.can_connect(NODE, NOW + 10**9)  # connecting already
     assert s.connection_delay(NODE, NOW) == 2**31 - 1
 
     s.authenticating(NODE)
-    assert s.state(NODE) is ConnectionState.AUTHENTICATING and s.state(NODE).is_connected
+    assert s.state(NODE) is ConnectionState.AUTHENTICATING and not s.state(NODE).is_disconnected
     s.checking_api_versions(NODE)
     assert s.state(NODE) is ConnectionState.CHECKING_API_VERSIONS
-    assert s.state(NODE).is_connected and not s.is_ready(NODE) and s.connecting_nodes() == []
+    assert not s.state(NODE).is_disconnected and not s.is_ready(NODE) and s.connecting_nodes() == []
     s.ready(NODE)
-    assert s.is_ready(NODE) and s.state(NODE).is_connected
+    assert s.is_ready(NODE) and not s.state(NODE).is_disconnected
     assert not s.can_connect(NODE, NOW)
     assert s.connection_delay(NODE, NOW) == 2**31 - 1
 
+    # Removed, the node is one never seen: it may connect at once.
     s.remove(NODE)
-    assert NODE not in s and s.state(NODE) is ConnectionState.DISCONNECTED
+    assert s.state(NODE) is ConnectionState.DISCONNECTED
+    assert s.can_connect(NODE, NOW) and s.connection_delay(NODE, NOW) == 0
 
 
 def test_disconnect_backs_off_then_allows_a_reconnect() -> None:
     s = states(backoff_ms=100, backoff_max_ms=100)  # no growth, no jitter
-    s.connecting(NODE, NOW, "h", 1)
+    s.connecting(NODE, NOW)
     s.disconnected(NODE, NOW + 5)
-    assert s.state(NODE) is ConnectionState.DISCONNECTED and NODE in s
-    assert s.is_blacked_out(NODE, NOW + 5)
+    assert s.state(NODE) is ConnectionState.DISCONNECTED
+    assert not s.can_connect(NODE, NOW + 5)
     assert not s.can_connect(NODE, NOW + 104)
     assert s.connection_delay(NODE, NOW + 5) == 100
     assert s.connection_delay(NODE, NOW + 55) == 50
     assert s.can_connect(NODE, NOW + 105)
-    assert not s.is_blacked_out(NODE, NOW + 105)
     assert s.connection_delay(NODE, NOW + 500) == 0
 
 
@@ -72,7 +69,7 @@ def test_backoff_doubles_up_to_the_maximum_with_jitter() -> None:
     delays = []
     now = NOW
     for _ in range(10):
-        s.connecting(NODE, now, "h", 1)
+        s.connecting(NODE, now)
         s.disconnected(NODE, now)
         delays.append(s.connection_delay(NODE, now))
         now += delays[-1]
@@ -85,10 +82,10 @@ def test_backoff_doubles_up_to_the_maximum_with_jitter() -> None:
 def test_ready_resets_the_backoff() -> None:
     s = states(backoff_ms=50, backoff_max_ms=10_000)
     for _ in range(6):
-        s.connecting(NODE, NOW, "h", 1)
+        s.connecting(NODE, NOW)
         s.disconnected(NODE, NOW)
     assert s.connection_delay(NODE, NOW) > 1000
-    s.connecting(NODE, NOW, "h", 1)
+    s.connecting(NODE, NOW)
     s.checking_api_versions(NODE)
     s.ready(NODE)
     s.disconnected(NODE, NOW)
@@ -97,32 +94,24 @@ def test_ready_resets_the_backoff() -> None:
 
 def test_authentication_failure_backs_off_like_a_disconnect() -> None:
     s = states(backoff_ms=100, backoff_max_ms=100)
-    s.connecting(NODE, NOW, "h", 1)
+    s.connecting(NODE, NOW)
     s.authenticating(NODE)
     s.disconnected(NODE, NOW)
     s.authentication_failed(NODE)
     assert s.state(NODE) is ConnectionState.AUTHENTICATION_FAILED
     assert s.state(NODE).is_disconnected
-    assert s.is_blacked_out(NODE, NOW + 99)
+    assert not s.can_connect(NODE, NOW + 99)
     assert s.can_connect(NODE, NOW + 100)
 
 
 def test_connection_setup_timeout_applies_while_connecting() -> None:
     s = states(setup_timeout_ms=500)
-    s.connecting(NODE, NOW, "h", 1)
+    s.connecting(NODE, NOW)
     assert not s.connection_setup_expired(NODE, NOW + 500)
     assert s.connection_setup_expired(NODE, NOW + 501)
     s.checking_api_versions(NODE)
     assert not s.connection_setup_expired(NODE, NOW + 10_000)
     assert not s.connection_setup_expired(2, NOW + 10_000)
-
-
-def test_a_reconnect_to_a_new_address_is_remembered() -> None:
-    s = states()
-    s.connecting(NODE, NOW, "old", 1)
-    s.disconnected(NODE, NOW)
-    s.connecting(NODE, NOW + 10_000, "new", 2)
-    assert s.address(NODE) == ("new", 2)
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -11,9 +11,10 @@ import pytest
 from client_stub.fastpath import encode_record
 from service.protocol import messages as m
 from service.protocol.api import APIS, decode_response, encode_request
-from service.protocol.record_batch import build_batch, decode_batches
 from service.protocol.schema import Message
 from tests.support.fake_broker import CLOSE, FakeBroker, produce_response, record_count
+from tests.support.record_batches import build_batch, decode_batches
+from tests.support.waiting import HANG_S
 
 MESSAGE_TOO_LARGE = 10
 
@@ -22,7 +23,7 @@ class Connection:
     """One blocking connection to a broker that sends requests and reads responses."""
 
     def __init__(self, broker: FakeBroker) -> None:
-        self.sock = socket.create_connection((broker.host, broker.port), timeout=5)
+        self.sock = socket.create_connection((broker.host, broker.port), timeout=HANG_S)
         self.correlation_id = 0
 
     def send(self, body: Message, version: int | None = None) -> int:

@@ -9,9 +9,10 @@ from client_stub.errors import InvalidRecordError, KafkaError, KafkaTimeoutError
 from service.producer import batch as batch_module
 from service.producer.batch import FinalState, ProducerBatch, TopicPartition
 from service.protocol.compression import CompressionType
-from service.protocol.record_batch import NO_SEQUENCE, decode_batch
+from service.protocol.record_batch import NO_SEQUENCE
 from tests.support.batches import encode_records
 from tests.support.producer_batches import BASE_TS, T0, make_batch, record_specs
+from tests.support.record_batches import decode_batch
 
 
 class Outcomes:

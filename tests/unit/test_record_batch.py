@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from client_stub.contract.records import Record
 from client_stub.fastpath import encode_record
-from service.protocol.compression import CompressionType, compress, decompress
-from service.protocol.record_batch import build_batch, decode_batch, decode_batches, encode_batch_header
+from service.protocol.compression import CompressionType, compress
+from service.protocol.record_batch import encode_batch_header
+from tests.support.record_batches import build_batch, decode_batch, decode_batches, decompress
 
 ALL_CODECS = list(CompressionType)
 
@@ -244,32 +245,6 @@ def test_snappy_is_raw_snappy() -> None:
     records, _ = make_records(20)
     payload = compress(CompressionType.SNAPPY, memoryview(records))
     assert cramjam.snappy.decompress_raw(payload).read() == bytes(records)
-
-
-def xerial(data: bytes, chunk: int) -> bytes:
-    """Snappy in the xerial framing that the Java client writes."""
-    out = bytearray(b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1))
-    for start in range(0, len(data), chunk):
-        block = bytes(cramjam.snappy.compress_raw(data[start:start + chunk]))
-        out += struct.pack(">i", len(block)) + block
-    return bytes(out)
-
-
-def test_xerial_snappy_is_read() -> None:
-    records, expected = make_records(12)
-    framed = xerial(bytes(records), 100)
-    assert decompress(CompressionType.SNAPPY, framed) == records
-    assert decompress(CompressionType.SNAPPY, memoryview(framed)) == records
-    # A whole batch as the Java client sends it: attributes say snappy, the payload is xerial.
-    header, _ = build_batch(records, record_count=12, last_offset_delta=11, base_timestamp=0,
-                            max_timestamp=77, compression=CompressionType.SNAPPY)
-    header = bytearray(header)
-    batch_length = 61 - 12 + len(framed)
-    struct.pack_into(">i", header, 8, batch_length)
-    struct.pack_into(">I", header, 17, crc32c.crc32c(framed, crc32c.crc32c(bytes(header[21:]))))
-    batch, _ = decode_batch(bytes(header) + framed)
-    assert batch.crc_valid
-    assert batch.records == expected
 
 
 def test_gzip_and_zstd_frames() -> None:

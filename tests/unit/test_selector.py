@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from service.network.selector import Selector
 from service.network.transport import WANT_READ, PlaintextTransport
 from service.poller import POLLIN
+from tests.support.waiting import HANG_S
 
 NODE = 1
 
@@ -30,7 +31,7 @@ def frame(payload: bytes) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
-def poll_until(selector: Selector, condition: Callable[[], bool], timeout: float = 5.0,
+def poll_until(selector: Selector, condition: Callable[[], bool], timeout: float = HANG_S,
                poll_ms: int = 10) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -38,7 +39,7 @@ def poll_until(selector: Selector, condition: Callable[[], bool], timeout: float
         selector.poll(poll_ms)
 
 
-def poll_collect(selector: Selector, count: int, timeout: float = 5.0) -> list[bytes]:
+def poll_collect(selector: Selector, count: int, timeout: float = HANG_S) -> list[bytes]:
     """Poll until ``count`` frames have completed; returns them in order."""
     frames: list[bytes] = []
 
@@ -233,7 +234,7 @@ def _pending(sock: socket.socket) -> int:
 
 
 def _wait_for_arrival(sock: socket.socket, size: int) -> None:
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + HANG_S
     while _pending(sock) < size:
         assert time.monotonic() < deadline, "the bytes did not arrive"
         time.sleep(0.001)
@@ -286,7 +287,7 @@ def test_large_response_over_many_reads(selector: Selector, peer: socket.socket)
     writer = threading.Thread(target=peer.sendall, args=(frame(payload),))
     writer.start()
     try:
-        assert poll_collect(selector, 1, timeout=20) == [payload]
+        assert poll_collect(selector, 1) == [payload]
     finally:
         writer.join()
 
@@ -298,7 +299,7 @@ def test_response_followed_by_close_is_delivered(selector: Selector, peer: socke
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024 * 1024)
     writer = threading.Thread(target=lambda: (peer.sendall(frame(payload)), peer.shutdown(socket.SHUT_WR)))
     writer.start()
-    writer.join(10)
+    writer.join()
     _wait_for_arrival(sock, len(payload) + 4)
     poll_until(selector, lambda: NODE in selector.disconnected)
     assert selector.completed_receives == [(NODE, payload)]
@@ -349,19 +350,26 @@ def test_a_completed_send_ends_the_wait_only_if_it_wakes(selector: Selector, pee
                                                          wakes: bool) -> None:
     """A request whose response will come (wakes=False) lets the poll sleep on until it does."""
     request = frame(b"request")
+    polled = threading.Event()
 
     def answer() -> None:
         receive_exactly(peer, len(request))
-        time.sleep(0.5)  # so that a poll the completed send ends cannot see the response
+        if wakes:
+            polled.wait()  # the poll the completed send ends has returned: it cannot see the response
+        else:
+            time.sleep(0.5)  # long after the send completed: the poll sleeps on until the response
         peer.sendall(frame(b"response"))
 
     broker = threading.Thread(target=answer)
     broker.start()
     try:
         selector.send(NODE, [request], tag="request", wakes=wakes)
+        started = time.monotonic()
         selector.poll(10_000)
+        polled.set()
     finally:
         broker.join()
+    assert time.monotonic() - started < 10, "the poll slept its whole timeout"
     assert selector.completed_sends == [(NODE, "request")]
     assert selector.completed_receives == ([] if wakes else [(NODE, b"response")])
 
@@ -383,7 +391,7 @@ def test_partial_writes_complete_intact(listener: socket.socket) -> None:
 
             received = bytearray()
             polls_with_send_pending = 0
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + HANG_S
             while len(received) < len(expected):
                 assert time.monotonic() < deadline
                 selector.poll(1)
