@@ -26,6 +26,7 @@ from service.producer.batch import ProducerBatch, TopicPartition
 from service.producer.core import ProducerCore
 from service.protocol import messages as m
 from tests.support.producer_batches import queued
+from tests.support.waiting import HANG_S
 
 BLOCK = 4096
 BLOCKS = 8
@@ -72,8 +73,9 @@ class Client:
     def send(self, *message: Any) -> None:
         self.sock.send(ipc.pack(*message))
 
-    def recv(self, timeout_ms: int = 1000) -> list[Any]:
-        assert self.sock.poll(timeout_ms), "no message from the daemon"
+    def recv(self) -> list[Any]:
+        """The next message from the daemon (inproc: there at once, unless the front sent nothing)."""
+        assert self.sock.poll(HANG_S * 1000), "no message from the daemon"
         return ipc.unpack(self.sock.recv())
 
     def quiet(self) -> bool:
@@ -211,7 +213,7 @@ class Env:
 
     def pump(self) -> None:
         """Let the front handle what the clients sent."""
-        assert self.front.endpoint.socket.poll(1000), "nothing reached the daemon"
+        assert self.front.endpoint.socket.poll(HANG_S * 1000), "nothing reached the daemon"
         self.front.handle_readable()
 
     def serve(self, timeout_ms: int = 0) -> None:
@@ -220,10 +222,10 @@ class Env:
         self.poller.poll(timeout_ms)
         self.poller.serve_ready()
 
-    def serve_until(self, condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-        """Poll the loop's poller until ``condition()``; fails if it is still false after ``timeout_s`` (what the
-        poll waits for is another process's, which a busy machine may run late)."""
-        deadline = time.monotonic() + timeout_s
+    def serve_until(self, condition: Callable[[], bool]) -> None:
+        """Poll the loop's poller until ``condition()`` (what the poll waits for may be another process's, which a
+        busy machine runs late); fails only on a hang."""
+        deadline = time.monotonic() + HANG_S
         while not condition():
             assert time.monotonic() < deadline, "what the front waited for did not come"
             self.serve(50)
@@ -263,7 +265,7 @@ class Env:
         else:
             socket.send_fds(conn, [token], [fd])
         self.serve()  # the connection is readable: its token is read, and answered
-        conn.settimeout(1)
+        conn.settimeout(HANG_S)
         answer, fds, _, _ = socket.recv_fds(conn, 4096, 1, socket.MSG_CMSG_CLOEXEC)
         return conn, answer, fds
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import select
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from tests.support.front import (
     BLOCK,
     BLOCKS,
 )
+from tests.support.waiting import HANG_S
 
 
 def test_a_broken_loop_exits_at_once_without_failing_what_it_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -73,39 +77,35 @@ def test_daemon_loop_survives_an_error_after_an_iteration(tmp_path: Path, monkey
         client.setsockopt(zmq.LINGER, 0)
         client.connect(endpoint)
         client.send(ipc.pack(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "after", {}))
-        for _ in range(20):
-            daemon.run_once()
-            if client.poll(0):
-                break
+        turn_until(daemon, lambda: bool(client.poll(0)))
         welcome = ipc.decode(client.recv(zmq.NOBLOCK))
         assert isinstance(welcome, ipc.Welcome)
         # The loop serves the memory socket too, beside the ipc socket: the segment comes over it...
         memory.connect(f"{tmp_path}/sidecar.sock.memory")
         memory.send(welcome.memory_token)
         memory.setblocking(False)
-        for _ in range(20):
-            daemon.run_once()
-            try:
-                answer, fds, _, _ = socket.recv_fds(memory, 64, 1, socket.MSG_CMSG_CLOEXEC)
-                break
-            except BlockingIOError:
-                pass
+        turn_until(daemon, lambda: bool(select.select([memory], [], [], 0)[0]))
+        answer, fds, _, _ = socket.recv_fds(memory, 64, 1, socket.MSG_CMSG_CLOEXEC)
         for fd in fds:
             os.close(fd)
         assert answer == OK and len(fds) == 1
         assert len(daemon.front.sessions) == 1
         # ... and the end of its connection ends the session.
         memory.close()
-        for _ in range(20):
-            daemon.run_once()
-            if not daemon.front.sessions:
-                break
-        assert not daemon.front.sessions
+        turn_until(daemon, lambda: not daemon.front.sessions)
     finally:
         memory.close()
         client.close()
         context.term()
         daemon.shutdown()
+
+
+def turn_until(daemon: SidecarDaemon, condition: Callable[[], bool]) -> None:
+    """Turn the daemon's loop until ``condition()``; fails only on a hang."""
+    deadline = time.monotonic() + HANG_S
+    while not condition():
+        assert time.monotonic() < deadline, "the daemon's loop did not get there"
+        daemon.run_once()
 
 
 def test_nothing_a_client_sends_is_read_while_the_producer_closes(tmp_path: Path,
@@ -125,7 +125,7 @@ def test_nothing_a_client_sends_is_read_while_the_producer_closes(tmp_path: Path
     def closing(timeout_ms: int | None = None) -> None:
         client.send(ipc.pack(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "late", {}))
         router = daemon.front.endpoint.socket
-        assert router.poll(10_000), "the message did not reach the daemon"
+        assert router.poll(HANG_S * 1000), "the message did not reach the daemon"
         daemon.poller.poll(0)  # as the producer's flush turns it
         daemon.poller.serve_ready()
         unread.append(bool(router.poll(0)) and not client.poll(0))

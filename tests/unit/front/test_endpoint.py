@@ -23,6 +23,7 @@ from service.front.replies import SEND_HWM
 from tests.support.front import (
     Env,
 )
+from tests.support.waiting import HANG_S
 
 
 @pytest.fixture
@@ -115,15 +116,15 @@ def test_stale_ipc_socket_files_are_replaced(env: Env, tmp_path: Path) -> None:
         client.setsockopt(zmq.LINGER, 0)
         client.connect(f"ipc://{path}")
         client.send(ipc.pack(ipc.Heartbeat.TYPE))
-        assert front.endpoint.socket.poll(2000)
+        assert front.endpoint.socket.poll(HANG_S * 1000)
         front.handle_readable()
-        assert client.poll(2000)
+        assert client.poll(HANG_S * 1000)
         assert ipc.unpack(client.recv())[0] == ipc.Error.TYPE
         memory.connect(str(path.with_name("sidecar.sock.memory")))
         memory.send(bytes(16))
         env.serve()  # accepted
         env.serve()  # its token read
-        memory.settimeout(1)
+        memory.settimeout(HANG_S)
         assert memory.recv(4096).startswith(ERR)  # the new daemon answers there
     finally:
         memory.close()

@@ -26,6 +26,7 @@ from tests.support.front import (
     ended,
     notice,
 )
+from tests.support.waiting import HANG_S
 
 # -- handshake ------------------------------------------------------------------------------------
 
@@ -273,7 +274,7 @@ def test_a_client_sends_a_bounded_number_of_messages_ahead_of_the_front(env: Env
                 sent += 1
         assert 100 <= sent <= 110  # inproc: the front's receive high-water mark, and the client's one
         env.pump()
-        assert flood.poll(1000, zmq.POLLOUT)  # read: it may send again
+        assert flood.poll(HANG_S * 1000, zmq.POLLOUT)  # read: it may send again
     finally:
         flood.close(linger=0)
 
