@@ -6,7 +6,8 @@ daemon's messages (grants, topics, delivery reports) and completes the records'
 futures, and sends heartbeats. It holds the sockets (to the daemon, and the memory
 connections), the segment and its file descriptor, and carries out what the
 session (:mod:`.session`, which decides) asks for: the HELLO, the memory
-handshake, a session lost and held for the next daemon, one forgotten.
+handshake, a session lost and held for the next daemon, one forgotten, the
+GOODBYE. What the session logs, it logs once the producer's lock is released.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import ParamSpec, assert_never, cast
 
 import zmq
 
@@ -32,17 +33,19 @@ from .futures import RecordFuture, completer, fail
 from .metadata import ProducerMetadata
 from .outbox import Outbox
 from .session import (
-    Action,
-    Attach,
     Detach,
     Forget,
     HandOver,
     HoldMemory,
     MakeHandshake,
+    Note,
+    Outcome,
+    SayGoodbye,
     SayHello,
     SendHeartbeat,
     Session,
-    SessionState,
+    SessionProtocolError,
+    Unreported,
 )
 
 # The producer's logger: what the I/O thread logs is the producer's to the application.
@@ -59,6 +62,8 @@ _HEARTBEAT = ipc.encode(ipc.Heartbeat())
 _HANDSHAKE_TIMEOUT_S = 10.0
 # Once the daemon is gone, how long to wait for more of what it sent before.
 _DRAIN_WAIT_MS = 20
+
+_Event = ParamSpec("_Event")
 
 
 class IoThread:
@@ -100,15 +105,6 @@ class IoThread:
         self._context: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
-        # The daemon's messages, by type: each handler takes the producer's lock as it needs it.
-        self._handlers: dict[type[ipc.Message], Callable[[Any], None]] = {
-            ipc.Delivery: self._deliver, ipc.Welcome: self._welcomed, ipc.Error: self._refused,
-            ipc.Shutdown: self._shutting_down, ipc.Grant: self._granted, ipc.GrantFailed: self._grant_failed,
-            ipc.Topic: self._topic, ipc.SealNow: self._seal_now}
-        # What the session asks for, by type, carried out with the lock held.
-        self._steps: dict[type[Action], Callable[[Any], None]] = {
-            SayHello: self._say_hello, SendHeartbeat: self._send_heartbeat, HandOver: self._hand_over,
-            Detach: self._detach, HoldMemory: self._hold_memory, Forget: self._forget}
 
     # -- life cycle ------------------------------------------------------------------------------
 
@@ -149,12 +145,9 @@ class IoThread:
         return sock
 
     def stop(self) -> None:
-        """Send what is queued and a GOODBYE, then end (lock held; join() waits for it)."""
+        """Have the thread send what is queued and a GOODBYE, then end (lock held; join() waits for it)."""
         self._stopping = True
-        notices = self._accumulator.take_notices()
-        if notices is not None:
-            self._outbox.post(notices)
-        self._outbox.post(ipc.Goodbye())
+        self._outbox.wake()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread to end (after stop(), or once it failed)."""
@@ -180,17 +173,16 @@ class IoThread:
         # zmq.Poller reports a plain socket by its file descriptor, not as the object registered.
         wake_fd = self._outbox.bind()
         poller.register(wake_fd, zmq.POLLIN)
-        with self._cond:
-            self._carry_out(self._session.start(time.monotonic()))
+        session = self._session
+        self._tell_session(session.start, time.monotonic())
         next_heartbeat = time.monotonic() + 1.0
         try:
             while True:
                 wake_at = min(self._seal_lingered(), next_heartbeat)
                 if self._stopping:
-                    self._end()
+                    self._tell_session(session.stop)
                     break
-                if self._session.state is SessionState.ATTACHED:
-                    # Between sessions, what is queued waits for the next (to which it is then addressed).
+                if session.sends_queued:
                     self._outbox.send_all(self._sock)
                 # In whole milliseconds, rounded up: rounding down would spin until the deadline.
                 events = dict(poller.poll(max(math.ceil((wake_at - time.monotonic()) * 1000), 0)))
@@ -200,15 +192,13 @@ class IoThread:
                     self._receive_all()
                 if self._memory is not None and self._memory.fileno() in events and shared_memory.hung_up(self._memory):
                     self._drain()
-                    with self._cond:
-                        self._carry_out(self._session.memory_hung_up(time.monotonic()))
+                    self._tell_session(session.memory_hung_up, time.monotonic())
                 if self._lost:
                     self._fail_lost()
                 if time.monotonic() >= next_heartbeat:
-                    with self._cond:
-                        self._carry_out(self._session.tick(time.monotonic()))
+                    self._tell_session(session.tick, time.monotonic())
                     self._expire_unreported()
-                    settings = self._session.settings
+                    settings = session.settings
                     interval = settings.heartbeat_interval_ms if settings else 1000
                     next_heartbeat = time.monotonic() + interval / 1000
         except BaseException as exc:
@@ -221,13 +211,6 @@ class IoThread:
             self._context.term()
             self._outbox.close()
             self._release_session()
-
-    def _end(self) -> None:
-        """The producer closes: what is queued goes, its GOODBYE last, whatever the session."""
-        assert self._sock is not None
-        with self._cond:
-            self._session.stop()
-        self._outbox.send_all(self._sock)
 
     def _seal_lingered(self) -> float:
         with self._cond:
@@ -268,22 +251,46 @@ class IoThread:
     # -- messages from the daemon ----------------------------------------------------------------
 
     def _receive_all(self) -> None:
-        sock = self._sock
-        assert sock is not None
-        # Asking for the events is cheaper than raising zmq.Again at the end of every batch.
-        while cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:  # an int option (pyzmq types every option int | bytes)
+        while True:
+            sock = self._sock  # the current one, each time: a message's handling may say HELLO on a new socket
+            assert sock is not None
+            # Asking for the events is cheaper than raising zmq.Again at the end of every batch.
+            if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:  # an int option (pyzmq types every option
+                return                                             # int | bytes)
             data = sock.recv(_NOBLOCK)
             try:
-                message = ipc.decode(data)
-                handler = self._handlers.get(type(message))
-                if handler is not None:  # none for what is not a client's concern (a StatsReport)
-                    handler(message)
+                self._handle(ipc.decode(data))
             except ipc.VersionMismatchError as exc:
-                with self._cond:
-                    self._session.mismatched(exc.version)
-                    self._cond.notify_all()
+                self._tell_session(self._session.mismatched, exc.version)
+            except SessionProtocolError:
+                log.exception("a bug of this client: its session with the daemon was told what it cannot take")
             except Exception:
                 log.exception("cannot handle a message from the daemon")
+
+    def _handle(self, message: ipc.Message) -> None:
+        """One message of the daemon: each handler takes the producer's lock as it needs it."""
+        match message:
+            case ipc.Delivery():
+                self._deliver(message)
+            case ipc.Grant():
+                self._granted(message)
+            case ipc.GrantFailed():
+                self._grant_failed(message)
+            case ipc.Topic():
+                self._topic(message)
+            case ipc.SealNow():
+                self._seal_now()
+            case ipc.Welcome():
+                self._welcomed(message)
+            case ipc.Error():
+                self._refused(message)
+            case ipc.Shutdown():
+                self._shutting_down(message)
+            case (ipc.StatsReport() | ipc.Hello() | ipc.Blocks() | ipc.Seal() | ipc.Release() | ipc.Metadata()
+                  | ipc.Heartbeat() | ipc.Goodbye() | ipc.Stats() | ipc.LastSeal()):
+                pass  # not a client's concern: what the daemon says to the stats command, what clients say
+            case _:
+                assert_never(message)
 
     def _drain(self) -> None:
         """Take what the daemon sent before it went (its last reports, which need not be sent again), as
@@ -323,19 +330,17 @@ class IoThread:
             self._metadata.update(topic)
             self._cond.notify_all()
 
-    def _seal_now(self, _: ipc.SealNow) -> None:
+    def _seal_now(self) -> None:
         with self._cond:
             self._accumulator.seal_all()
             self._grants.give_back_spare()
             self._cond.notify_all()
 
     def _refused(self, error: ipc.Error) -> None:
-        with self._cond:
-            self._carry_out(self._session.refused(error, time.monotonic()))
+        self._tell_session(self._session.refused, error, time.monotonic())
 
     def _shutting_down(self, shutdown: ipc.Shutdown) -> None:
-        with self._cond:
-            self._carry_out(self._session.shutting_down(shutdown.reason))
+        self._tell_session(self._session.shutting_down, shutdown.reason)
 
     def _welcomed(self, welcome: ipc.Welcome) -> None:
         with self._cond:
@@ -345,11 +350,37 @@ class IoThread:
 
     # -- what the session asks for ---------------------------------------------------------------
 
-    def _carry_out(self, actions: list[Action]) -> None:
-        """Do what the session asked for (lock held), and wake whoever waits on it."""
-        for action in actions:
-            self._steps[type(action)](action)
-        self._cond.notify_all()
+    def _tell_session(self, event: Callable[_Event, Outcome], *args: _Event.args, **kwargs: _Event.kwargs) -> None:
+        """Tell the session of an event (its method ``event``, called with ``args``) and carry out the outcome:
+        under the producer's lock, then its log once the lock is released."""
+        with self._cond:
+            outcome = event(*args, **kwargs)
+            self._carry_out(outcome)
+        _write(outcome.notes)
+
+    def _carry_out(self, outcome: Outcome) -> None:
+        """Do what the session asked for, and wake whoever waits on the lock if what they wait for changed (lock
+        held)."""
+        for action in outcome.actions:
+            match action:
+                case SayHello():
+                    self._say_hello(action)
+                case SendHeartbeat():
+                    self._send_heartbeat()
+                case HandOver():
+                    self._hand_over()
+                case Detach():
+                    self._detach()
+                case HoldMemory():
+                    self._hold_memory()
+                case Forget():
+                    self._forget()
+                case SayGoodbye():
+                    self._say_goodbye()
+                case _:
+                    assert_never(action)
+        if outcome.wake:
+            self._cond.notify_all()
 
     def _say_hello(self, hello: SayHello) -> None:
         """HELLO, offering the lost session's sealed batches if the session offers it; only its WELCOME
@@ -357,7 +388,7 @@ class IoThread:
         if hello.reconnect:
             self._reconnect()
         assert self._sock is not None
-        sealed = [] if hello.resume is None else self._accumulator.resume_notices(time.monotonic())
+        sealed = [] if hello.offer is None else self._accumulator.resume_notices(time.monotonic())
         self._sock.send(ipc.encode(hello.message(self._hello(), sealed)))
 
     def _reconnect(self) -> None:
@@ -370,7 +401,7 @@ class IoThread:
         self._sock = self._socket(self._context)
         self._poller.register(self._sock, zmq.POLLIN)
 
-    def _send_heartbeat(self, _: SendHeartbeat) -> None:
+    def _send_heartbeat(self) -> None:
         assert self._sock is not None
         self._sock.send(_HEARTBEAT)
 
@@ -380,25 +411,25 @@ class IoThread:
         self._accumulator.seal_all()
         return self._accumulator.take_notices()
 
-    def _hand_over(self, _: HandOver) -> None:
+    def _hand_over(self) -> None:
         assert self._sock is not None
         notices = self._stop_taking_records()
         self._outbox.send_all(self._sock)  # what was queued for the session goes first, its seal notices among them
         self._sock.send(ipc.encode(ipc.LastSeal([] if notices is None else notices.notices)))
         self._grants.forget()
 
-    def _detach(self, _: Detach) -> None:
+    def _detach(self) -> None:
         # The notices are dropped with the rest of what was queued: the next HELLO offers every sealed batch.
         self._stop_taking_records()
         self._grants.forget()
         self._outbox.clear()
 
-    def _hold_memory(self, _: HoldMemory) -> None:
+    def _hold_memory(self) -> None:
         if self._memory is not None:
             self._unpoll_memory()
             self._lost_memory, self._memory = self._memory, None
 
-    def _forget(self, _: Forget) -> None:
+    def _forget(self) -> None:
         """What the lost session held is gone, and its records' fate unknown."""
         self._appender.disable()
         # Their records stay outstanding until this thread has failed them: a flush() that returned
@@ -408,8 +439,7 @@ class IoThread:
         self._close_lost_memory()
         self._close_segment()
         if lost:
-            log.error("%d record(s) handed to the lost session are failed as unknown", len(lost))
-            # Completed after the lock is released, as deliveries are.
+            # Failed, and said, after the lock is released, as deliveries are.
             self._lost += lost
             self._lost_error = SidecarUnavailableError(
                 "the kafka-sidecar daemon lost this client's session (it took the client for dead, or could not "
@@ -418,43 +448,43 @@ class IoThread:
     # -- the memory handshake --------------------------------------------------------------------
 
     def _make_handshake(self, handshake: MakeHandshake) -> None:
-        """The memory handshake (without the lock: it may take a while): a new segment, or the lost session's
-        taken back; the session is told how it went."""
+        """The memory handshake (without the lock: it may take a while): a new segment, mapped before the session
+        is told, or the lost session's taken back. Whatever fails in it (the daemon may hand over what will not
+        do) is the handshake's failure, which the session is told of."""
         welcome = handshake.welcome
-        resume_fd = self._segment_fd if handshake.resume else None
         try:
-            conn, fd = shared_memory.connect(handshake.path, welcome.memory_token, _HANDSHAKE_TIMEOUT_S, resume_fd)
-        except OSError as exc:
-            with self._cond:
-                self._carry_out(self._session.handshake_failed(exc, time.monotonic()))
+            conn, fd, segment = self._connect_memory(handshake)
+        except Exception as exc:
+            self._tell_session(self._session.handshake_failed, exc, time.monotonic())
             return
         with self._cond:
-            attach = self._session.handshake_made(taken_back=fd is None)
-            if fd is None:
-                self._log_taken_back(attach)
-            else:
-                if attach.forget_lost:
-                    self._forget(Forget())
-                self._map_segment(fd, welcome)
+            outcome = self._session.handshake_made(None if fd is not None else self._unreported())
+            self._carry_out(outcome)  # the lost session, nobody took back, forgotten first
+            if fd is not None:
+                self._segment_fd, self.segment = fd, segment
             self._attach_memory(conn)
             self._open_session(welcome)
-            self._cond.notify_all()
+        _write(outcome.notes)
         log.debug("connected to kafka-sidecar at %s as client %s", self.endpoint, welcome.client_id)
 
-    def _log_taken_back(self, attach: Attach) -> None:
-        sealed = self._accumulator.sealed.values()
-        records = sum(b.record_count - b.reported for b in sealed)
-        if attach.taken_back is not None and attach.taken_back.daemon_id == attach.welcome.daemon_id:
-            # It ended the session (this process was silent, or read too slowly) and kept what it had.
-            log.warning("the kafka-sidecar daemon gave back the session it ended, with %d unreported "
-                        "batch(es) (%d record(s))", len(sealed), records)
-        else:
-            log.warning("the kafka-sidecar daemon took back %d unreported batch(es) of the lost session "
-                        "(%d record(s), sent again)", len(sealed), records)
+    def _connect_memory(self, handshake: MakeHandshake) -> tuple[socket.socket, int | None, Segment | None]:
+        """The session's memory connection, and its new segment's file descriptor and mapping (None, None: the
+        lost session's was taken back). Nothing of it stays open if it fails."""
+        welcome = handshake.welcome
+        resume_fd = self._segment_fd if handshake.resume else None
+        conn, fd = shared_memory.connect(handshake.path, welcome.memory_token, _HANDSHAKE_TIMEOUT_S, resume_fd)
+        if fd is None:
+            return conn, None, None
+        try:
+            return conn, fd, Segment(fd, Layout(welcome.block_size, welcome.block_count))
+        except BaseException:
+            conn.close()
+            os.close(fd)
+            raise
 
-    def _map_segment(self, fd: int, welcome: ipc.Welcome) -> None:
-        self._segment_fd = fd
-        self.segment = Segment(fd, Layout(welcome.block_size, welcome.block_count))
+    def _unreported(self) -> Unreported:
+        sealed = self._accumulator.sealed.values()
+        return Unreported(len(sealed), sum(b.record_count - b.reported for b in sealed))
 
     def _attach_memory(self, conn: socket.socket) -> None:
         """The session's memory connection, polled: it hangs up when the daemon is gone."""
@@ -481,6 +511,7 @@ class IoThread:
             error = self._lost_error
             pending = sum(1 for future in lost if not future.done())
         assert error is not None, "_forget() sets it with the records it loses"
+        log.error("%d record(s) handed to the lost session are failed as unknown", len(lost))
         fail(lost, error)
         with self._cond:
             self.count_done(failed=pending)
@@ -501,6 +532,15 @@ class IoThread:
         if self._lost_memory is not None:
             self._lost_memory.close()
             self._lost_memory = None
+
+    def _say_goodbye(self) -> None:
+        """What is queued goes, the last seal notices among it, and GOODBYE last."""
+        notices = self._accumulator.take_notices()
+        if notices is not None:
+            self._outbox.post(notices)
+        self._outbox.post(ipc.Goodbye())
+        assert self._sock is not None
+        self._outbox.send_all(self._sock)
 
     def _close_segment(self) -> None:
         if self.segment is not None:
@@ -524,3 +564,9 @@ class IoThread:
         the daemon sees the parent's end when it comes (the mapping stays: the parent's views are in it)."""
         self._close_memory()
         self._close_segment_fd()
+
+
+def _write(notes: Sequence[Note]) -> None:
+    """Log what the session said to (the producer's lock released)."""
+    for note in notes:
+        log.log(note.level, note.message, exc_info=note.exc)

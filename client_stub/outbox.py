@@ -66,10 +66,6 @@ class Outbox:
         while messages:
             sock.send(messages.popleft())
 
-    def empty(self) -> bool:
-        """Whether nothing waits to be sent."""
-        return not self._messages
-
     def clear(self) -> None:
         """Drop what waits: it was for a session that is gone."""
         self._messages.clear()

@@ -8,11 +8,14 @@ but not reported are held for the next daemon, which the next HELLO offers them 
 last batches and keeps saying it lives while the daemon delivers them.
 
 :class:`Session` takes events (the daemon's messages, the handshake's outcome, the
-memory connection hung up, a timer tick, stop) and returns what to do (messages to
-say, a handshake to make, what to seal, forget or fail); the I/O thread
-(:mod:`.io_thread`) does it. No socket, thread or clock in here: times are passed
+memory connection hung up, a timer tick, stop) and returns their :class:`Outcome`:
+what to do (messages to say, what to seal, forget or fail), whether to wake send(),
+and what to log; a WELCOME asks for a handshake to make. The I/O thread
+(:mod:`.io_thread`) does it. No socket, thread, clock or log in here: times are passed
 in. Every method is called with the producer's lock held, which also guards what
-send() reads of the session (``welcome``, ``settings``, ``error``...).
+send() reads of the session (``welcome``, ``settings``, ``error``...); what it has to
+log is written once that lock is released (a logging handler may send through this
+very producer, or take its time).
 """
 
 from __future__ import annotations
@@ -21,12 +24,10 @@ import enum
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .contract import PROTOCOL_VERSION, ipc, shared_memory
 from .errors import KafkaError, SidecarUnavailableError
-
-# The producer's logger: what the session logs is the producer's to the application.
-log = logging.getLogger("client_stub.producer")
 
 # How long a HELLO may go unanswered before it is said again (one said while the daemon was going down may
 # have gone with its connection).
@@ -66,15 +67,15 @@ class SessionProtocolError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class SayHello:
     """Say HELLO (on a new socket if ``reconnect``: what the old one queued is dropped), offering the lost
-    session of ``resume`` (its welcome) if there is one."""
+    session whose welcome is ``offer`` if there is one."""
 
     hello_id: int
-    resume: ipc.Welcome | None = None
+    offer: ipc.Welcome | None = None
     reconnect: bool = False
 
     def message(self, hello: ipc.Hello, sealed: Sequence[ipc.SealNotice]) -> ipc.Hello:
         """``hello`` (the producer's) as this HELLO, offering the batches ``sealed`` with the lost session."""
-        lost = self.resume
+        lost = self.offer
         resume = None if lost is None else list(ipc.Resume(lost.daemon_id, lost.client_id, lost.block_size,
                                                            lost.block_count, [list(notice) for notice in sealed]))
         return hello._replace(options=hello.options._replace(resume=resume, hello_id=self.hello_id))
@@ -93,17 +94,6 @@ class MakeHandshake:
     welcome: ipc.Welcome
     path: str
     resume: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Attach:
-    """The session of ``welcome`` is open: its segment is the new one (``forget_lost``: the lost session's,
-    which nobody took back, is forgotten first) or the lost session's, taken back (``taken_back``: that
-    session's welcome)."""
-
-    welcome: ipc.Welcome
-    forget_lost: bool
-    taken_back: ipc.Welcome | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,56 +120,94 @@ class Forget:
     segment and its memory connection."""
 
 
-# What the I/O thread carries out under the producer's lock (MakeHandshake is made without it, and Attach
-# needs what the handshake gave).
-Action = SayHello | SendHeartbeat | HandOver | Detach | HoldMemory | Forget
+@dataclass(frozen=True, slots=True)
+class SayGoodbye:
+    """The producer closes: send what is queued, the last seal notices among it, then GOODBYE, whatever the
+    session's state."""
+
+
+# What the I/O thread carries out under the producer's lock (MakeHandshake is made without it).
+Action = SayHello | SendHeartbeat | HandOver | Detach | HoldMemory | Forget | SayGoodbye
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """A line for the producer's log, at ``level`` (``exc``: the exception whose traceback it shows)."""
+
+    level: int
+    message: str
+    exc: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an event asks for: ``actions``, carried out in order under the producer's lock; ``wake``: what
+    send() waits for changed (the session's welcome or error, the blocks granted), so whoever waits on the lock
+    is woken; ``notes``, logged once the lock is released."""
+
+    actions: tuple[Action, ...] = ()
+    wake: bool = False
+    notes: tuple[Note, ...] = ()
+
+
+class Unreported(NamedTuple):
+    """What the producer holds sealed and not reported: its batches, and their records."""
+
+    batches: int
+    records: int
 
 
 class Session:
     """The session of one producer in one process with the daemon at ``endpoint``.
 
     ``welcome`` is the session's while attached; ``settings`` those of the last daemon that welcomed this
-    client, which it works with between two daemons; ``error`` why no session can be had (send() raises it).
+    client, which it works with between two daemons; ``error`` why no session can be had (send() raises it);
+    ``sends_queued`` whether what the producer queued for the daemon goes now: while attached only (between
+    sessions it waits for the next, to which it is then addressed).
     """
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         self.state = SessionState.IDLE
+        # Read at every turn of the I/O thread's loop: a plain attribute, kept with the state by _enter().
+        self.sends_queued = False
         self.welcome: ipc.Welcome | None = None
         self.settings: ipc.WelcomeSettings | None = None
-        # The welcome of the session a daemon that is gone held (DRAINING, LOST), offered to the next one.
-        self.lost_welcome: ipc.Welcome | None = None
-        self.hello_id = 0  # the last HELLO's
-        self.hello_said_at = 0.0  # when the last HELLO was said
-        self._handshake: MakeHandshake | None = None  # the one being made
         # Why the last daemon shut down (its SHUTDOWN), until another welcomes this client.
         self.shutdown_reason: str | None = None
         # Why the daemon last refused this client a session, until one is had.
         self.last_refusal: str | None = None
         self.error: KafkaError | None = None
+        # The welcome of the session a daemon that is gone held (DRAINING, LOST), offered to the next one.
+        self._lost_welcome: ipc.Welcome | None = None
+        self._hello_id = 0  # the last HELLO's
+        self._hello_said_at = 0.0  # when the last HELLO was said
+        self._handshake: MakeHandshake | None = None  # the one being made
 
     # -- the I/O thread ------------------------------------------------------------------------------
 
-    def start(self, now: float) -> list[Action]:
+    def start(self, now: float) -> Outcome:
         """The I/O thread starts: the first HELLO."""
         self._expect("start", SessionState.IDLE)
-        self.state = SessionState.AWAITING_WELCOME
-        return [self._hello(now)]
+        self._enter(SessionState.AWAITING_WELCOME)
+        return Outcome((self._hello(now),))
 
-    def tick(self, now: float) -> list[Action]:
+    def tick(self, now: float) -> Outcome:
         """The heartbeat's time: say that this client lives, or HELLO again if it went unanswered too long."""
         self._expect_started("a tick")
         if self.state in (SessionState.ATTACHED, SessionState.DRAINING):
             # While a daemon delivers this client's last batches too: silent, it would lose them.
-            return [SendHeartbeat()]
+            return Outcome((SendHeartbeat(),))
         waiting = self.state in (SessionState.AWAITING_WELCOME, SessionState.LOST)
-        if waiting and now - self.hello_said_at > HELLO_RETRY_S:
-            return [self._hello(now, reconnect=True)]
-        return []
+        if waiting and now - self._hello_said_at > HELLO_RETRY_S:
+            return Outcome((self._hello(now, reconnect=True),))
+        return Outcome()
 
-    def stop(self) -> None:
-        """The producer closes: GOODBYE is said, and nothing more."""
+    def stop(self) -> Outcome:
+        """The producer closes: GOODBYE, and nothing more."""
+        self._expect_started("stop")
         self._end()
+        return Outcome((SayGoodbye(),))
 
     def fail(self, error: KafkaError) -> None:
         """The I/O thread fails with ``error``: nothing will report this process's records any more."""
@@ -192,142 +220,168 @@ class Session:
         """A WELCOME: the memory handshake to make, unless it answers an earlier HELLO (said again since: its
         session ends with the next) or one answered already (attached, draining), or the session has ended."""
         self._expect_started("a WELCOME")
-        if self.state not in (SessionState.AWAITING_WELCOME, SessionState.LOST) or welcome.hello_id != self.hello_id:
+        if self.state not in (SessionState.AWAITING_WELCOME, SessionState.LOST) or welcome.hello_id != self._hello_id:
             return None
         # Beside this process's endpoint: where the daemon's socket is mounted here, not where the daemon is.
         path = shared_memory.memory_socket_path(self.endpoint, welcome.daemon_id)
-        self._handshake = MakeHandshake(welcome, path, welcome.resumed and self.lost_welcome is not None)
-        self.state = SessionState.MEMORY_HANDSHAKE
+        self._handshake = MakeHandshake(welcome, path, welcome.resumed and self._lost_welcome is not None)
+        self._enter(SessionState.MEMORY_HANDSHAKE)
         return self._handshake
 
-    def refused(self, error: ipc.Error, now: float) -> list[Action]:
+    def refused(self, error: ipc.Error, now: float) -> Outcome:
         """An ERROR: the daemon does not know this client, or refused its HELLO or a message."""
         self._expect_started("an ERROR")
         if error.code == ipc.ERROR_UNKNOWN_CLIENT:
             # The daemon restarted, or ended the session (it took this process for dead): start again. Before
             # a session, it answers what was sent before the HELLO.
             if self.state not in (SessionState.ATTACHED, SessionState.DRAINING):
-                return []
-            log.warning("the kafka-sidecar daemon does not know this client any more: connecting again")
-            return self._lose(now)
+                return Outcome()
+            return self._lose(now, Note(logging.WARNING, "the kafka-sidecar daemon does not know this client any "
+                                                         "more: connecting again"))
         if error.code == ipc.ERROR_SHUTTING_DOWN:
             # The HELLO is said again in a while, to the daemon that takes this one's place.
-            log.info("kafka-sidecar at %s: %s", self.endpoint, error.message)
-        elif error.code == ipc.ERROR_VERSION:
+            return Outcome(notes=(Note(logging.INFO, f"kafka-sidecar at {self.endpoint}: {error.message}"),))
+        if error.code == ipc.ERROR_VERSION:
             # The handshake itself: no session can be had with this daemon.
-            log.error("the kafka-sidecar daemon refused the handshake: %s", error.message)
-            self._cannot_serve(SidecarUnavailableError(f"kafka-sidecar at {self.endpoint}: {error.message}"))
-        else:
-            log.error("the kafka-sidecar daemon refused a message: %s", error.message)
-        return []
+            return self._cannot_serve(SidecarUnavailableError(f"kafka-sidecar at {self.endpoint}: {error.message}"),
+                                      Note(logging.ERROR, f"the kafka-sidecar daemon refused the handshake: "
+                                                          f"{error.message}"))
+        return Outcome(notes=(Note(logging.ERROR, f"the kafka-sidecar daemon refused a message: {error.message}"),))
 
-    def mismatched(self, version: object) -> None:
+    def mismatched(self, version: object) -> Outcome:
         """A handshake message of another protocol version."""
         self._expect_started("a message of another version")
-        self._cannot_serve(SidecarUnavailableError(
+        return self._cannot_serve(SidecarUnavailableError(
             f"kafka-sidecar at {self.endpoint} speaks protocol version {version!r}, this client "
             f"{PROTOCOL_VERSION}: upgrade kafka-sidecar on one side"))
 
-    def shutting_down(self, reason: str) -> list[Action]:
+    def shutting_down(self, reason: str) -> Outcome:
         """A SHUTDOWN: hand the daemon what this producer holds, as the session's last; it delivers or fails all
         of it before it goes. New records wait for the next daemon."""
         self._expect_started("a SHUTDOWN")
         if self.state is not SessionState.ATTACHED:
-            return []
-        log.info("the kafka-sidecar daemon at %s is shutting down (%s): handing it the last batches; new records "
-                 "wait for the next daemon", self.endpoint, reason)
-        self.lost_welcome, self.welcome = self.welcome, None
+            return Outcome()
+        self._lost_welcome, self.welcome = self.welcome, None
         self.shutdown_reason = reason
-        self.state = SessionState.DRAINING
-        return [HandOver()]
+        self._enter(SessionState.DRAINING)
+        return Outcome((HandOver(),), wake=True, notes=(Note(
+            logging.INFO, f"the kafka-sidecar daemon at {self.endpoint} is shutting down ({reason}): handing it "
+                          "the last batches; new records wait for the next daemon"),))
 
-    def memory_hung_up(self, now: float) -> list[Action]:
+    def memory_hung_up(self, now: float) -> Outcome:
         """The daemon's memory connection hung up (after what it sent before was taken): it is gone."""
         self._expect_started("a hang-up")
         if self.state is SessionState.ENDED:
-            return []
+            return Outcome()
         return self._lose(now)
 
     # -- the memory handshake's outcome --------------------------------------------------------------
 
-    def handshake_made(self, taken_back: bool) -> Attach:
-        """The handshake is made: with a new segment, or the lost session's ``taken_back``."""
+    def handshake_made(self, taken_back: Unreported | None) -> Outcome:
+        """The handshake is made, with a new segment (``taken_back`` None: the lost session, if any, is
+        forgotten first), or with the lost session's, taken back (``taken_back``: what it holds unreported)."""
         handshake = self._handshake_over("made")
-        lost = self.lost_welcome
-        attach = Attach(handshake.welcome, forget_lost=lost is not None and not taken_back,
-                        taken_back=lost if taken_back else None)
-        self.lost_welcome = None
+        if (taken_back is not None) != handshake.resume:
+            raise SessionProtocolError("the lost session is taken back by the handshake that offers it, and only so")
+        lost, welcome = self._lost_welcome, handshake.welcome
+        actions: tuple[Action, ...] = ()
+        notes: tuple[Note, ...] = ()
+        if taken_back is None:
+            actions = () if lost is None else (Forget(),)
+        elif lost is not None and lost.daemon_id == welcome.daemon_id:
+            # It ended the session (this process was silent, or read too slowly) and kept what it had.
+            notes = (Note(logging.WARNING, f"the kafka-sidecar daemon gave back the session it ended, with "
+                                           f"{taken_back.batches} unreported batch(es) ({taken_back.records} "
+                                           "record(s))"),)
+        else:
+            notes = (Note(logging.WARNING, f"the kafka-sidecar daemon took back {taken_back.batches} unreported "
+                                           f"batch(es) of the lost session ({taken_back.records} record(s), sent "
+                                           "again)"),)
+        self._lost_welcome = None
         self.shutdown_reason = None
         self.last_refusal = None
-        self.welcome = handshake.welcome
-        self.settings = handshake.welcome.settings
-        self.state = SessionState.ATTACHED
-        return attach
+        self.welcome = welcome
+        self.settings = welcome.settings
+        self._enter(SessionState.ATTACHED)
+        return Outcome(actions, wake=True, notes=notes)
 
-    def handshake_failed(self, exc: OSError, now: float) -> list[Action]:
-        """The handshake failed: refused (HandshakeError), forbidden (PermissionError), or the daemon is out of
-        reach (another OSError)."""
+    def handshake_failed(self, exc: Exception, now: float) -> Outcome:
+        """The handshake failed: refused (HandshakeError), forbidden (PermissionError), the daemon out of reach
+        (another OSError), or what it handed over is not what it said (a token or a segment that will not do):
+        whatever it got of it is closed."""
         handshake = self._handshake_over("failed")
-        self.state = SessionState.LOST if self.lost_welcome is not None else SessionState.AWAITING_WELCOME
+        if isinstance(exc, shared_memory.HandshakeError) and handshake.resume:
+            self._lost_welcome = None
+            self._enter(SessionState.AWAITING_WELCOME)
+            return Outcome((Forget(), self._hello(now)), notes=(Note(
+                logging.ERROR, f"the kafka-sidecar daemon did not take the lost session back: {exc}"),))
+        self._enter(SessionState.LOST if self._lost_welcome is not None else SessionState.AWAITING_WELCOME)
         if isinstance(exc, shared_memory.HandshakeError):
-            if handshake.resume:
-                log.error("the kafka-sidecar daemon did not take the lost session back: %s", exc)
-                self.lost_welcome = None
-                self.state = SessionState.AWAITING_WELCOME
-                return [Forget(), self._hello(now)]
             if str(exc).endswith(shared_memory.UNKNOWN_TOKEN):
                 # An older welcome, whose token the daemon forgot when a HELLO said again replaced it.
-                log.debug("memory handshake refused: %s", exc)
-            else:
-                # Refused for a reason (this process has as many sessions as it may, or the daemon cannot see
-                # it): said again in a while, and what send() says if no session comes of it.
-                log.warning("kafka-sidecar at %s: %s", self.endpoint, exc)
-                self.last_refusal = str(exc)
-        elif isinstance(exc, PermissionError):
+                return Outcome(notes=(Note(logging.DEBUG, f"memory handshake refused: {exc}"),))
+            # Refused for a reason (this process has as many sessions as it may, or the daemon cannot see it):
+            # said again in a while, and what send() says if no session comes of it.
+            self.last_refusal = str(exc)
+            return Outcome(notes=(Note(logging.WARNING, f"kafka-sidecar at {self.endpoint}: {exc}"),))
+        if isinstance(exc, PermissionError):
             # Say why, rather than letting send() time out waiting for a session that cannot work.
-            self._cannot_serve(SidecarUnavailableError(
+            return self._cannot_serve(SidecarUnavailableError(
                 f"cannot get shared memory from the kafka-sidecar daemon at {self.endpoint} ({handshake.path}): "
                 f"{exc}; is this user in the daemon's group?"))
-        else:
+        if isinstance(exc, OSError):
             # The daemon went between its welcome and the handshake: the HELLO is said again in a while.
-            log.warning("cannot reach the memory socket of the kafka-sidecar daemon at %s: %s", self.endpoint, exc)
-        return []
+            return Outcome(notes=(Note(logging.WARNING, f"cannot reach the memory socket of the kafka-sidecar "
+                                                        f"daemon at {self.endpoint}: {exc}"),))
+        # A WELCOME whose fields are not of their kind, a segment that cannot be mapped: a daemon's bug, or this
+        # client's. Not this session's end: the HELLO is said again in a while, as after any failed handshake.
+        return Outcome(notes=(Note(logging.ERROR, f"the memory handshake with the kafka-sidecar daemon at "
+                                                  f"{self.endpoint} failed ({type(exc).__name__}: {exc}): saying "
+                                                  "HELLO again in a while", exc),))
 
     # -- transitions ---------------------------------------------------------------------------------
 
-    def _hello(self, now: float, *, reconnect: bool = False) -> SayHello:
-        self.hello_id += 1
-        self.hello_said_at = now
-        return SayHello(self.hello_id, self.lost_welcome, reconnect)
+    def _enter(self, state: SessionState) -> None:
+        self.state = state
+        self.sends_queued = state is SessionState.ATTACHED
 
-    def _lose(self, now: float) -> list[Action]:
+    def _hello(self, now: float, *, reconnect: bool = False) -> SayHello:
+        self._hello_id += 1
+        self._hello_said_at = now
+        return SayHello(self._hello_id, self._lost_welcome, reconnect)
+
+    def _lose(self, now: float, *notes: Note) -> Outcome:
         """Keep what the session held (its segment, its sealed batches) for the next daemon, which HELLO
         offers it to."""
         actions: list[Action] = []
-        if self.state is SessionState.ATTACHED:
-            log.warning("lost the session with the kafka-sidecar daemon at %s: connecting again", self.endpoint)
-            self.lost_welcome, self.welcome = self.welcome, None
+        attached = self.state is SessionState.ATTACHED
+        if attached:
+            notes += (Note(logging.WARNING, f"lost the session with the kafka-sidecar daemon at {self.endpoint}: "
+                                            "connecting again"),)
+            self._lost_welcome, self.welcome = self.welcome, None
             actions.append(Detach())
         actions.append(HoldMemory())
         if self.error is not None:
             # It could not be had again: send() raises the error.
-            self.state = SessionState.ENDED
-            return actions
-        self.state = SessionState.LOST if self.lost_welcome is not None else SessionState.AWAITING_WELCOME
-        actions.append(self._hello(now))
-        return actions
+            self._enter(SessionState.ENDED)
+        else:
+            self._enter(SessionState.LOST if self._lost_welcome is not None else SessionState.AWAITING_WELCOME)
+            actions.append(self._hello(now))
+        # A send() waiting for blocks of the session looks again, and waits for the next.
+        return Outcome(tuple(actions), wake=attached, notes=notes)
 
-    def _cannot_serve(self, error: KafkaError) -> None:
+    def _cannot_serve(self, error: KafkaError, *notes: Note) -> Outcome:
         """No daemon can serve this client: the session ends, unless it holds one (whose batches it goes on
         reporting until it is lost)."""
         self.error = error
         if self.state not in (SessionState.ATTACHED, SessionState.DRAINING):
             self._end()
+        return Outcome(wake=True, notes=notes)
 
     def _end(self) -> None:
         self.welcome = None
         self._handshake = None
-        self.state = SessionState.ENDED
+        self._enter(SessionState.ENDED)
 
     def _handshake_over(self, outcome: str) -> MakeHandshake:
         self._expect(f"a handshake {outcome}", SessionState.MEMORY_HANDSHAKE)

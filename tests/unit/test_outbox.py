@@ -27,6 +27,25 @@ def post_from_another_thread(outbox: Outbox, *messages: ipc.Message) -> None:
     thread.join()
 
 
+def sent(outbox: Outbox, pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) -> list[bytes]:
+    """What the outbox sends now, as the daemon receives it: what was queued, up to a marker posted last."""
+    client, daemon = pair
+    marker = ipc.encode(ipc.Stats())
+    outbox.post(ipc.Stats())
+    outbox.send_all(client)
+    received = []
+    while True:
+        assert daemon.poll(_RECEIVE_TIMEOUT_MS)
+        data = daemon.recv()
+        if data == marker:
+            return received
+        received.append(data)
+
+
+def wire(*messages: ipc.Message) -> list[bytes]:
+    return [ipc.encode(message) for message in messages]
+
+
 @pytest.fixture
 def outbox() -> Iterator[Outbox]:
     box = Outbox()
@@ -47,7 +66,8 @@ def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
     context.term()
 
 
-def test_a_post_from_another_thread_wakes_the_io_thread_once_until_it_takes_the_wake_up(outbox: Outbox) -> None:
+def test_a_post_from_another_thread_wakes_the_io_thread_once_until_it_takes_the_wake_up(
+        outbox: Outbox, pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) -> None:
     fd = outbox.bind()  # this thread is the I/O thread
     assert not woken(fd)
     post_from_another_thread(outbox, ipc.Heartbeat(), ipc.Metadata("orders"), ipc.Goodbye())
@@ -55,16 +75,17 @@ def test_a_post_from_another_thread_wakes_the_io_thread_once_until_it_takes_the_
     outbox.woken()
     # One read took every wake-up: the posts while one was pending wrote no more.
     assert not woken(fd)
-    assert not outbox.empty()
     post_from_another_thread(outbox, ipc.Heartbeat())
     assert woken(fd)
+    assert sent(outbox, pair) == wire(ipc.Heartbeat(), ipc.Metadata("orders"), ipc.Goodbye(), ipc.Heartbeat())
 
 
-def test_the_io_threads_own_posts_wake_nothing(outbox: Outbox) -> None:
+def test_the_io_threads_own_posts_wake_nothing(outbox: Outbox,
+                                               pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) -> None:
     fd = outbox.bind()
     outbox.post(ipc.Metadata("orders"))  # it sends what is queued before it polls again
     assert not woken(fd)
-    assert not outbox.empty()
+    assert sent(outbox, pair) == wire(ipc.Metadata("orders"))
 
 
 def test_send_all_sends_what_is_queued_in_order_and_empties_the_outbox(
@@ -75,28 +96,30 @@ def test_send_all_sends_what_is_queued_in_order_and_empties_the_outbox(
     outbox.bind()
     post_from_another_thread(outbox, *messages)
     outbox.send_all(client)
-    assert outbox.empty()
     received = []
     for _ in messages:
         assert daemon.poll(_RECEIVE_TIMEOUT_MS)
         received.append(ipc.decode(daemon.recv()))
     assert received == messages
+    assert sent(outbox, pair) == []  # nothing is sent twice
 
 
-def test_what_waits_for_a_session_that_is_gone_is_dropped(outbox: Outbox) -> None:
+def test_what_waits_for_a_session_that_is_gone_is_dropped(outbox: Outbox,
+                                                          pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) -> None:
     outbox.post(ipc.Seal([]))
     outbox.clear()
-    assert outbox.empty()
+    assert sent(outbox, pair) == []
 
 
-def test_a_wake_up_before_the_pipe_is_open_or_after_it_is_closed_is_harmless() -> None:
+def test_a_wake_up_before_the_pipe_is_open_or_after_it_is_closed_is_harmless(
+        pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) -> None:
     outbox = Outbox()
-    outbox.post(ipc.Heartbeat())  # a producer's message before its I/O thread starts waits for it
+    outbox.post(ipc.Metadata("orders"))  # a producer's message before its I/O thread starts waits for it
     outbox.open()
     fd = outbox.bind()
     outbox.woken()  # nothing to take yet: the flag is cleared all the same
     post_from_another_thread(outbox, ipc.Heartbeat())
     assert woken(fd)
     outbox.close()
-    post_from_another_thread(outbox, ipc.Goodbye())  # the I/O thread has ended: queued, never sent
-    assert not outbox.empty()
+    post_from_another_thread(outbox, ipc.Goodbye())  # the I/O thread has ended: queued all the same, waking no one
+    assert sent(outbox, pair) == wire(ipc.Metadata("orders"), ipc.Heartbeat(), ipc.Goodbye())

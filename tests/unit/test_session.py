@@ -3,23 +3,28 @@ are the tests')."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
 from client_stub.errors import SidecarUnavailableError
 from client_stub.session import (
     HELLO_RETRY_S,
-    Attach,
     Detach,
     Forget,
     HandOver,
     HoldMemory,
     MakeHandshake,
+    Note,
+    Outcome,
+    SayGoodbye,
     SayHello,
     SendHeartbeat,
     Session,
     SessionProtocolError,
     SessionState,
+    Unreported,
 )
 
 ENDPOINT = "ipc:///run/kafka-sidecar/sidecar.sock"
@@ -40,7 +45,7 @@ def attached(daemon_id: str = "d1") -> tuple[Session, ipc.Welcome]:
     session.start(T0)
     first = welcome(1, daemon_id=daemon_id)
     session.welcomed(first)
-    session.handshake_made(taken_back=False)
+    session.handshake_made(taken_back=None)
     return session, first
 
 
@@ -57,9 +62,8 @@ def lost() -> tuple[Session, ipc.Welcome]:
 def test_a_session_starts_with_a_hello_and_awaits_its_welcome() -> None:
     session = Session(ENDPOINT)
     assert session.state is SessionState.IDLE
-    assert session.start(T0) == [SayHello(1)]
-    assert session.state is SessionState.AWAITING_WELCOME
-    assert (session.hello_id, session.hello_said_at, session.welcome) == (1, T0, None)
+    assert session.start(T0) == Outcome((SayHello(1),))
+    assert (session.state, session.welcome, session.sends_queued) == (SessionState.AWAITING_WELCOME, None, False)
 
 
 def test_the_welcome_of_the_hello_asks_for_the_memory_handshake_beside_the_endpoint() -> None:
@@ -69,6 +73,7 @@ def test_the_welcome_of_the_hello_asks_for_the_memory_handshake_beside_the_endpo
     assert session.welcomed(first) == MakeHandshake(first, MEMORY_PATH, resume=False)
     assert session.state is SessionState.MEMORY_HANDSHAKE
     assert session.welcome is None  # send() waits until the segment is had
+    assert not session.sends_queued
 
 
 def test_a_tcp_endpoint_makes_its_handshake_on_the_daemons_abstract_socket() -> None:
@@ -78,28 +83,31 @@ def test_a_tcp_endpoint_makes_its_handshake_on_the_daemons_abstract_socket() -> 
     assert handshake is not None and handshake.path == "\0kafka-sidecar-f00d.memory"
 
 
-def test_the_handshake_made_attaches_the_session_with_a_new_segment() -> None:
+def test_the_handshake_made_attaches_the_session_with_a_new_segment_and_wakes_send() -> None:
     session = Session(ENDPOINT)
     session.start(T0)
     first = welcome(1)
     session.welcomed(first)
-    assert session.handshake_made(taken_back=False) == Attach(first, forget_lost=False, taken_back=None)
+    assert session.handshake_made(taken_back=None) == Outcome(wake=True)
     assert session.state is SessionState.ATTACHED
-    assert (session.welcome, session.settings) == (first, SETTINGS)
+    assert (session.welcome, session.settings, session.sends_queued) == (first, SETTINGS, True)
 
 
-def test_an_attached_session_says_it_lives_at_each_tick() -> None:
+def test_an_attached_session_says_it_lives_at_each_tick_and_wakes_no_one() -> None:
     session, _ = attached()
-    assert session.tick(T0 + 1) == [SendHeartbeat()]
-    assert session.tick(T0 + 100) == [SendHeartbeat()]
+    assert session.tick(T0 + 1) == Outcome((SendHeartbeat(),))
+    assert session.tick(T0 + 100) == Outcome((SendHeartbeat(),))
 
 
 def test_a_hello_unanswered_is_said_again_on_a_new_socket_after_a_while() -> None:
     session = Session(ENDPOINT)
     session.start(T0)
-    assert session.tick(T0 + HELLO_RETRY_S) == []
-    assert session.tick(T0 + HELLO_RETRY_S + 0.5) == [SayHello(2, reconnect=True)]
-    assert (session.state, session.hello_said_at) == (SessionState.AWAITING_WELCOME, T0 + HELLO_RETRY_S + 0.5)
+    assert session.tick(T0 + HELLO_RETRY_S) == Outcome()
+    assert session.tick(T0 + HELLO_RETRY_S + 0.5) == Outcome((SayHello(2, reconnect=True),))
+    assert session.state is SessionState.AWAITING_WELCOME
+    # The next is said a while after this one.
+    assert session.tick(T0 + 2 * HELLO_RETRY_S + 0.5) == Outcome()
+    assert session.tick(T0 + 2 * HELLO_RETRY_S + 1) == Outcome((SayHello(3, reconnect=True),))
 
 
 def test_the_welcome_of_an_earlier_hello_is_ignored_and_the_last_ones_taken() -> None:
@@ -131,9 +139,10 @@ def handshaking() -> Session:
 def test_a_handshake_refused_for_a_reason_is_said_when_no_session_comes_and_the_hello_is_said_again() -> None:
     session = handshaking()
     refusal = shared_memory.HandshakeError("the daemon refused the shared memory handshake: too many sessions")
-    assert session.handshake_failed(refusal, T0 + 1) == []
+    assert session.handshake_failed(refusal, T0 + 1) == Outcome(notes=(
+        Note(logging.WARNING, f"kafka-sidecar at {ENDPOINT}: {refusal}"),))
     assert (session.state, session.last_refusal) == (SessionState.AWAITING_WELCOME, str(refusal))
-    assert session.tick(T0 + HELLO_RETRY_S + 0.5) == [SayHello(2, reconnect=True)]
+    assert session.tick(T0 + HELLO_RETRY_S + 0.5) == Outcome((SayHello(2, reconnect=True),))
 
 
 def test_a_handshake_with_a_token_forgotten_is_no_refusal_to_report() -> None:
@@ -141,23 +150,41 @@ def test_a_handshake_with_a_token_forgotten_is_no_refusal_to_report() -> None:
     session = handshaking()
     forgotten = shared_memory.HandshakeError(f"the daemon refused the shared memory handshake: "
                                              f"{shared_memory.UNKNOWN_TOKEN}")
-    assert session.handshake_failed(forgotten, T0 + 1) == []
+    assert [note.level for note in session.handshake_failed(forgotten, T0 + 1).notes] == [logging.DEBUG]
     assert (session.state, session.last_refusal) == (SessionState.AWAITING_WELCOME, None)
 
 
 def test_a_daemon_out_of_reach_at_the_handshake_is_greeted_again_later() -> None:
     session = handshaking()
-    assert session.handshake_failed(ConnectionRefusedError("gone"), T0 + 1) == []
+    outcome = session.handshake_failed(ConnectionRefusedError("gone"), T0 + 1)
+    assert (outcome.actions, outcome.wake) == ((), False)
+    assert [note.level for note in outcome.notes] == [logging.WARNING]
+    assert "cannot reach the memory socket" in outcome.notes[0].message
     assert (session.state, session.error) == (SessionState.AWAITING_WELCOME, None)
+    assert session.tick(T0 + HELLO_RETRY_S + 0.5) == Outcome((SayHello(2, reconnect=True),))
 
 
-def test_memory_this_user_may_not_have_ends_the_session_with_a_reason() -> None:
+def test_a_handshake_that_fails_for_what_the_daemon_handed_over_is_logged_with_its_traceback_and_said_again() -> None:
+    # A WELCOME whose token is no bytes (ipc.decode checks no field's kind), a segment that cannot be mapped: a
+    # daemon's bug or this client's, and no reason to end the session.
     session = handshaking()
-    assert session.handshake_failed(PermissionError(13, "Permission denied"), T0 + 1) == []
+    failure = ValueError("mmap length is greater than file size")
+    outcome = session.handshake_failed(failure, T0 + 1)
+    assert (outcome.actions, outcome.wake) == ((), False)
+    [note] = outcome.notes
+    assert (note.level, note.exc) == (logging.ERROR, failure)
+    assert "failed (ValueError: mmap length is greater than file size)" in note.message
+    assert (session.state, session.error) == (SessionState.AWAITING_WELCOME, None)
+    assert session.tick(T0 + HELLO_RETRY_S + 0.5) == Outcome((SayHello(2, reconnect=True),))
+
+
+def test_memory_this_user_may_not_have_ends_the_session_with_a_reason_and_wakes_send() -> None:
+    session = handshaking()
+    assert session.handshake_failed(PermissionError(13, "Permission denied"), T0 + 1) == Outcome(wake=True)
     assert session.state is SessionState.ENDED
     assert isinstance(session.error, SidecarUnavailableError)
     assert MEMORY_PATH in str(session.error) and "daemon's group" in str(session.error)
-    assert session.tick(T0 + 100) == []
+    assert session.tick(T0 + 100) == Outcome()
 
 
 # -- the daemon goes, and the next takes the session back -----------------------------------------
@@ -165,17 +192,20 @@ def test_memory_this_user_may_not_have_ends_the_session_with_a_reason() -> None:
 
 def test_a_daemon_gone_leaves_the_session_held_and_offered_to_the_next() -> None:
     session, first = attached()
-    assert session.memory_hung_up(T0 + 10) == [Detach(), HoldMemory(), SayHello(2, resume=first)]
-    assert session.state is SessionState.LOST
-    assert (session.welcome, session.lost_welcome) == (None, first)
+    outcome = session.memory_hung_up(T0 + 10)
+    assert outcome.actions == (Detach(), HoldMemory(), SayHello(2, offer=first))
+    assert outcome.wake  # a send() waiting for blocks of the session looks again
+    assert [note.message for note in outcome.notes] == [
+        f"lost the session with the kafka-sidecar daemon at {ENDPOINT}: connecting again"]
+    assert (session.state, session.welcome, session.sends_queued) == (SessionState.LOST, None, False)
     assert session.settings == SETTINGS  # what the client works with between two daemons
     # Said again until a daemon answers, offering the session each time.
-    assert session.tick(T0 + 10 + HELLO_RETRY_S + 0.5) == [SayHello(3, resume=first, reconnect=True)]
+    assert session.tick(T0 + 10 + HELLO_RETRY_S + 0.5) == Outcome((SayHello(3, offer=first, reconnect=True),))
 
 
 def test_the_hello_after_a_lost_session_offers_it_with_its_sealed_batches() -> None:
     session, first = lost()
-    [hello] = session.tick(T0 + 10 + HELLO_RETRY_S + 0.5)  # said again
+    [hello] = session.tick(T0 + 10 + HELLO_RETRY_S + 0.5).actions  # said again
     assert isinstance(hello, SayHello)
     notice = ipc.SealNotice(9, 0, 2, "orders", 3, 10, 5000, 1_700_000_000_000, 1_700_000_000_010, 40)
     template = ipc.Hello(PROTOCOL_VERSION, 1234, "worker", ipc.HelloOptions(linger_ms=5, shutdown_notice=True))
@@ -197,33 +227,64 @@ def test_the_next_daemon_takes_the_lost_session_back_with_its_segment() -> None:
     session, first = lost()
     second = welcome(2, daemon_id="d2", client_id=first.client_id, resumed=True)
     assert session.welcomed(second) == MakeHandshake(second, MEMORY_PATH, resume=True)
-    assert session.handshake_made(taken_back=True) == Attach(second, forget_lost=False, taken_back=first)
-    assert (session.state, session.welcome, session.lost_welcome) == (SessionState.ATTACHED, second, None)
+    outcome = session.handshake_made(taken_back=Unreported(batches=3, records=40))
+    assert (outcome.actions, outcome.wake) == ((), True)
+    assert [note.message for note in outcome.notes] == [
+        "the kafka-sidecar daemon took back 3 unreported batch(es) of the lost session (40 record(s), sent again)"]
+    assert (session.state, session.welcome) == (SessionState.ATTACHED, second)
+    # Lost in turn, it is this session that is offered next.
+    session.memory_hung_up(T0 + 20)
+    assert session.tick(T0 + 20 + HELLO_RETRY_S + 0.5).actions == (SayHello(4, offer=second, reconnect=True),)
+
+
+def test_a_daemon_that_ended_the_session_itself_gives_it_back() -> None:
+    # It took this process for dead (silent, or reading too slowly), kept what it had, and says so.
+    session, first = attached()
+    session.refused(UNKNOWN, T0 + 10)
+    session.welcomed(welcome(2, daemon_id=first.daemon_id, client_id=first.client_id, resumed=True))
+    outcome = session.handshake_made(taken_back=Unreported(batches=1, records=5))
+    assert [note.message for note in outcome.notes] == [
+        "the kafka-sidecar daemon gave back the session it ended, with 1 unreported batch(es) (5 record(s))"]
 
 
 def test_a_daemon_that_cannot_take_the_session_back_gives_a_new_segment_and_the_lost_one_is_forgotten() -> None:
     session, first = lost()
     second = welcome(2, daemon_id="d2", resumed=False)
     assert session.welcomed(second) == MakeHandshake(second, MEMORY_PATH, resume=False)
-    assert session.handshake_made(taken_back=False) == Attach(second, forget_lost=True, taken_back=None)
-    assert session.lost_welcome is None
+    assert session.handshake_made(taken_back=None) == Outcome((Forget(),), wake=True)
+    # Lost in turn, it is the new session that is offered next, not the forgotten one.
+    session.memory_hung_up(T0 + 20)
+    assert session.tick(T0 + 20 + HELLO_RETRY_S + 0.5).actions == (SayHello(4, offer=second, reconnect=True),)
 
 
 def test_a_session_not_taken_back_at_the_handshake_is_forgotten_and_a_new_one_asked_for() -> None:
     session, first = lost()
     session.welcomed(welcome(2, daemon_id="d2", resumed=True))
     refusal = shared_memory.HandshakeError("the daemon refused the shared memory handshake: not your segment")
-    assert session.handshake_failed(refusal, T0 + 12) == [Forget(), SayHello(3)]
-    assert (session.state, session.lost_welcome, session.hello_said_at) == (SessionState.AWAITING_WELCOME, None,
-                                                                            T0 + 12)
+    outcome = session.handshake_failed(refusal, T0 + 12)
+    assert outcome.actions == (Forget(), SayHello(3))
+    assert [note.message for note in outcome.notes] == [
+        f"the kafka-sidecar daemon did not take the lost session back: {refusal}"]
+    assert session.state is SessionState.AWAITING_WELCOME
+    # Said again a while after this HELLO, offering nothing.
+    assert session.tick(T0 + 12 + HELLO_RETRY_S) == Outcome()
+    assert session.tick(T0 + 12 + HELLO_RETRY_S + 0.5) == Outcome((SayHello(4, reconnect=True),))
 
 
-def test_a_handshake_that_fails_otherwise_keeps_the_lost_session_for_the_next_hello() -> None:
+@pytest.mark.parametrize("failure", [ConnectionRefusedError("gone again"), TypeError("a token of no bytes")])
+def test_a_handshake_that_fails_otherwise_keeps_the_lost_session_for_the_next_hello(failure: Exception) -> None:
     session, first = lost()
     session.welcomed(welcome(2, daemon_id="d2", resumed=True))
-    assert session.handshake_failed(ConnectionRefusedError("gone again"), T0 + 12) == []
-    assert (session.state, session.lost_welcome) == (SessionState.LOST, first)
-    assert session.tick(T0 + 10 + HELLO_RETRY_S + 0.5) == [SayHello(3, resume=first, reconnect=True)]
+    assert session.handshake_failed(failure, T0 + 12).actions == ()
+    assert session.state is SessionState.LOST
+    assert session.tick(T0 + 10 + HELLO_RETRY_S + 0.5) == Outcome((SayHello(3, offer=first, reconnect=True),))
+
+
+def test_a_lost_session_is_taken_back_by_the_handshake_that_offers_it_only() -> None:
+    session, _ = lost()
+    session.welcomed(welcome(2, daemon_id="d2", resumed=True))
+    with pytest.raises(SessionProtocolError, match="taken back"):
+        session.handshake_made(taken_back=None)  # the I/O thread's bug: it handed the segment over
 
 
 # -- the daemon does not know the client ----------------------------------------------------------
@@ -235,18 +296,23 @@ UNKNOWN = ipc.Error(ipc.ERROR_UNKNOWN_CLIENT, "unknown client: send HELLO first"
 def test_a_daemon_that_does_not_know_an_attached_client_loses_the_session() -> None:
     # It restarted, or ended the session (it took this process for dead).
     session, first = attached()
-    assert session.refused(UNKNOWN, T0 + 10) == [Detach(), HoldMemory(), SayHello(2, resume=first)]
-    assert (session.state, session.lost_welcome) == (SessionState.LOST, first)
+    outcome = session.refused(UNKNOWN, T0 + 10)
+    assert (outcome.actions, outcome.wake) == ((Detach(), HoldMemory(), SayHello(2, offer=first)), True)
+    assert [note.message for note in outcome.notes] == [
+        "the kafka-sidecar daemon does not know this client any more: connecting again",
+        f"lost the session with the kafka-sidecar daemon at {ENDPOINT}: connecting again"]
+    assert session.state is SessionState.LOST
 
 
 def test_unknown_client_before_a_session_answers_what_was_sent_before_the_hello_and_is_ignored() -> None:
     session = Session(ENDPOINT)
     session.start(T0)
-    assert session.refused(UNKNOWN, T0 + 1) == []
+    assert session.refused(UNKNOWN, T0 + 1) == Outcome()
     assert session.state is SessionState.AWAITING_WELCOME
-    session, _ = lost()
-    assert session.refused(UNKNOWN, T0 + 11) == []
-    assert (session.state, session.hello_id) == (SessionState.LOST, 2)
+    session, first = lost()
+    assert session.refused(UNKNOWN, T0 + 11) == Outcome()
+    assert session.state is SessionState.LOST
+    assert session.welcomed(welcome(2)) is not None  # the HELLO of the hang-up is still the one answered
 
 
 # -- the daemon shuts down ------------------------------------------------------------------------
@@ -254,45 +320,50 @@ def test_unknown_client_before_a_session_answers_what_was_sent_before_the_hello_
 
 def test_a_daemon_shutting_down_is_handed_the_last_batches_and_hears_from_the_client_while_it_drains() -> None:
     session, first = attached()
-    assert session.shutting_down("SIGTERM") == [HandOver()]
+    outcome = session.shutting_down("SIGTERM")
+    assert (outcome.actions, outcome.wake) == ((HandOver(),), True)
+    assert [note.level for note in outcome.notes] == [logging.INFO]
+    assert "is shutting down (SIGTERM)" in outcome.notes[0].message
     assert session.state is SessionState.DRAINING
-    assert (session.welcome, session.lost_welcome, session.shutdown_reason) == (None, first, "SIGTERM")
-    assert session.tick(T0 + 10) == [SendHeartbeat()]  # silent, it would lose the last batches' reports
-    assert session.tick(T0 + 100) == [SendHeartbeat()]  # no HELLO meanwhile: it would take another socket
-    assert session.shutting_down("SIGTERM") == []
+    assert (session.welcome, session.shutdown_reason, session.sends_queued) == (None, "SIGTERM", False)
+    assert session.tick(T0 + 10) == Outcome((SendHeartbeat(),))  # silent, it would lose the last batches' reports
+    assert session.tick(T0 + 100) == Outcome((SendHeartbeat(),))  # no HELLO meanwhile: it would take another socket
+    assert session.shutting_down("SIGTERM") == Outcome()
     assert session.welcomed(welcome(1)) is None
 
 
 def test_a_drained_daemon_gone_leaves_the_session_offered_to_the_next_which_clears_the_shutdown() -> None:
     session, first = attached()
     session.shutting_down("SIGTERM")
-    assert session.memory_hung_up(T0 + 10) == [HoldMemory(), SayHello(2, resume=first)]
+    assert session.memory_hung_up(T0 + 10) == Outcome((HoldMemory(), SayHello(2, offer=first)))
     assert (session.state, session.shutdown_reason) == (SessionState.LOST, "SIGTERM")  # what send() says meanwhile
     session.welcomed(welcome(2, daemon_id="d2", resumed=True))
-    session.handshake_made(taken_back=True)
+    session.handshake_made(taken_back=Unreported(0, 0))
     assert (session.state, session.shutdown_reason) == (SessionState.ATTACHED, None)
 
 
 def test_a_draining_daemon_that_forgets_the_client_loses_the_session_without_a_second_hand_over() -> None:
     session, first = attached()
     session.shutting_down("SIGTERM")
-    assert session.refused(UNKNOWN, T0 + 10) == [HoldMemory(), SayHello(2, resume=first)]
+    assert session.refused(UNKNOWN, T0 + 10).actions == (HoldMemory(), SayHello(2, offer=first))
     assert session.state is SessionState.LOST
 
 
 def test_a_shutdown_before_a_session_is_ignored() -> None:
     session = Session(ENDPOINT)
     session.start(T0)
-    assert session.shutting_down("SIGTERM") == []
+    assert session.shutting_down("SIGTERM") == Outcome()
     assert (session.state, session.shutdown_reason) == (SessionState.AWAITING_WELCOME, None)
 
 
 def test_a_hello_to_a_daemon_shutting_down_is_said_again_to_the_next() -> None:
     session = Session(ENDPOINT)
     session.start(T0)
-    assert session.refused(ipc.Error(ipc.ERROR_SHUTTING_DOWN, "the daemon is shutting down (SIGTERM)"), T0) == []
+    shutting_down = ipc.Error(ipc.ERROR_SHUTTING_DOWN, "the daemon is shutting down (SIGTERM)")
+    assert session.refused(shutting_down, T0) == Outcome(notes=(
+        Note(logging.INFO, f"kafka-sidecar at {ENDPOINT}: the daemon is shutting down (SIGTERM)"),))
     assert (session.state, session.error) == (SessionState.AWAITING_WELCOME, None)
-    assert session.tick(T0 + HELLO_RETRY_S + 0.5) == [SayHello(2, reconnect=True)]
+    assert session.tick(T0 + HELLO_RETRY_S + 0.5) == Outcome((SayHello(2, reconnect=True),))
 
 
 # -- refusals and versions ------------------------------------------------------------------------
@@ -300,28 +371,30 @@ def test_a_hello_to_a_daemon_shutting_down_is_said_again_to_the_next() -> None:
 
 def test_a_message_refused_leaves_the_session_as_it_is() -> None:
     session, first = attached()
-    assert session.refused(ipc.Error(ipc.ERROR_REFUSED, "block 9 is not yours"), T0 + 1) == []
+    assert session.refused(ipc.Error(ipc.ERROR_REFUSED, "block 9 is not yours"), T0 + 1) == Outcome(notes=(
+        Note(logging.ERROR, "the kafka-sidecar daemon refused a message: block 9 is not yours"),))
     assert (session.state, session.welcome, session.error) == (SessionState.ATTACHED, first, None)
 
 
 def test_a_welcome_of_another_protocol_version_ends_the_session_and_says_both_versions() -> None:
     session = Session(ENDPOINT)
     session.start(T0)
-    session.mismatched(99)
+    assert session.mismatched(99) == Outcome(wake=True)
     assert session.state is SessionState.ENDED
     assert isinstance(session.error, SidecarUnavailableError)
     assert f"speaks protocol version 99, this client {PROTOCOL_VERSION}" in str(session.error)
-    assert session.tick(T0 + 100) == []  # no HELLO said again: no session can be had with this daemon
+    assert session.tick(T0 + 100) == Outcome()  # no HELLO said again: no session can be had with this daemon
     assert session.welcomed(welcome(1)) is None
 
 
 def test_a_hello_refused_for_its_version_ends_the_session() -> None:
     session, _ = lost()
     message = "protocol version mismatch: the client speaks 1, this daemon speaks 2; upgrade kafka-sidecar on one side"
-    assert session.refused(ipc.Error(ipc.ERROR_VERSION, message), T0 + 11) == []
+    assert session.refused(ipc.Error(ipc.ERROR_VERSION, message), T0 + 11) == Outcome(wake=True, notes=(
+        Note(logging.ERROR, f"the kafka-sidecar daemon refused the handshake: {message}"),))
     assert session.state is SessionState.ENDED
     assert str(session.error) == f"kafka-sidecar at {ENDPOINT}: {message}"
-    assert session.tick(T0 + 100) == []
+    assert session.tick(T0 + 100) == Outcome()
 
 
 def test_a_version_refusal_to_an_attached_session_leaves_it_reporting_until_it_is_lost() -> None:
@@ -329,21 +402,29 @@ def test_a_version_refusal_to_an_attached_session_leaves_it_reporting_until_it_i
     session, _ = attached()
     session.refused(ipc.Error(ipc.ERROR_VERSION, "protocol version mismatch"), T0 + 1)
     assert session.state is SessionState.ATTACHED and session.error is not None
-    assert session.tick(T0 + 2) == [SendHeartbeat()]
-    assert session.memory_hung_up(T0 + 3) == [Detach(), HoldMemory()]
+    assert session.tick(T0 + 2) == Outcome((SendHeartbeat(),))
+    assert session.memory_hung_up(T0 + 3).actions == (Detach(), HoldMemory())
     assert session.state is SessionState.ENDED
 
 
 # -- the end --------------------------------------------------------------------------------------
 
 
-def test_a_stopped_session_says_nothing_more() -> None:
+def test_a_stopped_session_says_goodbye_and_nothing_more() -> None:
     session, _ = attached()
-    session.stop()
-    assert (session.state, session.welcome, session.error) == (SessionState.ENDED, None, None)
-    assert session.tick(T0 + 100) == []
-    assert session.memory_hung_up(T0 + 100) == []
-    assert session.refused(UNKNOWN, T0 + 100) == []
+    assert session.stop() == Outcome((SayGoodbye(),))
+    assert (session.state, session.welcome, session.error, session.sends_queued) == (SessionState.ENDED, None, None,
+                                                                                     False)
+    assert session.tick(T0 + 100) == Outcome()
+    assert session.memory_hung_up(T0 + 100) == Outcome()
+    assert session.refused(UNKNOWN, T0 + 100) == Outcome()
+
+
+def test_a_session_that_ended_says_goodbye_all_the_same() -> None:
+    # What is queued goes, GOODBYE last, whatever the session: the daemon frees what this client holds at once.
+    session, _ = lost()
+    session.mismatched(99)
+    assert session.stop() == Outcome((SayGoodbye(),))
 
 
 def test_an_io_thread_that_failed_ends_the_session_with_its_error() -> None:
@@ -351,7 +432,7 @@ def test_an_io_thread_that_failed_ends_the_session_with_its_error() -> None:
     error = SidecarUnavailableError("the producer's I/O thread stopped")
     session.fail(error)
     assert (session.state, session.error, session.welcome) == (SessionState.ENDED, error, None)
-    assert session.tick(T0 + 100) == []
+    assert session.tick(T0 + 100) == Outcome()
 
 
 # -- what the I/O thread may not do ---------------------------------------------------------------
@@ -365,7 +446,7 @@ def test_events_out_of_turn_for_the_io_thread_are_its_bugs() -> None:
     with pytest.raises(SessionProtocolError, match="AWAITING_WELCOME"):
         session.start(T0)
     with pytest.raises(SessionProtocolError, match="AWAITING_WELCOME"):
-        session.handshake_made(taken_back=False)  # no handshake asked for
+        session.handshake_made(taken_back=None)  # no handshake asked for
     session.welcomed(welcome(1))
     with pytest.raises(SessionProtocolError, match="MEMORY_HANDSHAKE"):
         session.welcomed(welcome(1))  # the handshake's outcome comes first
