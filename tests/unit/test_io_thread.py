@@ -19,7 +19,7 @@ from client_stub.contract import ipc
 from client_stub.errors import SidecarUnavailableError
 from client_stub.session import HELLO_RETRY_S, Session, SessionProtocolError
 from tests.support.fake_daemon import FakeDaemon
-from tests.support.sidecar import wait_until
+from tests.support.waiting import wait_until
 
 # What a test waits for at most: what it waits for comes in milliseconds; this only bounds a failure.
 WAIT_S = 30.0
