@@ -19,10 +19,9 @@ from client_stub.contract import ipc
 from client_stub.errors import SidecarUnavailableError
 from client_stub.session import HELLO_RETRY_S, Session, SessionProtocolError
 from tests.support.fake_daemon import FakeDaemon
-from tests.support.waiting import wait_until
+from tests.support.waiting import HANG_S, wait_until
 
 # What a test waits for at most: what it waits for comes in milliseconds; this only bounds a failure.
-WAIT_S = 30.0
 
 
 @pytest.fixture
@@ -36,11 +35,11 @@ def daemon() -> Iterator[FakeDaemon]:
 
 @pytest.fixture
 def producer(daemon: FakeDaemon) -> Iterator[Producer]:
-    producer = Producer(daemon.endpoint, max_block_ms=int(WAIT_S * 1000))
+    producer = Producer(daemon.endpoint, max_block_ms=int(HANG_S * 1000))
     try:
         yield producer
     finally:
-        producer.close(WAIT_S)
+        producer.close(HANG_S)
 
 
 @pytest.fixture
@@ -67,9 +66,9 @@ def test_a_welcome_whose_token_is_no_bytes_fails_its_handshake_and_the_next_hell
         daemon: FakeDaemon, producer: Producer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="client_stub.producer")
     daemon.faulty_welcomes.append({"memory_token": "not bytes"})  # ipc.decode checks no field's kind
-    producer.wait_for_daemon(WAIT_S)
+    producer.wait_for_daemon(HANG_S)
     assert len(daemon.hellos) >= 2
-    assert producer.send("orders", b"v").result(WAIT_S).offset == 0
+    assert producer.send("orders", b"v").result(HANG_S).offset == 0
     [failed] = [r for r in caplog.records if "memory handshake" in r.getMessage()]
     assert "failed (TypeError" in failed.getMessage() and failed.exc_info is not None
 
@@ -78,11 +77,11 @@ def test_a_welcome_whose_token_is_no_bytes_fails_its_handshake_and_the_next_hell
 def test_a_segment_that_cannot_be_mapped_fails_its_handshake_leaves_nothing_open_and_the_next_hello_has_the_session(
         daemon: FakeDaemon, producer: Producer) -> None:
     daemon.faulty_segments.append(0)  # a memory file of no size: "mmap length is greater than file size"
-    producer.wait_for_daemon(WAIT_S)
+    producer.wait_for_daemon(HANG_S)
     assert daemon.segments_handed == 2  # the session is the second segment's, not the one that would not map
-    assert producer.send("orders", b"v").result(WAIT_S).offset == 0
+    assert producer.send("orders", b"v").result(HANG_S).offset == 0
     # The first handshake's connection is closed (the daemon sees its end), and so is its segment.
-    assert wait_until(lambda: daemon.hung_up_by_client == 1, WAIT_S)
+    assert wait_until(lambda: daemon.hung_up_by_client == 1, HANG_S)
     assert open_fds_to("fake-segment-1") == []
 
 
@@ -121,21 +120,21 @@ def test_what_the_session_logs_is_written_with_the_producers_lock_free(
         daemon.handshake_refusals.append("this process has as many sessions as it may")
         # Started without waiting on the producer (wait_for_daemon would take its lock as the I/O thread logs).
         producer._ensure_started()
-        assert wait_until(lambda: daemon.segments_handed == 1, WAIT_S)  # the second HELLO's session
+        assert wait_until(lambda: daemon.segments_handed == 1, HANG_S)  # the second HELLO's session
         # What the daemon says next the I/O thread reads once the handshake, made as it reads, is over.
         daemon.say(ipc.Error(ipc.ERROR_REFUSED, "block 9 is not yours"))
         daemon.take_back = True
         daemon.say(ipc.Error(ipc.ERROR_UNKNOWN_CLIENT, "unknown client: send HELLO first"))
-        assert wait_until(lambda: witness.saw("gave back the session it ended"), WAIT_S)
+        assert wait_until(lambda: witness.saw("gave back the session it ended"), HANG_S)
         daemon.reports_batches = False
         future = producer.send("orders", b"v")
-        assert wait_until(lambda: daemon.sealed, WAIT_S)
+        assert wait_until(lambda: daemon.sealed, HANG_S)
         daemon.say(ipc.Shutdown("SIGTERM"))
-        assert wait_until(lambda: witness.saw("is shutting down (SIGTERM)"), WAIT_S)
+        assert wait_until(lambda: witness.saw("is shutting down (SIGTERM)"), HANG_S)
         daemon.handshake_refusals.append("not a segment of this daemon's")
         daemon.hang_up()  # the next (the same fake) cannot take the session back: its record's fate is unknown
-        assert isinstance(future.exception(WAIT_S), SidecarUnavailableError)
-        assert wait_until(lambda: witness.saw("1 record(s) handed to the lost session are failed"), WAIT_S)
+        assert isinstance(future.exception(HANG_S), SidecarUnavailableError)
+        assert wait_until(lambda: witness.saw("1 record(s) handed to the lost session are failed"), HANG_S)
     finally:
         logger.removeHandler(witness)
     for text in ("as many sessions as it may", "refused a message: block 9", "does not know this client",
@@ -151,7 +150,7 @@ def test_a_heartbeat_wakes_no_one_waiting_on_the_producer() -> None:
     with contextlib.closing(FakeDaemon(heartbeat_interval_ms=10)) as daemon:
         producer = Producer(daemon.endpoint)
         try:
-            producer.wait_for_daemon(WAIT_S)
+            producer.wait_for_daemon(HANG_S)
             waiting, woken = threading.Event(), threading.Event()
 
             def wait_on_the_producer() -> None:
@@ -163,22 +162,22 @@ def test_a_heartbeat_wakes_no_one_waiting_on_the_producer() -> None:
 
             waiter = threading.Thread(target=wait_on_the_producer)
             waiter.start()
-            assert waiting.wait(WAIT_S)
+            assert waiting.wait(HANG_S)
             heartbeats = daemon.heartbeats
             # A few may have been on their way before the waiter waited; the last ones were said after.
-            assert wait_until(lambda: daemon.heartbeats >= heartbeats + 5, WAIT_S)
+            assert wait_until(lambda: daemon.heartbeats >= heartbeats + 5, HANG_S)
             assert not woken.is_set()
             with producer._cond:
                 producer._cond.notify_all()
-            waiter.join(WAIT_S)
+            waiter.join(HANG_S)
         finally:
-            producer.close(WAIT_S)
+            producer.close(HANG_S)
 
 
 def test_a_send_waiting_for_blocks_looks_again_when_the_session_is_lost(daemon: FakeDaemon) -> None:
     producer = Producer(daemon.endpoint, max_block_ms=0)
     try:
-        producer.partitions_for("orders", WAIT_S)
+        producer.partitions_for("orders", HANG_S)
         daemon.grants_blocks = False  # the send() waits for the daemon's answer, without a deadline
         daemon.answers_hellos = False  # and no session comes after this one
         raised: list[BaseException] = []
@@ -191,14 +190,14 @@ def test_a_send_waiting_for_blocks_looks_again_when_the_session_is_lost(daemon: 
 
         sender = threading.Thread(target=send)
         sender.start()
-        assert wait_until(lambda: daemon.block_requests, WAIT_S)  # it waits for the daemon's answer
+        assert wait_until(lambda: daemon.block_requests, HANG_S)  # it waits for the daemon's answer
         daemon.hang_up()
-        sender.join(WAIT_S)
+        sender.join(HANG_S)
         assert not sender.is_alive()
         [error] = raised
         assert isinstance(error, SidecarUnavailableError)
     finally:
-        producer.close(WAIT_S)
+        producer.close(HANG_S)
 
 
 # -- the client's own bugs, and what the next changes may bring --------------------------------------
@@ -207,7 +206,7 @@ def test_a_send_waiting_for_blocks_looks_again_when_the_session_is_lost(daemon: 
 def test_a_session_told_what_it_cannot_take_is_logged_as_this_clients_bug(
         daemon: FakeDaemon, producer: Producer, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    producer.wait_for_daemon(WAIT_S)
+    producer.wait_for_daemon(HANG_S)
 
     def out_of_turn(self: Session, error: ipc.Error, now: float) -> None:
         raise SessionProtocolError("an ERROR in a state that cannot take it")
@@ -215,7 +214,7 @@ def test_a_session_told_what_it_cannot_take_is_logged_as_this_clients_bug(
     monkeypatch.setattr(Session, "refused", out_of_turn)
     caplog.set_level(logging.ERROR, logger="client_stub.producer")
     daemon.say(ipc.Error(ipc.ERROR_REFUSED, "block 9 is not yours"))
-    assert wait_until(lambda: caplog.records, WAIT_S)
+    assert wait_until(lambda: caplog.records, HANG_S)
     [logged] = caplog.records
     assert "a bug of this client" in logged.getMessage()
     assert logged.exc_info is not None and logged.exc_info[0] is SessionProtocolError
@@ -226,6 +225,6 @@ def test_a_message_whose_handling_says_hello_on_a_new_socket_leaves_the_thread_r
     # No message's handling does today; the next changes may. Here an ERROR has the HELLO said again at once.
     monkeypatch.setattr(Session, "refused", lambda self, error, now: self.tick(now + HELLO_RETRY_S + 1))
     daemon.refusals.append(ipc.Error(ipc.ERROR_SHUTTING_DOWN, "the kafka-sidecar daemon is shutting down"))
-    producer.wait_for_daemon(WAIT_S)  # the WELCOME comes on the new socket
+    producer.wait_for_daemon(HANG_S)  # the WELCOME comes on the new socket
     assert len(daemon.hellos) >= 2
-    assert producer.send("orders", b"v").result(WAIT_S).offset == 0
+    assert producer.send("orders", b"v").result(HANG_S).offset == 0
