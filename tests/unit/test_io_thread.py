@@ -21,8 +21,6 @@ from client_stub.session import HELLO_RETRY_S, Session, SessionProtocolError
 from tests.support.fake_daemon import FakeDaemon
 from tests.support.waiting import HANG_S, wait_until
 
-# What a test waits for at most: what it waits for comes in milliseconds; this only bounds a failure.
-
 
 @pytest.fixture
 def daemon() -> Iterator[FakeDaemon]:
