@@ -83,11 +83,12 @@ class Poller:
                 handler(events)
 
     def serve_ready(self) -> None:
-        """Call the handlers registered ``later`` whose sockets the last polls found ready."""
-        while self._ready:
-            key, events = self._ready.popitem()
+        """Call the handlers registered ``later`` whose sockets the last polls found ready, in the order the poll
+        reports them (that of their registration)."""
+        ready, self._ready = self._ready, {}
+        for key, events in ready.items():
             handler = self._handlers.get(key)
-            if handler is not None:
+            if handler is not None:  # unregistered by a handler before it
                 handler(events)
 
     def wakeup(self) -> None:

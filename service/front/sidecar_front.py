@@ -85,10 +85,12 @@ class SidecarFront:
         self.topic_updates = TopicUpdates(topics, self.sessions, self.quotas, self.replies)
         self.seals = Seals(pool, self.sessions, topics, self.quotas, self.reports, append, settings,
                            lambda session, exc: self._refuse(session.identity, exc))
+        # The ROUTER first: in a turn where a client's last message and the end of its memory connection are both
+        # ready (it said GOODBYE, then exited), its message is read first, and its session ends as it asked.
+        poller.register(self.endpoint.socket, POLLIN, lambda events: self.handle_readable(), later=True)
         self.handshakes = MemoryHandshakes(self.endpoint.memory, poller, self.sessions, pool, self.quotas,
                                            self.refusals, self.daemon_id, clock, attached=self._attached,
                                            refused=self.end_session, gone=self._gone)
-        poller.register(self.endpoint.socket, POLLIN, lambda events: self.handle_readable(), later=True)
         # Why the daemon is shutting down, once it is: it takes no new session and grants no block.
         self.shutting_down: str | None = None
 

@@ -3,6 +3,7 @@ claimed back only by the client that holds its segment."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -25,6 +26,7 @@ from tests.support.front import (
     resume_of,
     seal_two_keep_two,
 )
+from tests.support.waiting import HANG_S
 
 # -- sessions that end ----------------------------------------------------------------------------
 
@@ -263,3 +265,19 @@ def test_a_session_is_taken_back_whatever_its_notices_name_as_batch_ids(env: Env
     assert client.hello(hand_over=client.fd, **resume_of(env.front.daemon_id, [bad], client_id=client_id)) == client_id
     assert "seal refused: batch_id must be an integer" in client.error()
     assert env.session(client_id).attached and not env.front.sessions.kept()
+
+
+def test_a_client_that_says_goodbye_and_exits_is_ended_by_its_goodbye(env: Env,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    # Its GOODBYE and the end of its memory connection are ready in the same turn: the message is read first.
+    client = env.client()
+    client.hello()
+    client.send(ipc.Goodbye.TYPE)
+    assert client.memory is not None
+    client.memory.close()  # the process exits
+    client.memory = None
+    assert env.front.endpoint.socket.poll(HANG_S * 1000)
+    with caplog.at_level(logging.INFO, logger="service.front"):
+        env.serve_until(lambda: not env.front.sessions)
+    assert "said goodbye" in caplog.text and "is gone" not in caplog.text
+    assert env.front.refusals.messages_refused == 0
