@@ -6,7 +6,7 @@ malformed or hostile message fails alone, and never affects another client.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from client_stub.contract import PROTOCOL_VERSION, ipc
 
@@ -48,7 +48,7 @@ def clip(text: str) -> str:
     return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT - 3] + "..."
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """Whether ``value`` is an integer (msgpack's true and false are not)."""
     return isinstance(value, int) and not isinstance(value, bool)
 

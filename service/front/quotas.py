@@ -46,7 +46,7 @@ class ProcessQuotas:
             raise ClientError(f"process {session.pid} has {limit} sessions, as many as sidecar.process.max.sessions "
                               "allows")
 
-    def follow(self, session: ClientSession, topic: str) -> None:
+    def admit_topic(self, session: ClientSession, topic: str) -> None:
         """Count a topic among those the session's process produces to; ClientError past its limits."""
         if topic in session.topics:
             return
@@ -72,7 +72,7 @@ class ProcessQuotas:
         process.following[topic] += 1
         session.topics[topic] = ()
 
-    def unfollow(self, session: ClientSession) -> None:
+    def release_topics(self, session: ClientSession) -> None:
         """The session's topics count no more for its process (its session ended)."""
         process = self._processes.get(session.pid)
         if process is None or not session.topics:

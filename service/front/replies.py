@@ -62,11 +62,11 @@ class Replies:
                 to.reports.extend(message.reports)
             return
         if to.waiting:
-            self._wait(to, message, payload)
+            self._keep_waiting(to, message, payload)
             return
         sent = self._route(to.identity, payload)
         if sent is False:
-            self._wait(to, message, payload)
+            self._keep_waiting(to, message, payload)
         elif sent is None:
             to.waiting.append((message, payload))  # for the session's end to keep, if it is a report
             self._unread(to, "its socket is gone")
@@ -109,7 +109,7 @@ class Replies:
             return None
         return True
 
-    def _wait(self, session: ClientSession, message: ipc.Message, payload: bytes) -> None:
+    def _keep_waiting(self, session: ClientSession, message: ipc.Message, payload: bytes) -> None:
         """Keep a reply ZeroMQ would not queue until the client reads; past what a session may hold, end it."""
         session.waiting.append((message, payload))
         session.waiting_bytes += len(payload)

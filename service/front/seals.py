@@ -79,7 +79,7 @@ class Seals:
     def _batch(self, session: ClientSession, raw: Any, now: int) -> ProducerBatch:
         notice = check_notice(raw, self.pool.block_count, self.pool.block_size)
         topic, partition, length = notice.topic, notice.partition, notice.length
-        self.quotas.follow(session, topic)
+        self.quotas.admit_topic(session, topic)
         partitions = self.topics.partition_count(topic)
         if partitions is not None and partition >= partitions:
             raise ClientError(f"partition {partition} of topic {topic} does not exist: it has {partitions}")

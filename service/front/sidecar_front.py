@@ -248,7 +248,7 @@ class SidecarFront:
             return  # ended already
         if not self.sessions.end(session, keep=keep):
             return  # it did not prove its claim: the session it claimed stays kept, or is another's now
-        self.quotas.unfollow(session)
+        self.quotas.release_topics(session)
         reports = self.replies.take_waiting_reports(session)
         if session.state is SessionState.KEPT:
             assert session.connection is not None

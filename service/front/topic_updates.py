@@ -35,7 +35,7 @@ class TopicUpdates:
         """A client asks for a topic's metadata: it is told at once what the daemon has, then of every change."""
         topic = check_topic(message.topic)
         try:
-            self.quotas.follow(session, topic)
+            self.quotas.admit_topic(session, topic)
         except ClientError as exc:
             # The client's send() waits for this topic's metadata: it fails now rather than at its timeout.
             exc.answer = ipc.Topic(topic, None, [], ipc.error_to_wire(InvalidRequestError(clip(str(exc)))))
