@@ -8,7 +8,8 @@
  *     shared-memory block: the one encoder of the project (client_stub.contract.records
  *     and the daemon use it too);
  *   - murmur2, the Java producer's hash of keys;
- *   - OpenBatch, a batch being written by this process;
+ *   - OpenBatch, a batch being written by this process, which publishes what it wrote in its slot of the
+ *     segment's control area for the daemon to claim (client_stub/contract/batch_slots.py: the protocol);
  *   - Appender.send(), which is Producer.send(): it appends the record itself in
  *     the common case (a known topic, bytes or None for key and value, no
  *     headers, a batch with room), and hands anything else to Producer's Python path;
@@ -25,6 +26,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
 
@@ -508,9 +510,23 @@ static inline long long now_ms(void) {
 
 /* -- OpenBatch -------------------------------------------------------------------------------------- */
 
+/* The control area's layout: client_stub/contract/batch_slots.py, which says what each word is and who writes it. */
+#define SLOT_HEADER_BYTES 64
+#define SLOT_BYTES 64
+enum { PUBLISHED, CLAIM, BASE_TIMESTAMP, MAX_TIMESTAMP, BATCH_ID, TOPIC_PARTITION, BLOCK_COUNT, OPENED_NS };
+#define PUBLISHED_FULL (1ULL << 63)
+#define CLAIM_CLAIMING (1ULL << 63)
+#define CLAIM_COUNT_MASK ((1ULL << 31) - 1)
+/* How long an append waits for a claim the daemon is in the middle of (two of its instructions apart) before it
+   takes its record as held: only a daemon stopped there for that long, or killed there (its successor then takes
+   the batch as this process counts it), makes it wait at all. */
+#define CLAIMING_WAIT_NS 1000000000LL
+
 typedef struct {
     PyObject_HEAD
     Py_buffer buffer;      /* the batch's blocks of shared memory; buffer.obj NULL once released */
+    Py_buffer control;     /* the segment's control area; control.obj NULL once released */
+    uint64_t *slot;        /* the batch's slot in it: its first block's */
     Py_ssize_t pos;        /* bytes written */
     long long base_timestamp;
     long long max_timestamp;
@@ -529,15 +545,16 @@ static PyTypeObject OpenBatchType;
 
 static int OpenBatch_init(OpenBatch *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"batch_id", "topic", "partition", "first_block", "block_count", "view",
-                               "timestamp_ms", "created", NULL};
-    PyObject *topic, *view;
+                               "timestamp_ms", "created", "control", "topic_index", NULL};
+    PyObject *topic, *view, *control;
+    unsigned int topic_index;
     if (self->buffer.obj != NULL || self->futures != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "an OpenBatch is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LUiLLOLd:OpenBatch", keywords, &self->batch_id, &topic,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LUiLLOLdOI:OpenBatch", keywords, &self->batch_id, &topic,
                                      &self->partition, &self->first_block, &self->block_count, &view,
-                                     &self->base_timestamp, &self->created)) {
+                                     &self->base_timestamp, &self->created, &control, &topic_index)) {
         return -1;
     }
     /* Timestamps are never negative (send() refuses them): a record's delta from the base cannot overflow. */
@@ -545,7 +562,21 @@ static int OpenBatch_init(OpenBatch *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_ValueError, "timestamp_ms must not be negative");
         return -1;
     }
+    if (self->first_block < 0) {
+        PyErr_SetString(PyExc_ValueError, "first_block must not be negative");
+        return -1;
+    }
+    if (PyObject_GetBuffer(control, &self->control, PyBUF_WRITABLE) < 0) {
+        return -1;
+    }
+    if (self->control.len < SLOT_HEADER_BYTES + (self->first_block + 1) * SLOT_BYTES ||
+        ((uintptr_t)self->control.buf & 7) != 0) {
+        PyBuffer_Release(&self->control);
+        PyErr_SetString(PyExc_ValueError, "the control area has no slot for first_block (or is not 8-byte aligned)");
+        return -1;
+    }
     if (PyObject_GetBuffer(view, &self->buffer, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&self->control);
         return -1;
     }
     self->futures = PyList_New(0);
@@ -555,6 +586,16 @@ static int OpenBatch_init(OpenBatch *self, PyObject *args, PyObject *kwargs) {
     Py_INCREF(topic);
     self->topic = topic;
     self->max_timestamp = self->base_timestamp;
+    uint64_t *slot = self->slot =
+        (uint64_t *)((char *)self->control.buf + SLOT_HEADER_BYTES + self->first_block * SLOT_BYTES);
+    /* Nothing is published before the first record, and the daemon reads these only after a publish. */
+    __atomic_store_n(&slot[BASE_TIMESTAMP], (uint64_t)self->base_timestamp, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot[MAX_TIMESTAMP], (uint64_t)self->base_timestamp, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot[BATCH_ID], (uint64_t)self->batch_id, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot[TOPIC_PARTITION], (uint64_t)topic_index | ((uint64_t)(uint32_t)self->partition << 32),
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&slot[BLOCK_COUNT], (uint64_t)self->block_count, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot[OPENED_NS], (uint64_t)(long long)(self->created * 1e9), __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -563,6 +604,7 @@ DEFINE_NEW_INITIALISED(OpenBatch)
 static int OpenBatch_traverse(OpenBatch *self, visitproc visit, void *arg) {
     Py_VISIT(self->futures);
     Py_VISIT(self->buffer.obj);
+    Py_VISIT(self->control.obj);
     return 0;
 }
 
@@ -571,6 +613,9 @@ static int OpenBatch_clear(OpenBatch *self) {
     Py_CLEAR(self->topic);
     if (self->buffer.obj != NULL) {
         PyBuffer_Release(&self->buffer);
+    }
+    if (self->control.obj != NULL) {
+        PyBuffer_Release(&self->control);
     }
     return 0;
 }
@@ -581,32 +626,77 @@ static void OpenBatch_dealloc(OpenBatch *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Append an encoded record: 1 if written, 0 if it does not fit, -1 on error. */
+static inline long long monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Publish what the batch holds (FULL: nothing more will be written) and return the claim as loaded after a full
+   fence: the client's half of the protocol. */
+static uint64_t publish(OpenBatch *batch, Py_ssize_t record_count, int full) {
+    uint64_t *slot = batch->slot;
+    __atomic_store_n(&slot[MAX_TIMESTAMP], (uint64_t)batch->max_timestamp, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot[PUBLISHED], (full ? PUBLISHED_FULL : 0) | ((uint64_t)record_count << 32) |
+                                       (uint64_t)batch->pos, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return __atomic_load_n(&slot[CLAIM], __ATOMIC_ACQUIRE);
+}
+
+/* Whether the batch holds its record ``index``, from the claim loaded after publishing it. */
+static int holds(OpenBatch *batch, uint64_t claim, Py_ssize_t index) {
+    if (claim == CLAIM_CLAIMING) {
+        long long deadline = monotonic_ns() + CLAIMING_WAIT_NS;
+        do {
+            sched_yield();
+            claim = __atomic_load_n(&batch->slot[CLAIM], __ATOMIC_ACQUIRE);
+        } while (claim == CLAIM_CLAIMING && monotonic_ns() < deadline);
+        if (claim == CLAIM_CLAIMING) {
+            return 1;
+        }
+    }
+    return claim == 0 || (uint64_t)index < (claim & CLAIM_COUNT_MASK);
+}
+
+/* Append an encoded record: 1 if written, 0 if it does not fit or the daemon has claimed the batch (the caller
+   writes it in another), -1 on error. */
 static int batch_append(OpenBatch *batch, const Record *record, long long timestamp, PyObject *future) {
     if (batch->buffer.obj == NULL) {
         PyErr_SetString(PyExc_ValueError, "the batch is sealed");
         return -1;
+    }
+    if (__atomic_load_n(&batch->slot[CLAIM], __ATOMIC_ACQUIRE) != 0) {
+        return 0;
     }
     Py_ssize_t body;
     Py_ssize_t size = record_size_of(record, &body);
     if (size > batch->buffer.len - batch->pos) {
         return 0;
     }
+    Py_ssize_t index = PyList_GET_SIZE(batch->futures);
     if (PyList_Append(batch->futures, future) < 0) {
         return -1;
     }
     write_record((char *)batch->buffer.buf + batch->pos, record, body);
+    Py_ssize_t pos = batch->pos;
+    long long max_timestamp = batch->max_timestamp;
     batch->pos += size;
     if (timestamp > batch->max_timestamp) {
         batch->max_timestamp = timestamp;
+    }
+    if (!holds(batch, publish(batch, index + 1, 0), index)) {
+        /* Claimed without it: the daemon reads nothing of this batch again, so only this side forgets it. */
+        batch->pos = pos;
+        batch->max_timestamp = max_timestamp;
+        return PyList_SetSlice(batch->futures, index, index + 1, NULL) < 0 ? -1 : 0;
     }
     return 1;
 }
 
 PyDoc_STRVAR(OpenBatch_append_doc,
 "append($self, key, value, headers, timestamp_ms, future, /)\n--\n\n"
-"Write a record after the others (offset and timestamp deltas from this batch) and keep its future;\n"
-"False if it does not fit.");
+"Write a record after the others (offset and timestamp deltas from this batch), publish it and keep its\n"
+"future; False if it does not fit, or the daemon has claimed the batch without it.");
 
 static PyObject *OpenBatch_append(OpenBatch *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
@@ -636,13 +726,24 @@ static PyObject *OpenBatch_append(OpenBatch *self, PyObject *const *args, Py_ssi
 }
 
 PyDoc_STRVAR(OpenBatch_release_doc,
-"release($self, /)\n--\n\nLet go of the shared memory (at seal time): nothing more can be written.");
+"release($self, /)\n--\n\nPublish the batch as full and let go of the shared memory: nothing more can be written.");
 
 static PyObject *OpenBatch_release(OpenBatch *self, PyObject *unused) {
     if (self->buffer.obj != NULL) {
+        publish(self, PyList_GET_SIZE(self->futures), 1);
         PyBuffer_Release(&self->buffer);
     }
+    if (self->control.obj != NULL) {
+        PyBuffer_Release(&self->control);
+    }
     Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(OpenBatch_claimed_doc,
+"claimed($self, /)\n--\n\nWhether the daemon has claimed the batch (or is claiming it): it takes no more records.");
+
+static PyObject *OpenBatch_claimed(OpenBatch *self, PyObject *unused) {
+    return PyBool_FromLong(self->control.obj == NULL || __atomic_load_n(&self->slot[CLAIM], __ATOMIC_ACQUIRE) != 0);
 }
 
 static PyObject *OpenBatch_get_record_count(OpenBatch *self, void *closure) {
@@ -656,6 +757,7 @@ static PyObject *OpenBatch_get_capacity(OpenBatch *self, void *closure) {
 static PyMethodDef OpenBatch_methods[] = {
     {"append", (PyCFunction)(void (*)(void))OpenBatch_append, METH_FASTCALL, OpenBatch_append_doc},
     {"release", (PyCFunction)OpenBatch_release, METH_NOARGS, OpenBatch_release_doc},
+    {"claimed", (PyCFunction)OpenBatch_claimed, METH_NOARGS, OpenBatch_claimed_doc},
     {NULL},
 };
 
@@ -685,7 +787,9 @@ static PyTypeObject OpenBatchType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "client_stub._fastpath.OpenBatch",
     .tp_doc = PyDoc_STR("OpenBatch(batch_id, topic, partition, first_block, block_count, view, timestamp_ms, "
-                        "created)\n--\n\nA batch this process writes records into, in its blocks of shared memory."),
+                        "created, control, topic_index)\n--\n\nA batch this process writes records into, in its "
+                        "blocks of shared memory, publishing them in its slot of ``control``, the segment's control "
+                        "area (``topic_index``: the session's number for the topic)."),
     .tp_basicsize = sizeof(OpenBatch),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = OpenBatch_new,

@@ -24,6 +24,8 @@ from concurrent.futures._base import FINISHED, RUNNING
 from types import MemberDescriptorType
 from typing import TYPE_CHECKING, Any, Self, SupportsFloat, SupportsIndex, cast, final
 
+from .contract import batch_slots
+from .contract.batch_slots import ControlArea
 from .contract.records import encode_uvarint
 
 if TYPE_CHECKING:
@@ -38,6 +40,9 @@ _INT64_MAX = (1 << 63) - 1
 _INT32_MIN = -(1 << 31)
 _INT32_MAX = (1 << 31) - 1
 _MASK32 = 0xFFFFFFFF
+
+# How long an append waits for a claim the daemon is in the middle of (see the C twin's CLAIMING_WAIT_NS).
+_CLAIMING_WAIT_S = 1.0
 
 # The C encoder holds at most this many buffers (fields that are not bytes) while it writes one record,
 # and refuses a record with more: so does this one, so that both take the same records.
@@ -62,6 +67,11 @@ def _int32(value: SupportsIndex) -> int:
     if value < _INT32_MIN:
         raise OverflowError("signed integer is less than minimum")
     return value
+
+
+def _uint32(value: SupportsIndex) -> int:
+    """``value`` as a C unsigned int (the argument parser's "I" format takes any int modulo 2**32)."""
+    return operator.index(value) & _MASK32
 
 
 def _ssize(value: object) -> int:
@@ -311,13 +321,15 @@ def _read_only(name: str, doc: str | None = None) -> property:
 
 @final
 class OpenBatch:
-    """OpenBatch(batch_id, topic, partition, first_block, block_count, view, timestamp_ms, created)
+    """OpenBatch(batch_id, topic, partition, first_block, block_count, view, timestamp_ms, created, control,
+    topic_index)
 
-    A batch this process writes records into, in its blocks of shared memory.
+    A batch this process writes records into, in its blocks of shared memory, publishing them in its slot of
+    ``control``, the segment's control area (``topic_index``: the session's number for the topic).
     """
 
     __slots__ = ("_batch_id", "_topic", "_partition", "_first_block", "_block_count", "_view", "_pos",
-                 "_base_timestamp", "_max_timestamp", "_futures", "_created", "sealed", "reported")
+                 "_base_timestamp", "_max_timestamp", "_futures", "_created", "_control", "sealed", "reported")
     _batch_id: int
     _topic: str
     _partition: int
@@ -329,12 +341,14 @@ class OpenBatch:
     _max_timestamp: int
     _futures: list[Any]
     _created: float
+    _control: ControlArea | None
     sealed: float  # time.monotonic() when sealed, 0 before
     reported: int  # records whose delivery report arrived
 
     # Made and initialised in one, as the C type is: no instance exists without its fields.
     def __new__(cls, batch_id: int, topic: str, partition: int, first_block: int, block_count: int,
-                view: WriteableBuffer, timestamp_ms: int, created: float) -> Self:
+                view: WriteableBuffer, timestamp_ms: int, created: float, control: WriteableBuffer,
+                topic_index: int) -> Self:
         self = super().__new__(cls)
         self._batch_id = _int64(batch_id)
         if not isinstance(topic, str):
@@ -348,12 +362,23 @@ class OpenBatch:
         # Timestamps are never negative (send() refuses them): a record's delta from the base cannot overflow.
         if self._base_timestamp < 0:
             raise ValueError("timestamp_ms must not be negative")
+        topic_index = _uint32(topic_index)
+        if self._first_block < 0:
+            raise ValueError("first_block must not be negative")
+        area = _writable_bytes(control)
+        if area.nbytes < batch_slots.control_size(self._first_block + 1):
+            raise ValueError("the control area has no slot for first_block (or is not 8-byte aligned)")
+        self._control = ControlArea(area, self._first_block + 1)
         self._view = _writable_bytes(view)
         self._pos = 0
         self._max_timestamp = self._base_timestamp
         self._futures = []
         self.sealed = 0.0
         self.reported = 0
+        # Nothing is published before the first record, and the daemon reads these only after a publish.
+        self._control.open(self._first_block, batch_id=self._batch_id, topic_index=topic_index,
+                           partition=self._partition & _MASK32, block_count=self._block_count,
+                           base_timestamp=self._base_timestamp, opened_ns=int(self._created * 1e9))
         return self
 
     batch_id = _read_only("_batch_id", "this client's number for the batch")
@@ -387,27 +412,58 @@ class OpenBatch:
         return self._write(_fields(key, value, headers), timestamp, future)
 
     def _write(self, fields: bytes, timestamp: int, future: object) -> bool:
-        """Append a record of ``fields`` (see _fields); False if it does not fit."""
-        view = self._view
-        if view is None:
+        """Append a record of ``fields`` (see _fields) and publish it; False if it does not fit, or the daemon
+        has claimed the batch without it."""
+        view, control = self._view, self._control
+        if view is None or control is None:
             raise ValueError("the batch is sealed")
+        block = self._first_block
+        if control.claim_word(block):
+            return False
+        index = len(self._futures)
         # The deltas are taken here, after whatever reading the fields ran: the record's offset is its place.
-        record = _record(len(self._futures), timestamp - self._base_timestamp, fields)
+        record = _record(index, timestamp - self._base_timestamp, fields)
         end = self._pos + len(record)
         if end > view.nbytes:
             return False
         view[self._pos:end] = record
+        pos, max_timestamp = self._pos, self._max_timestamp
         self._futures.append(future)
         self._pos = end
         if timestamp > self._max_timestamp:
             self._max_timestamp = timestamp
+        if not self._holds(control.publish(block, index + 1, end, self._max_timestamp), index):
+            # Claimed without it: the daemon reads nothing of this batch again, so only this side forgets it.
+            self._pos, self._max_timestamp = pos, max_timestamp
+            del self._futures[index]
+            return False
         return True
 
+    def _holds(self, claim: int, index: int) -> bool:
+        """Whether the batch holds its record ``index`` (as the C twin's holds())."""
+        held = batch_slots.holds(claim, index)
+        deadline = time.monotonic() + _CLAIMING_WAIT_S
+        while held is None and time.monotonic() < deadline:
+            time.sleep(0)
+            assert self._control is not None
+            held = batch_slots.holds(self._control.claim_word(self._first_block), index)
+        return True if held is None else held
+
     def release(self) -> None:
-        """Let go of the shared memory (at seal time): nothing more can be written."""
+        """Publish the batch as full and let go of the shared memory: nothing more can be written."""
         view, self._view = self._view, None
+        control, self._control = self._control, None
+        if view is not None and control is not None:
+            control.publish(self._first_block, len(self._futures), self._pos, self._max_timestamp, full=True)
         if view is not None:
             view.release()
+        if control is not None:
+            control.release()
+
+    def claimed(self) -> bool:
+        """Whether the daemon has claimed the batch (or is claiming it): it takes no more records."""
+        control = self._control
+        return control is None or control.claim_word(self._first_block) != 0
 
 
 # -- Appender: the common case of Producer.send() --------------------------------------------------------------

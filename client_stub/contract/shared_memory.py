@@ -6,7 +6,9 @@ Unix socket (SCM_RIGHTS). It has no name in /dev/shm or anywhere else, so no oth
 process can map it: a client reads and writes its own records only. The segment
 is sealed against shrinking and growing, so that a client cannot make the daemon's
 mapping fault. Its blocks are numbered from 0; the daemon's BufferPool counts the
-blocks granted across all clients against buffer.memory.
+blocks granted across all clients against buffer.memory. After the blocks, its control
+area: what the client publishes of its open batches and the daemon's claims of them
+(:mod:`.batch_slots`).
 
 The memory socket (SOCK_SEQPACKET) beside the ZeroMQ endpoint:
 
@@ -27,6 +29,8 @@ import os
 import socket
 from dataclasses import dataclass
 
+from .batch_slots import control_size
+
 TOKEN_SIZE = 16
 OK = b"OK"
 ERR = b"ERR "
@@ -44,14 +48,20 @@ class HandshakeError(ConnectionError):
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """Blocks of ``block_size`` bytes, ``block_count`` of them, from the start of the segment."""
+    """Blocks of ``block_size`` bytes, ``block_count`` of them, from the start of the segment; then the control
+    area."""
 
     block_size: int
     block_count: int
 
     @property
+    def control_offset(self) -> int:
+        # On a cache line of its own (batch.size may be any number of bytes; the control area's words are aligned).
+        return -(-self.block_count * self.block_size // 64) * 64
+
+    @property
     def size(self) -> int:
-        return self.block_count * self.block_size
+        return self.control_offset + control_size(self.block_count)
 
     def block_offset(self, block: int) -> int:
         return block * self.block_size
@@ -94,6 +104,7 @@ class Segment:
         self._mmap = mmap.mmap(fd, layout.size)
         self.buf = memoryview(self._mmap)
         self.layout = layout
+        self.control = self.buf[layout.control_offset:]
 
     def blocks(self, first: int, count: int = 1) -> memoryview:
         """The bytes of ``count`` consecutive blocks from ``first``."""
@@ -106,6 +117,7 @@ class Segment:
 
     def close(self) -> None:
         """Unmap (every view of the blocks must be released first)."""
+        self.control.release()
         self.buf.release()
         self._mmap.close()
 
