@@ -537,7 +537,6 @@ typedef struct {
     long long first_block;
     long long block_count;
     double created;        /* time.monotonic() when opened */
-    double sealed;         /* time.monotonic() when sealed, 0 before */
     Py_ssize_t reported;   /* records whose delivery report arrived */
 } OpenBatch;
 
@@ -588,7 +587,10 @@ static int OpenBatch_init(OpenBatch *self, PyObject *args, PyObject *kwargs) {
     self->max_timestamp = self->base_timestamp;
     uint64_t *slot = self->slot =
         (uint64_t *)((char *)self->control.buf + SLOT_HEADER_BYTES + self->first_block * SLOT_BYTES);
-    /* Nothing is published before the first record, and the daemon reads these only after a publish. */
+    /* A block granted again keeps its last claim until now: nothing published, then nothing claimed. The
+       other words the daemon reads only after a publish. */
+    __atomic_store_n(&slot[PUBLISHED], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot[CLAIM], 0, __ATOMIC_RELEASE);
     __atomic_store_n(&slot[BASE_TIMESTAMP], (uint64_t)self->base_timestamp, __ATOMIC_RELAXED);
     __atomic_store_n(&slot[MAX_TIMESTAMP], (uint64_t)self->base_timestamp, __ATOMIC_RELAXED);
     __atomic_store_n(&slot[BATCH_ID], (uint64_t)self->batch_id, __ATOMIC_RELAXED);
@@ -772,7 +774,6 @@ static PyMemberDef OpenBatch_members[] = {
     {"max_timestamp", T_LONGLONG, offsetof(OpenBatch, max_timestamp), READONLY, NULL},
     {"futures", T_OBJECT, offsetof(OpenBatch, futures), READONLY, "a future per record, in offset order"},
     {"created", T_DOUBLE, offsetof(OpenBatch, created), READONLY, "time.monotonic() when opened"},
-    {"sealed", T_DOUBLE, offsetof(OpenBatch, sealed), 0, "time.monotonic() when sealed, 0 before"},
     {"reported", T_PYSSIZET, offsetof(OpenBatch, reported), 0, "records whose delivery report arrived"},
     {NULL},
 };

@@ -329,7 +329,7 @@ class OpenBatch:
     """
 
     __slots__ = ("_batch_id", "_topic", "_partition", "_first_block", "_block_count", "_view", "_pos",
-                 "_base_timestamp", "_max_timestamp", "_futures", "_created", "_control", "sealed", "reported")
+                 "_base_timestamp", "_max_timestamp", "_futures", "_created", "_control", "reported")
     _batch_id: int
     _topic: str
     _partition: int
@@ -342,7 +342,6 @@ class OpenBatch:
     _futures: list[Any]
     _created: float
     _control: ControlArea | None
-    sealed: float  # time.monotonic() when sealed, 0 before
     reported: int  # records whose delivery report arrived
 
     # Made and initialised in one, as the C type is: no instance exists without its fields.
@@ -373,9 +372,8 @@ class OpenBatch:
         self._pos = 0
         self._max_timestamp = self._base_timestamp
         self._futures = []
-        self.sealed = 0.0
         self.reported = 0
-        # Nothing is published before the first record, and the daemon reads these only after a publish.
+        # Nothing published, then nothing claimed; the daemon reads the rest only after a publish.
         self._control.open(self._first_block, batch_id=self._batch_id, topic_index=topic_index,
                            partition=self._partition & _MASK32, block_count=self._block_count,
                            base_timestamp=self._base_timestamp, opened_ns=int(self._created * 1e9))

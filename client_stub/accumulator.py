@@ -1,150 +1,111 @@
-"""The client's half of Kafka's RecordAccumulator: open batches, sealed batches awaiting their reports.
+"""The client's half of Kafka's RecordAccumulator: open batches, and batches awaiting their reports.
 
 Records are appended to the open batch of their partition, in shared-memory blocks
-(by the fast path's Appender, or the producer's Python path). A batch is sealed
-when full, when it has lingered, on flush() and close(), and when the daemon asks;
-the seal notice hands it to the daemon, which owns it from then on (the daemon's
-RecordAccumulator, in service.producer.accumulator). Until its records are
-reported, a sealed batch is kept here: its futures, and what its report is
-counted against. Every method is called with the producer's lock held.
+(by the fast path's Appender, or the producer's Python path), and published in the
+segment's control area as they are written (:mod:`.contract.batch_slots`): the daemon
+lingers, and claims each batch when it is due. This side closes a batch (publishes it
+full, and writes no more into it) when it is full, when the daemon has claimed it, on
+flush() and close(), and when the session ends; it tells the daemon (WAKEUP) only when
+the daemon would not look in time otherwise. Until its records are reported, a batch is
+kept here: its futures, and what its report is counted against. Every method is called
+with the producer's lock held.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .contract import ipc
+from .contract import batch_slots, ipc
+from .contract.batch_slots import ControlArea
 from .fastpath import OpenBatch
 from .futures import RecordFuture
 from .partitioner import Partitioner
-
-# Reports are slow when they take this many linger_ms (smoothed, or the oldest awaited one so far).
-# The daemon or the broker is then behind, and a partition's open batch is not sealed at linger_ms
-# while its previous sealed batch awaits its report: it keeps filling until full (or flush), as a
-# Java batch that is ready but not yet drained does. Without that, many clients each sealing a batch
-# every linger_ms queue more batches per partition than the daemon can send (one per partition per
-# request), and the queue only grows. While reports come back quickly, holding a batch would only
-# add the previous one's round trip to the latency of its records.
-_SLOW_REPORT_LINGERS = 2
 
 # (topic, partition): what a partition's open batch is found by.
 PartitionKey = tuple[str, int]
 
 
 class RecordAccumulator:
-    """Open and sealed batches of one producer in one process (abandon() when its session is lost)."""
+    """Open and closed batches of one producer in one process (abandon() when its session is lost)."""
 
-    def __init__(self, partitioner: Partitioner, post: Callable[[ipc.Message], None],
-                 wake: Callable[[], None]) -> None:
+    def __init__(self, partitioner: Partitioner, post: Callable[[ipc.Message], None]) -> None:
         # (topic, partition) -> the open batch. The fast path appends to these batches and reads this dict.
         self.open: dict[PartitionKey, OpenBatch[RecordFuture]] = {}
-        # batch id -> a sealed batch awaiting its report, in the order sealed.
-        self.sealed: dict[int, OpenBatch[RecordFuture]] = {}
-        # How many sealed batches of each partition await their reports.
-        self._unreported: dict[PartitionKey, int] = {}
-        self._notices: list[ipc.SealNotice] = []
+        # batch id -> every batch not wholly reported, open or closed, in the order opened.
+        self.unreported: dict[int, OpenBatch[RecordFuture]] = {}
         self._partitioner = partitioner
         self._post = post
-        self._wake = wake
         self._next_batch_id = 1
-        # Seal to report, smoothed; and whether reports were slow when the I/O thread last looked.
-        self._report_time_s = 0.0
-        self._holding = False
+        # The segment's control area, while the session has one.
+        self.control: ControlArea | None = None
         self.linger_s = 0.0  # set when the daemon welcomes the producer, before any batch opens
-        # When the I/O thread plans to look at the open batches again.
-        self.wakes_at = 0.0
 
-    def open_batch(self, topic: str, partition: int, blocks: list[int], view: memoryview,
+    def open_batch(self, topic: str, topic_index: int, partition: int, blocks: list[int], view: memoryview,
                    timestamp_ms: int) -> OpenBatch[RecordFuture]:
-        """A new open batch for the partition on ``blocks`` (``view``: their bytes)."""
+        """A new open batch for the partition on ``blocks`` (``view``: their bytes); ``topic_index``: the
+        session's number for the topic."""
+        assert self.control is not None, "batches open in a session with a segment"
         key = (topic, partition)
         opened = self.open.get(key)
         if opened is not None:
             # Another thread opened one while this one waited for its blocks: it goes first.
             self.seal(opened)
         batch: OpenBatch[RecordFuture] = OpenBatch(self._next_batch_id, topic, partition, blocks[0], len(blocks),
-                                                   view, timestamp_ms, time.monotonic())
+                                                   view, timestamp_ms, time.monotonic(), self.control.words,
+                                                   topic_index)
         self._next_batch_id += 1
         self.open[key] = batch
-        if self._linger_deadline(batch.created) < self.wakes_at and not (self._holding and key in self._unreported):
-            self._wake()  # the I/O thread must wake sooner than it planned, for this batch's linger
+        self.unreported[batch.batch_id] = batch
+        if not self._watched_until(batch.created + self.linger_s):
+            self._post(ipc.Wakeup())
         return batch
 
+    def _watched_until(self, deadline: float) -> bool:
+        """Whether the daemon looks at this segment's open batches often enough until ``deadline``
+        (time.monotonic()), as its header says."""
+        assert self.control is not None
+        control = self.control
+        scan_interval_ns = control.header(batch_slots.SCAN_INTERVAL_NS)
+        return (0 < scan_interval_ns <= self.linger_s * 1e9
+                and control.header(batch_slots.WATCHED_UNTIL_NS) >= deadline * 1e9)
+
+    def granted(self, blocks: list[int]) -> None:
+        """Blocks granted: any of them that an open batch here is on was that batch's, which the daemon claimed,
+        sent and freed before this process saw the claim (and could write no more into it since): it is closed."""
+        for batch in list(self.open.values()):
+            first = batch.first_block
+            if any(first <= block < first + batch.block_count for block in blocks):
+                self.seal(batch)
+
     def seal_filled(self, batch: OpenBatch[RecordFuture]) -> None:
-        """Seal a batch the fast path filled, unless another thread sealed it meanwhile."""
+        """Close a batch the fast path filled, unless another thread closed it meanwhile."""
         if self.open.get((batch.topic, batch.partition)) is batch:
             self.seal(batch)
 
     def seal(self, batch: OpenBatch[RecordFuture]) -> None:
-        """Hand a batch to the daemon: its notice goes in the next SEAL message; an empty one's blocks go back."""
-        key = (batch.topic, batch.partition)
-        del self.open[key]
+        """Close an open batch: published full (the daemon claims it at its next look, if it has not), it takes
+        no more records; an empty one's blocks go back."""
+        del self.open[(batch.topic, batch.partition)]
         self._partitioner.batch_sealed(batch.topic, batch.partition)
         batch.release()
         if not batch.record_count:
+            del self.unreported[batch.batch_id]
             self._post(ipc.Release(list(range(batch.first_block, batch.first_block + batch.block_count))))
-            return
-        self.sealed[batch.batch_id] = batch
-        self._unreported[key] = self._unreported.get(key, 0) + 1
-        batch.sealed = time.monotonic()
-        # Notices wait for the I/O thread, which sends all it finds in one SEAL message.
-        self._notices.append(_notice(batch, batch.sealed))
-        if len(self._notices) == 1:
-            self._wake()
 
     def seal_all(self) -> None:
-        """Seal every open batch (flush, close, the daemon's SealNow)."""
-        for batch in list(self.open.values()):
-            self.seal(batch)
-
-    def seal_lingered(self, now: float) -> float:
-        """Once a batch has waited linger_ms, seal it and every other open batch; returns when to look again.
-
-        Sealing the younger batches too is what the Java producer does in effect (a
-        ready node takes the first batch of each of its partitions, lingered or not),
-        and it puts them all in one SEAL message, one wake-up of the I/O thread.
-        While reports are slow, batches of partitions with a batch awaiting its
-        report stay open: a report wakes the I/O thread, which looks again then.
-        """
-        self._holding = self._reports_slow(now)
-        if self._holding:
-            due = [b for key, b in self.open.items() if key not in self._unreported]
-        else:
-            due = list(self.open.values())
-        oldest = min((b.created for b in due), default=None)
-        if oldest is not None and self._linger_deadline(oldest) <= now:
-            for batch in due:
+        """Close every open batch, and have the daemon claim them now (flush, close, the session's end)."""
+        if self.open:
+            for batch in list(self.open.values()):
                 self.seal(batch)
-            oldest = None
-        self.wakes_at = now + 1.0 if oldest is None else self._linger_deadline(oldest)
-        return self.wakes_at
-
-    def _linger_deadline(self, created: float) -> float:
-        """When a batch opened at ``created`` has lingered: linger_ms later on a clock of whole
-        milliseconds, as the Java producer counts a batch's waited time."""
-        return math.floor(created * 1000) / 1000 + self.linger_s
-
-    def _reports_slow(self, now: float) -> bool:
-        """Whether reports take _SLOW_REPORT_LINGERS x linger_ms, lately or the oldest awaited."""
-        # Sealed batches are kept in the order they were sealed: the first one waited longest.
-        oldest = next(iter(self.sealed.values()), None)
-        waited = now - oldest.sealed if oldest is not None else 0.0
-        return max(self._report_time_s, waited) >= _SLOW_REPORT_LINGERS * self.linger_s
+            if self.control is not None:
+                self._post(ipc.Wakeup())
 
     def resume_notices(self, now: float) -> list[ipc.SealNotice]:
-        """Notices of every sealed batch not reported yet, in the order sealed: for the daemon that takes
-        back the session of one that is gone."""
-        return [_notice(batch, now) for batch in self.sealed.values()]
-
-    def take_notices(self) -> ipc.Seal | None:
-        """The waiting seal notices as one SEAL message, if any."""
-        if not self._notices:
-            return None
-        notices, self._notices = self._notices, []
-        return ipc.Seal(notices)
+        """Notices of every batch not reported yet, in the order opened: for the daemon that takes back the
+        session of one that is gone (every batch is closed by then)."""
+        return [_notice(batch, now) for batch in self.unreported.values()]
 
     def reported(self, rows: list[Any], now: float) -> list[tuple[OpenBatch[RecordFuture], ipc.DeliveryReport, int]]:
         """Count delivery reports against their batches; the batches still known, each with its report
@@ -152,9 +113,11 @@ class RecordAccumulator:
         reported = []
         for row in rows:
             report = ipc.DeliveryReport._make(row)
-            batch = self.sealed.get(report.batch_id)
+            batch = self.unreported.get(report.batch_id)
             if batch is None:
                 continue  # of a batch given up on, or of another session
+            if self.open.get((batch.topic, batch.partition)) is batch:
+                self.seal(batch)  # the daemon claimed it: it takes no more records
             # WHOLE_BATCH, and anything past the batch's end, count up to the batch's end.
             span = max(min(report.record_count, batch.record_count - report.first_record), 0)
             if batch.reported:
@@ -166,27 +129,18 @@ class RecordAccumulator:
             fresh = min(fresh, batch.record_count - batch.reported)
             batch.reported += fresh
             if batch.reported >= batch.record_count:
-                self._forget_sealed(batch)
-                # Smoothed as TCP smooths its round-trip time (RFC 6298): one slow report is not slow reports.
-                self._report_time_s += (now - batch.sealed - self._report_time_s) / 8
+                del self.unreported[batch.batch_id]
             reported.append((batch, report._replace(record_count=span), fresh))
         return reported
 
     def overdue(self, now: float, limit_s: float) -> list[OpenBatch[RecordFuture]]:
-        """Forget and return the sealed batches unreported ``limit_s`` after sealing."""
-        overdue = [b for b in self.sealed.values() if now - b.sealed > limit_s]
+        """Forget and return the batches unreported ``limit_s`` after they opened."""
+        overdue = [b for b in self.unreported.values() if now - b.created > limit_s]
         for batch in overdue:
-            self._forget_sealed(batch)
+            if self.open.get((batch.topic, batch.partition)) is batch:
+                self.seal(batch)
+            self.unreported.pop(batch.batch_id, None)
         return overdue
-
-    def _forget_sealed(self, batch: OpenBatch[RecordFuture]) -> None:
-        del self.sealed[batch.batch_id]
-        key = (batch.topic, batch.partition)
-        left = self._unreported[key] - 1
-        if left:
-            self._unreported[key] = left
-        else:
-            del self._unreported[key]
 
     def release_open(self) -> None:
         """Drop the open batches' views of shared memory (the segment is about to be unmapped)."""
@@ -195,13 +149,11 @@ class RecordAccumulator:
         self.open.clear()
 
     def abandon(self) -> list[RecordFuture]:
-        """Forget every batch, open and sealed (their blocks are not this process's any more); returns the
+        """Forget every batch, open and closed (their blocks are not this process's any more); returns the
         futures of their records, for the caller to fail."""
-        futures = [f for batch in [*self.open.values(), *self.sealed.values()] for f in batch.futures]
+        futures = [f for batch in self.unreported.values() for f in batch.futures]
         self.release_open()
-        self.sealed.clear()
-        self._unreported.clear()
-        self._notices.clear()
+        self.unreported.clear()
         return futures
 
 

@@ -1,9 +1,10 @@
 """The producer's I/O thread, as the Java producer's Sender thread.
 
-One per producer and process. It sends what the producer queued (seal notices,
-block requests, releases), seals batches that have lingered, receives the
-daemon's messages (grants, topics, delivery reports) and completes the records'
-futures, and sends heartbeats. It holds the sockets (to the daemon, and the memory
+One per producer and process. It sends what the producer queued (block requests,
+releases, wake-ups), receives the daemon's messages (grants, topics, delivery
+reports) and completes the records' futures, and sends heartbeats. It wakes for
+those alone: the daemon lingers, and claims the batches the producer published in
+its segment when they are due. It holds the sockets (to the daemon, and the memory
 connections), the segment and its file descriptor, and carries out what the
 session (:mod:`.session`, which decides) asks for: the HELLO, the memory
 handshake, a session lost and held for the next daemon, one forgotten, the
@@ -25,7 +26,8 @@ import zmq
 
 from .accumulator import RecordAccumulator
 from .block_grants import BlockGrants
-from .contract import ipc, shared_memory
+from .contract import batch_slots, ipc, shared_memory
+from .contract.batch_slots import ControlArea
 from .contract.shared_memory import Layout, Segment
 from .errors import KafkaError, KafkaTimeoutError, SidecarUnavailableError
 from .fastpath import Appender
@@ -178,14 +180,13 @@ class IoThread:
         next_heartbeat = time.monotonic() + 1.0
         try:
             while True:
-                wake_at = min(self._seal_lingered(), next_heartbeat)
                 if self._stopping:
                     self._tell_session(session.stop)
                     break
                 if session.sends_queued:
                     self._outbox.send_all(self._sock)
                 # In whole milliseconds, rounded up: rounding down would spin until the deadline.
-                events = dict(poller.poll(max(math.ceil((wake_at - time.monotonic()) * 1000), 0)))
+                events = dict(poller.poll(max(math.ceil((next_heartbeat - time.monotonic()) * 1000), 0)))
                 if wake_fd in events:
                     self._outbox.woken()
                 if self._sock in events:
@@ -211,14 +212,6 @@ class IoThread:
             self._context.term()
             self._outbox.close()
             self._release_session()
-
-    def _seal_lingered(self) -> float:
-        with self._cond:
-            wake_at = self._accumulator.seal_lingered(time.monotonic())
-            notices = self._accumulator.take_notices()
-            if notices is not None:
-                self._outbox.post(notices)
-        return wake_at
 
     def _thread_failed(self, exc: BaseException) -> None:
         error = KafkaError(f"the producer's I/O thread stopped ({type(exc).__name__}: {exc}): "
@@ -286,8 +279,8 @@ class IoThread:
                 self._refused(message)
             case ipc.Shutdown():
                 self._shutting_down(message)
-            case (ipc.StatsReport() | ipc.Hello() | ipc.Blocks() | ipc.Seal() | ipc.Release() | ipc.Metadata()
-                  | ipc.Heartbeat() | ipc.Goodbye() | ipc.Stats() | ipc.LastSeal()):
+            case (ipc.StatsReport() | ipc.Hello() | ipc.Blocks() | ipc.Release() | ipc.Metadata()
+                  | ipc.Heartbeat() | ipc.Goodbye() | ipc.Stats() | ipc.LastSeal() | ipc.Wakeup()):
                 pass  # not a client's concern: what the daemon says to the stats command, what clients say
             case _:
                 assert_never(message)
@@ -317,6 +310,7 @@ class IoThread:
 
     def _granted(self, grant: ipc.Grant) -> None:
         with self._cond:
+            self._accumulator.granted(grant.blocks)
             self._grants.granted(grant)
             self._cond.notify_all()
 
@@ -331,8 +325,8 @@ class IoThread:
             self._cond.notify_all()
 
     def _seal_now(self) -> None:
+        # The daemon has claimed what this producer published: what it needs of it is its spare blocks.
         with self._cond:
-            self._accumulator.seal_all()
             self._grants.give_back_spare()
             self._cond.notify_all()
 
@@ -405,21 +399,20 @@ class IoThread:
         assert self._sock is not None
         self._sock.send(_HEARTBEAT)
 
-    def _stop_taking_records(self) -> ipc.Seal | None:
-        """No more records for this session: the fast path stops, what is open is sealed; its seal notices."""
+    def _stop_taking_records(self) -> None:
+        """No more records for this session: the fast path stops, what is open is published full."""
         self._appender.disable()
         self._accumulator.seal_all()
-        return self._accumulator.take_notices()
 
     def _hand_over(self) -> None:
         assert self._sock is not None
-        notices = self._stop_taking_records()
-        self._outbox.send_all(self._sock)  # what was queued for the session goes first, its seal notices among them
-        self._sock.send(ipc.encode(ipc.LastSeal([] if notices is None else notices.notices)))
+        self._stop_taking_records()
+        self._outbox.send_all(self._sock)  # what was queued for the session goes first
+        self._sock.send(ipc.encode(ipc.LastSeal()))
         self._grants.forget()
 
     def _detach(self) -> None:
-        # The notices are dropped with the rest of what was queued: the next HELLO offers every sealed batch.
+        # What was queued is dropped: the next HELLO offers every batch not reported.
         self._stop_taking_records()
         self._grants.forget()
         self._outbox.clear()
@@ -483,8 +476,8 @@ class IoThread:
             raise
 
     def _unreported(self) -> Unreported:
-        sealed = self._accumulator.sealed.values()
-        return Unreported(len(sealed), sum(b.record_count - b.reported for b in sealed))
+        batches = self._accumulator.unreported.values()
+        return Unreported(len(batches), sum(b.record_count - b.reported for b in batches))
 
     def _attach_memory(self, conn: socket.socket) -> None:
         """The session's memory connection, polled: it hangs up when the daemon is gone."""
@@ -495,8 +488,13 @@ class IoThread:
 
     def _open_session(self, welcome: ipc.Welcome) -> None:
         """The producer's parts take records for the session of ``welcome``."""
+        assert self.segment is not None
         self._grants.pool_blocks = welcome.block_count
-        self._accumulator.linger_s = self._linger_ms() / 1000  # the producer's, else the daemon's
+        linger_ms = self._linger_ms()  # the producer's, else the daemon's
+        self._accumulator.linger_s = linger_ms / 1000
+        control = self._accumulator.control = ControlArea(self.segment.control, welcome.block_count)
+        control.set_header(batch_slots.LINGER_NS, linger_ms * 1_000_000)
+        self._metadata.new_session()
         if self._fast_path_allowed():
             self._appender.enable()
         for topic in self._metadata.topics:
@@ -534,15 +532,15 @@ class IoThread:
             self._lost_memory = None
 
     def _say_goodbye(self) -> None:
-        """What is queued goes, the last seal notices among it, and GOODBYE last."""
-        notices = self._accumulator.take_notices()
-        if notices is not None:
-            self._outbox.post(notices)
+        """What is queued goes, and GOODBYE last (the daemon claims what the producer published)."""
         self._outbox.post(ipc.Goodbye())
         assert self._sock is not None
         self._outbox.send_all(self._sock)
 
     def _close_segment(self) -> None:
+        if self._accumulator.control is not None:
+            self._accumulator.control.release()
+            self._accumulator.control = None
         if self.segment is not None:
             self.segment.close()
             self.segment = None

@@ -10,11 +10,13 @@ from .errors import KafkaError
 
 @dataclass(slots=True)
 class TopicInfo:
-    """A topic's partition count (None: not known yet), its partitions with a leader, its last error."""
+    """A topic's partition count (None: not known yet), its partitions with a leader, its last error, and the
+    session's number for it (which the batches' slots name it by)."""
 
     partition_count: int | None = None
     available: tuple[int, ...] = ()
     error: KafkaError | None = None
+    index: int = -1
 
 
 class ProducerMetadata:
@@ -29,12 +31,18 @@ class ProducerMetadata:
         # topic -> partition count, for the topics the fast path may take; it only reads this dict.
         self.partition_counts: dict[str, int] = {}
 
+    def new_session(self) -> None:
+        """A new session numbers the topics anew: none is known by its number until its TOPIC comes."""
+        for info in self.topics.values():
+            info.index = -1
+
     def update(self, message: ipc.Topic) -> None:
         """The daemon's word on a topic; the fast path takes it while it has partitions and no final error."""
         info = self.topics.setdefault(message.topic, TopicInfo())
         count = info.partition_count = message.partition_count
         info.available = tuple(message.available_partitions)
         info.error = ipc.error_from_wire(message.error)
+        info.index = message.index
         if count and (info.error is None or info.error.retriable):
             self.partition_counts[message.topic] = count
         else:

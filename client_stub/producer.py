@@ -107,7 +107,7 @@ class Producer:
         self._partitioner = Partitioner(self._partitioner_name)
         self._session = Session(self.endpoint)
         self._outbox = Outbox()
-        self._accumulator = RecordAccumulator(self._partitioner, self._outbox.post, self._outbox.wake)
+        self._accumulator = RecordAccumulator(self._partitioner, self._outbox.post)
         self._grants = BlockGrants(self._outbox.post)
         self._metadata = ProducerMetadata()
         self._appender = Appender(self._lock, self._accumulator.open, self._metadata.partition_counts, RecordFuture,
@@ -311,6 +311,11 @@ class Producer:
             # The session was lost, and a new one is on its way.
             self._wait(deadline, lambda: self._session.welcome is None, lambda: self._unavailable(self.max_block_ms))
             return None
+        info = self._metadata.topics[topic]
+        if info.index < 0:
+            # A new session, which has not told its number for the topic yet.
+            self._wait(deadline, lambda: info.index < 0, lambda: self._unavailable(self.max_block_ms))
+            return None
         size = record_size(0, 0, key, value, headers)
         limit = welcome.settings.max_request_size
         if size + BATCH_HEADER_SIZE > limit:
@@ -326,8 +331,8 @@ class Producer:
         if blocks is None:
             return None
         assert self._io.segment is not None
-        return self._accumulator.open_batch(topic, partition, blocks, self._io.segment.blocks(blocks[0], len(blocks)),
-                                            timestamp_ms)
+        return self._accumulator.open_batch(topic, info.index, partition, blocks,
+                                            self._io.segment.blocks(blocks[0], len(blocks)), timestamp_ms)
 
     def _take_blocks(self, count: int, deadline: float) -> list[int] | None:
         """``count`` blocks (contiguous if more than one), or None after waiting (lock released).
@@ -482,7 +487,8 @@ class Producer:
     # -- flush and close -------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None) -> int:
-        """Seal everything and wait for the outcomes; returns how many records are still undelivered."""
+        """Have the daemon claim everything now and wait for the outcomes; returns how many records are still
+        undelivered."""
         if self._pid != os.getpid():
             return 0  # nothing was sent from this process
         self._check_not_io_thread("flush()")

@@ -30,10 +30,11 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from client_stub.contract.batch_slots import ControlArea
 from client_stub.contract.shared_memory import Layout
 
 from .client_error import ClientError
-from .client_segments import FREE, FREE_BYTE, OWNED, SEALED, ClientMemory, ClientSegments
+from .client_segments import FREE, FREE_BYTE, OWNED, OWNED_BYTE, SEALED, ClientMemory, ClientSegments
 from .queue_limit import QueueLimit
 
 log = logging.getLogger(__name__)
@@ -209,10 +210,9 @@ class BufferPool:
         its requests are forgotten, and its segment goes once its sealed batches are sent, or, if ``keep``,
         once :meth:`forget` says the client will not take it back. Returns the blocks freed."""
         self.forget_waiters(client_id)
-        memory = self._memory.detach(client_id, keep=keep)
-        if memory is None:
+        blocks = self.owned_blocks(client_id)
+        if self._memory.detach(client_id, keep=keep) is None:
             return 0
-        blocks = [b for b in range(self.block_count) if memory.state[b] == OWNED]
         self.free(client_id, blocks)  # which drops the segment if nothing is left to send
         return len(blocks)
 
@@ -342,6 +342,22 @@ class BufferPool:
         for block in range(first, first + count):
             if state[block] != OWNED:
                 raise BlockError(f"block {block} is not granted to this client")
+
+    def owned_blocks(self, client_id: int) -> list[int]:
+        """The blocks granted to a client and not sealed (where its open batches are)."""
+        memory = self._memory.get(client_id)
+        if memory is None:
+            return []
+        state, blocks, block = memory.state, [], memory.state.find(OWNED_BYTE)
+        while block >= 0:
+            blocks.append(block)
+            block = state.find(OWNED_BYTE, block + 1)
+        return blocks
+
+    def control(self, client_id: int) -> ControlArea | None:
+        """The control area of a client's segment, if it has one."""
+        memory = self._memory.get(client_id)
+        return None if memory is None else memory.control
 
     def seal(self, client_id: int, first: int, count: int, length: int) -> memoryview:
         """Mark a client's blocks sealed and return the view of the batch's ``length`` bytes."""

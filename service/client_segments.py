@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import ItemsView, ValuesView
 from dataclasses import dataclass, field
 
+from client_stub.contract.batch_slots import ControlArea
 from client_stub.contract.shared_memory import Layout, Segment, check_segment, create_segment
 
 from .client_error import ClientError
@@ -28,6 +29,7 @@ FREE = 0
 OWNED = 1
 SEALED = 2
 FREE_BYTE = bytes([FREE])
+OWNED_BYTE = bytes([OWNED])
 
 
 @dataclass(eq=False, slots=True)
@@ -39,6 +41,8 @@ class ClientMemory:
     """
 
     segment: Segment
+    # The segment's control area: the client's open batches, and the daemon's claims of them.
+    control: ControlArea
     # The process whose share of the pool the client's blocks count against (see BufferPool).
     process: int
     # FREE, OWNED or SEALED, by block.
@@ -148,7 +152,8 @@ class ClientSegments:
     def _map(self, fd: int, process: int) -> ClientMemory:
         stat = os.fstat(fd)
         segment = Segment(fd, self.layout)
-        return ClientMemory(segment, process, bytearray(self.layout.block_count),
+        control = ControlArea(segment.control, self.layout.block_count)
+        return ClientMemory(segment, control, process, bytearray(self.layout.block_count),
                             bytearray(self.layout.block_count), file_id=(stat.st_dev, stat.st_ino))
 
     def detach(self, client_id: int, *, keep: bool) -> ClientMemory | None:
@@ -171,6 +176,7 @@ class ClientSegments:
         """Unmap a client's segment (views of it still in use are unmapped when they go)."""
         memory = self._memory.pop(client_id)
         self._resident -= sum(memory.touched)
+        memory.control.release()
         try:
             memory.segment.close()
         except BufferError:

@@ -4,6 +4,8 @@
   the handshake's hello options and welcome settings by name;
 - :mod:`.shared_memory`: a client's segment of shared memory, its layout, and the memory
   socket that hands it over;
+- :mod:`.batch_slots`: the segment's control area, where a client publishes its open batches and the
+  daemon claims them;
 - :mod:`.records`: Kafka's v2 record format, which clients write into their blocks and
   the daemon wraps in a batch header.
 
@@ -11,4 +13,4 @@
 versions refuse each other at the handshake.
 """
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3

@@ -24,8 +24,9 @@ The header's words: 0 ``watched_until_ns`` and 1 ``scan_interval_ns`` (the daemo
 segment's open batches at least every ``scan_interval_ns`` until ``watched_until_ns``, so that a client
 opening a batch then needs to tell it nothing), 2 ``linger_ns`` (the client's linger.ms).
 
-The daemon resets a block's ``published`` and ``claim`` before it grants the block. Appending is Dekker's
-protocol between the two writers:
+A client opening a batch on a block sets its ``published``, then its ``claim``, to 0 (a block granted again
+keeps its last claim until then: an open batch of this process that has not seen the claim yet finds it
+there, not a slot that looks open). Appending is Dekker's protocol between the two writers:
 
 - the client, to append: loads ``claim`` (not 0: the batch is closed to it); writes the record past the
   published length, then ``max_timestamp``, then ``published`` with one more record; then a full fence; then
@@ -161,6 +162,8 @@ class ControlArea:
         """Describe a new batch in its first block's slot (nothing is published until its first record)."""
         words = self.words
         at = self._at(block, 0)
+        words[at + PUBLISHED] = 0
+        words[at + CLAIM] = 0
         words[at + BASE_TIMESTAMP] = base_timestamp
         words[at + MAX_TIMESTAMP] = base_timestamp
         words[at + BATCH_ID] = batch_id
@@ -183,14 +186,11 @@ class ControlArea:
 
     # -- the daemon's side -----------------------------------------------------------------------
 
-    def reset(self, block: int) -> None:
-        """Before a block is granted: nothing published, nothing claimed."""
-        at = self._at(block, 0)
-        self.words[at + PUBLISHED] = 0
-        self.words[at + CLAIM] = 0
-
     def published(self, block: int) -> int:
         return self.words[self._at(block, PUBLISHED)]
+
+    def opened_ns(self, block: int) -> int:
+        return _int64(self.words[self._at(block, OPENED_NS)])
 
     def claim(self, block: int) -> tuple[int, int]:
         """Claim the batch of ``block``: its records and length as the client last published them."""

@@ -9,22 +9,26 @@ and the receiver checks the values. The handshake carries the contract's
 with a message that says which versions are involved.
 
 The type numbers are each class's ``TYPE``. Client -> daemon: :class:`Hello` (with :class:`HelloOptions`, which may
-carry a :class:`Resume`), :class:`Blocks`, :class:`Seal` (of :class:`SealNotice` rows),
-:class:`Release`, :class:`Metadata`, :class:`Heartbeat`, :class:`Goodbye`, :class:`Stats`,
-:class:`LastSeal`. Daemon -> client: :class:`Welcome` (with :class:`WelcomeSettings`), :class:`Grant`,
-:class:`GrantFailed`, :class:`Delivery` (of :class:`DeliveryReport` rows), :class:`Topic`,
-:class:`SealNow`, :class:`Error`, :class:`StatsReport`, :class:`Shutdown`.
+carry a :class:`Resume` of :class:`SealNotice` rows), :class:`Blocks`, :class:`Release`, :class:`Metadata`,
+:class:`Heartbeat`, :class:`Goodbye`, :class:`Stats`, :class:`LastSeal`, :class:`Wakeup`. Daemon -> client:
+:class:`Welcome` (with :class:`WelcomeSettings`), :class:`Grant`, :class:`GrantFailed`, :class:`Delivery` (of
+:class:`DeliveryReport` rows), :class:`Topic`, :class:`SealNow`, :class:`Error`, :class:`StatsReport`,
+:class:`Shutdown`.
+
+Records go by shared memory, not by message: a client publishes its open batches in its segment's control
+area, and the daemon claims them when they are due (:mod:`.batch_slots`). A client says :class:`Wakeup`
+only when the daemon would not look in time otherwise.
 
 A daemon that shuts down tells each client that said it understands (``HelloOptions.shutdown_notice``)
-with :class:`Shutdown`; the client answers with :class:`LastSeal`, its last seal notices of the session,
-and the daemon delivers or fails every batch it was handed before it exits. Messages and options a
-peer of an earlier release does not know are only sent to peers that said they know them.
+with :class:`Shutdown`; the client answers with :class:`LastSeal` once it writes no more, and the daemon
+claims what it published, then delivers or fails every batch it claimed before it exits. Messages and
+options a peer of an earlier release does not know are only sent to peers that said they know them.
 
 A refused request the client waits on is also answered after its :class:`Error`, so
 that the client fails it at once rather than at its timeout: a :class:`Blocks` with a
 usable request_id by :class:`GrantFailed`; a :class:`Metadata` for a valid topic name
 (refused when the client already follows as many topics as it may) by a
-:class:`Topic` without partitions and with the error; each refused seal notice with a
+:class:`Topic` without partitions and with the error; each refused batch with a
 usable batch_id by a :class:`DeliveryReport` failing the whole batch.
 
 Errors travel as :func:`error_to_wire` lists.
@@ -124,7 +128,8 @@ class Blocks(NamedTuple("Blocks", [("request_id", int), ("count", int), ("contig
 
 
 class SealNotice(NamedTuple):
-    """One batch sealed in the client's blocks, handed to the daemon."""
+    """One batch in the client's blocks: a batch it hands back to the next daemon (see :class:`Resume`), or one
+    the daemon claimed, as it read it from the batch's slot."""
 
     batch_id: int
     first_block: int
@@ -136,13 +141,6 @@ class SealNotice(NamedTuple):
     base_timestamp: int
     max_timestamp: int
     created_ms_ago: int
-
-
-class Seal(NamedTuple("Seal", [("notices", list[Any])])):
-    """Seal notices, checked by the daemon one by one (a bad notice does not refuse the others)."""
-
-    __slots__ = ()
-    TYPE: Final = 3
 
 
 class Release(NamedTuple("Release", [("blocks", list[int])])):
@@ -177,12 +175,20 @@ class Stats(NamedTuple("Stats", [])):
     __slots__ = ()
     TYPE: Final = 8
 
-class LastSeal(NamedTuple("LastSeal", [("notices", list[Any])])):
-    """The answer to :class:`Shutdown`: the client's last seal notices of the session (checked as
-    :class:`Seal`'s); it hands the daemon nothing more."""
+class LastSeal(NamedTuple("LastSeal", [])):
+    """The answer to :class:`Shutdown`: the client writes no more records in this session; the daemon claims what
+    it published."""
 
     __slots__ = ()
     TYPE: Final = 9
+
+
+class Wakeup(NamedTuple("Wakeup", [])):
+    """Look at this client's open batches now: it opened one that the daemon would not look at before its
+    linger.ms is up, or it published batches full that should go now (flush, close)."""
+
+    __slots__ = ()
+    TYPE: Final = 10
 
 
 # -- daemon -> client ---------------------------------------------------------------------------
@@ -265,17 +271,19 @@ class Delivery(NamedTuple("Delivery", [("reports", list[Any])])):
 
 
 class Topic(NamedTuple("Topic", [("topic", str), ("partition_count", int | None),
-                                 ("available_partitions", list[int]), ("error", WireError | None)])):
+                                 ("available_partitions", list[int]), ("error", WireError | None),
+                                 ("index", int)])):
     """A followed topic's state: its partition count (None: not known yet), the partitions with a leader,
     and its last metadata error (a retriable one only to clients that said ``retriable_topic_errors``,
-    which wait on)."""
+    which wait on); ``index``: the session's number for the topic, which the client's batch slots name it by
+    (-1 for a topic refused)."""
 
     __slots__ = ()
     TYPE: Final = 105
 
 
 class SealNow(NamedTuple("SealNow", [])):
-    """The pool is exhausted: seal what you hold, give back your spare blocks."""
+    """The pool is exhausted: the daemon has claimed the batches you published; give back your spare blocks."""
 
     __slots__ = ()
     TYPE: Final = 106
@@ -298,21 +306,21 @@ class StatsReport(NamedTuple("StatsReport", [("metrics", dict[str, Any])])):
 
 
 class Shutdown(NamedTuple("Shutdown", [("reason", str)])):
-    """The daemon is shutting down (``reason``): seal what you hold and say :class:`LastSeal`; what you
-    sealed is delivered or failed before the daemon exits, and new records wait for the next daemon."""
+    """The daemon is shutting down (``reason``): publish what you hold as full and say :class:`LastSeal`; what
+    the daemon claims is delivered or failed before it exits, and new records wait for the next daemon."""
 
     __slots__ = ()
     TYPE: Final = 109
 
 
-Message: TypeAlias = (Hello | Blocks | Seal | Release | Metadata | Heartbeat | Goodbye | Stats | LastSeal | Welcome
+Message: TypeAlias = (Hello | Blocks | Release | Metadata | Heartbeat | Goodbye | Stats | LastSeal | Wakeup | Welcome
                       | Grant | GrantFailed | Delivery | Topic | SealNow | Error | StatsReport | Shutdown)
 
 # By type number on the wire (each class's TYPE: clients' messages from 1, the daemon's from 101).
-_CLASSES: dict[int, type[Message]] = {cls.TYPE: cls for cls in (Hello, Blocks, Seal, Release, Metadata, Heartbeat,
-                                                             Goodbye, Stats, LastSeal, Welcome, Grant, GrantFailed,
-                                                             Delivery, Topic, SealNow, Error, StatsReport,
-                                                             Shutdown)}
+_CLASSES: dict[int, type[Message]] = {cls.TYPE: cls for cls in (Hello, Blocks, Release, Metadata, Heartbeat,
+                                                             Goodbye, Stats, LastSeal, Wakeup, Welcome, Grant,
+                                                             GrantFailed, Delivery, Topic, SealNow, Error,
+                                                             StatsReport, Shutdown)}
 
 
 def encode(message: Message) -> bytes:
@@ -400,7 +408,7 @@ def check_topic(topic: Any) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _valid_topic(topic: str) -> bool:
-    # Every seal notice names its topic: the few topics in use are checked once.
+    # Every batch handed back names its topic: the few topics in use are checked once.
     return bool(_TOPIC_NAME.fullmatch(topic)) and topic not in (".", "..")
 
 

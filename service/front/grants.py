@@ -1,12 +1,14 @@
 """Grants: the clients' requests for blocks of the BufferPool, and the blocks they give back.
 
 A request the pool cannot serve at once waits in its FIFO until blocks come back or its
-timeout (the client's max_block_ms, capped) passes; while anyone waits for the pool, every
-client is asked to seal what it holds (SEAL_NOW), and a client at its process's limit is
-asked to seal its own.
+timeout (the client's max_block_ms, capped) passes; while anyone waits for the pool, the
+batches every client published are claimed and each is asked to give back its spare blocks
+(SEAL_NOW), and so are a client's at its process's limit.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from client_stub.contract import ipc
 
@@ -25,10 +27,13 @@ SEAL_NOW_INTERVAL_MS = 50
 class Grants:
     """Blocks granted to the clients, now or when the pool has them."""
 
-    def __init__(self, pool: BufferPool, sessions: SessionTable, replies: Replies) -> None:
+    def __init__(self, pool: BufferPool, sessions: SessionTable, replies: Replies,
+                 claim_all: Callable[[ClientSession, int], None]) -> None:
+        """``claim_all`` claims every batch a client published."""
         self.pool = pool
         self.sessions = sessions
         self.replies = replies
+        self._claim_all = claim_all
         self._seal_now_sent_ms = 0
         # Why no more blocks are granted (the daemon is shutting down), once none are.
         self.refusing: str | None = None
@@ -58,7 +63,7 @@ class Grants:
 
     def serve(self, now: int) -> None:
         """Fail the requests whose time is up, grant those the pool can serve now, and while requests wait for
-        the pool, ask the clients to seal what they hold."""
+        the pool, claim what the clients published and ask them for their spare blocks."""
         # Expiries first: an expired request at the head of the FIFO must not hold back those behind it.
         for waiter in self.pool.expire_waiters(now):
             self._answer(waiter.client_id, ipc.GrantFailed(waiter.request_id,
@@ -73,9 +78,11 @@ class Grants:
             # queue is what is full, the blocks that come back are the sealed ones, as they are sent.
             exhausted = self.pool.exhausted and not self.pool.queue_full
             at_limit = self.pool.clients_at_limit()
-            for session in self.sessions:
+            for session in list(self.sessions):
                 if exhausted or session.client_id in at_limit:
-                    self.replies.send(session, ipc.SealNow())
+                    self._claim_all(session, now)
+                    if self.sessions.is_live(session):
+                        self.replies.send(session, ipc.SealNow())
 
     def refuse_all(self, reason: str) -> None:
         """Grant no more blocks: the requests waiting fail now, those to come at once."""

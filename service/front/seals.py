@@ -1,9 +1,11 @@
-"""Seals: a client's seal notices made ProducerBatches, over the records in its blocks.
+"""Seals: the batches of a client made ProducerBatches, over the records in its blocks.
 
-Each notice is checked on its own (a bad one, or one past the client's limits, fails its
-batch only, with a report, and the blocks it named that the client still held go back to
-the pool); the batch's view is of the client's own segment, which the daemon reads once
-when it sends the batch.
+A batch comes as a seal notice: one the daemon read from the batch's slot as it claimed it
+(:meth:`Seals.claim`), or one of those a client hands back with the session of a daemon
+that is gone (:meth:`Seals.seal`). Each is checked on its own (a bad one, or one past the
+client's limits, fails its batch only, with a report, and the blocks it named that the
+client still held go back to the pool); the batch's view is of the client's own segment,
+which the daemon reads once when it sends the batch.
 """
 
 from __future__ import annotations
@@ -48,22 +50,41 @@ class Seals:
         self.records_sealed = 0
 
     def seal(self, session: ClientSession, notices: list[Any], now: int) -> None:
-        """Hand over the batches of a SEAL, a LASTSEAL or a session taken back, each on its own."""
+        """Hand over the batches of a session taken back, each on its own."""
         for notice in notices:
             if not self.sessions.is_live(session):
                 return  # ended by a reply it did not take: the notices left are offered again when it comes back
-            try:
-                batch = self._batch(session, notice, now)
-            except ClientError as exc:
-                self._refuse(session, ClientError(f"seal refused: {exc}", exc.code))
-                self._fail_notice(session, notice, InvalidRequestError(clip(f"the daemon refused the batch: {exc}")))
-                continue
-            try:
-                self.append(batch)
-            except Exception as exc:
-                # A bug, not the client's fault: fail this batch, free its blocks, go on with the rest.
-                log.exception("could not queue a sealed batch")
-                batch.abort(KafkaError(f"the daemon could not queue the batch: {exc}"))
+            self._hand_over(session, notice, now)
+
+    def claim(self, session: ClientSession, block: int, now: int) -> None:
+        """Claim the batch the client published in ``block``'s slot and hand it over (nothing if it published no
+        record): its records and length as the claim read them, the rest as the slot says, checked as a notice."""
+        control = self.pool.control(session.client_id)
+        assert control is not None, "a client with blocks has a segment"
+        record_count, length = control.claim(block)
+        if not record_count:
+            return  # a client's own slot, rewritten: nothing of it is sent, its blocks stay its own
+        slot = control.snapshot(block)
+        names = session.topic_names
+        topic = names[slot.topic_index] if slot.topic_index < len(names) else None
+        created_ms_ago = min(max(now - slot.opened_ns // 1_000_000, 0), 2**40)
+        self._hand_over(session, [slot.batch_id, block, slot.block_count, topic, slot.partition, record_count, length,
+                                  slot.base_timestamp, slot.max_timestamp, created_ms_ago], now)
+
+    def _hand_over(self, session: ClientSession, notice: Any, now: int) -> None:
+        """The batch of one notice to the producer, or failed (the client's fault: refused, with a report)."""
+        try:
+            batch = self._batch(session, notice, now)
+        except ClientError as exc:
+            self._refuse(session, ClientError(f"batch refused: {exc}", exc.code))
+            self._fail_notice(session, notice, InvalidRequestError(clip(f"the daemon refused the batch: {exc}")))
+            return
+        try:
+            self.append(batch)
+        except Exception as exc:
+            # A bug, not the client's fault: fail this batch, free its blocks, go on with the rest.
+            log.exception("could not queue a sealed batch")
+            batch.abort(KafkaError(f"the daemon could not queue the batch: {exc}"))
 
     def _fail_notice(self, session: ClientSession, notice: Any, error: InvalidRequestError) -> None:
         """A failed report for the notice's batch, and the blocks it named that the client holds unsealed freed:

@@ -57,6 +57,8 @@ class ClientSession:
     reports: list[ipc.DeliveryReport] = field(default_factory=list)
     # The topics it follows, each with what it was last told of it (see TopicUpdates).
     topics: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # The topics by the session's number for each, which its batch slots name them by (see TopicUpdates).
+    topic_names: list[str] = field(default_factory=list)
     # Batches it sealed that are not wholly reported: batch id -> records not reported yet.
     unreported: dict[int, int] = field(default_factory=dict)
     # Replies ZeroMQ would not queue (the client reads slower than the daemon answers), in order, encoded.

@@ -1,13 +1,15 @@
 """SidecarFront: the daemon's side of its clients, the parts of the front composed, and the dispatcher on top.
 
 Each client message is read (:mod:`.checks`), then handed to the part it is for: a HELLO
-opens a session (:mod:`.sessions`), BLOCKS and RELEASE go to the grants, SEAL and LASTSEAL
-to the seals, METADATA to the topic updates; every answer goes out through the replies.
+opens a session (:mod:`.sessions`), BLOCKS and RELEASE go to the grants, WAKEUP and LASTSEAL
+to the open batches (:mod:`.open_batches`, which claims them from the clients' segments and
+hands them to the seals), METADATA to the topic updates; every answer goes out through the
+replies.
 What a client got wrong is a :class:`~service.client_error.ClientError`: refused, answered,
 logged rate-limited, and it never affects another client. Any other exception is a bug:
 logged with its traceback, and the loop goes on. After each poll, :meth:`SidecarFront.serve_due`
-serves what is due: grants and their expiry, the replies and reports, sessions past their
-deadlines, and what changed of the topics the clients follow.
+serves what is due: the open batches that are ready, grants and their expiry, the replies and
+reports, sessions past their deadlines, and what changed of the topics the clients follow.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .checks import check_int, clip, is_int, max_message_size, read_message
 from .endpoint import Endpoint
 from .grants import Grants
 from .memory_handshake import HANDSHAKE_TIMEOUT_MS, MemoryHandshakes
+from .open_batches import OpenBatches
 from .ports import AppendBatch, TopicView
 from .quotas import ProcessQuotas
 from .refusals import Refusals
@@ -58,8 +61,8 @@ _NOBLOCK = int(zmq.NOBLOCK)
 
 
 class SidecarFront:
-    """Sessions, block grants, seal notices and delivery reports over one ROUTER socket; segments and the clients'
-    liveness over the memory socket."""
+    """Sessions, block grants, wake-ups and delivery reports over one ROUTER socket; segments and the clients'
+    liveness over the memory socket; the clients' batches claimed from their segments."""
 
     def __init__(self, endpoint: str, pool: BufferPool, settings: FrontSettings, poller: Poller, *,
                  append: AppendBatch, topics: TopicView, stats: Callable[[], dict[str, Any]],
@@ -81,10 +84,11 @@ class SidecarFront:
                                lambda session: self.end_session(session, keep=True))
         self.quotas = ProcessQuotas(self.sessions, topics, settings)
         self.reports = DeliveryReports(self.sessions, self.replies)
-        self.grants = Grants(pool, self.sessions, self.replies)
         self.topic_updates = TopicUpdates(topics, self.sessions, self.quotas, self.replies)
         self.seals = Seals(pool, self.sessions, topics, self.quotas, self.reports, append, settings,
                            lambda session, exc: self._refuse(session.identity, exc))
+        self.open_batches = OpenBatches(pool, self.sessions, self.seals, settings.welcome.linger_ms)
+        self.grants = Grants(pool, self.sessions, self.replies, self.open_batches.claim_all)
         # The ROUTER first: in a turn where a client's last message and the end of its memory connection are both
         # ready (it said GOODBYE, then exited), its message is read first, and its session ends as it asked.
         poller.register(self.endpoint.socket, POLLIN, lambda events: self.handle_readable(), later=True)
@@ -98,6 +102,7 @@ class SidecarFront:
         """Work with ``settings`` from now on (the configuration was reloaded)."""
         self.settings = self.quotas.settings = self.seals.settings = settings
         self.replies.reply_buffer_bytes = settings.reply_buffer_bytes
+        self.open_batches.scan_interval_ms = max(settings.welcome.linger_ms, 1)
 
     # -- client messages -------------------------------------------------------------------------
 
@@ -185,18 +190,19 @@ class SidecarFront:
                                                options.hello_id if is_int(options.hello_id) else 0))
 
     def _blocks(self, session: ClientSession, message: ipc.Blocks) -> None:
-        self.grants.request(session, message, self.clock())
+        # A client asks for blocks when it has filled those it had: claim them first.
+        self.open_batches.wakeup(session, self.clock())
+        if self.sessions.is_live(session):
+            self.grants.request(session, message, self.clock())
 
     def _release(self, session: ClientSession, message: ipc.Release) -> None:
         self.grants.release(session, message)
 
-    def _seal(self, session: ClientSession, message: ipc.Seal | ipc.LastSeal) -> None:
-        if not isinstance(message.notices, list):
-            raise ClientError(f"{type(message).__name__.upper()} carries a list of notices")
-        self.seals.seal(session, message.notices, self.clock())
+    def _wakeup(self, session: ClientSession, message: ipc.Wakeup) -> None:
+        self.open_batches.wakeup(session, self.clock())
 
     def _last_seal(self, session: ClientSession, message: ipc.LastSeal) -> None:
-        self._seal(session, message)
+        self.open_batches.claim_all(session, self.clock())
         session.last_sealed = True
 
     def _metadata(self, session: ClientSession, message: ipc.Metadata) -> None:
@@ -210,8 +216,8 @@ class SidecarFront:
         self.end_session(session)
 
     _HANDLERS: dict[type[Any], Callable[[SidecarFront, ClientSession, Any], None]] = {
-        ipc.Blocks: _blocks, ipc.Seal: _seal, ipc.Release: _release, ipc.Metadata: _metadata,
-        ipc.Heartbeat: _heartbeat, ipc.Goodbye: _goodbye, ipc.LastSeal: _last_seal,
+        ipc.Blocks: _blocks, ipc.Release: _release, ipc.Metadata: _metadata, ipc.Heartbeat: _heartbeat,
+        ipc.Goodbye: _goodbye, ipc.LastSeal: _last_seal, ipc.Wakeup: _wakeup,
     }
 
     # -- the sessions' life cycle ----------------------------------------------------------------
@@ -235,7 +241,7 @@ class SidecarFront:
             self.end_session(session)
 
     def end_session(self, session: ClientSession, *, keep: bool = False) -> None:
-        """Forget a client: its unsealed blocks return to the pool; its sealed batches still go.
+        """Forget a client: what it published is claimed and sent, its other blocks return to the pool.
 
         Only the pool's count gets the blocks back: they are in the client's own segment, which no other
         client can be given, so a client that is still alive (stopped, starved) and writes into them when
@@ -246,6 +252,12 @@ class SidecarFront:
         """
         if not self.sessions.is_live(session):
             return  # ended already
+        if session.attached:
+            # A record is safe once send() returned: whatever the client published goes, whatever became of it.
+            self.open_batches.claim_all(session, self.clock())
+            if not self.sessions.is_live(session):
+                return  # ended by a reply it did not take, as its batches were claimed
+        self.open_batches.forget(session)
         if not self.sessions.end(session, keep=keep):
             return  # it did not prove its claim: the session it claimed stays kept, or is another's now
         self.quotas.release_topics(session)
@@ -271,10 +283,11 @@ class SidecarFront:
     # -- after each poll -------------------------------------------------------------------------
 
     def serve_due(self) -> None:
-        """Serve what is due after each poll: grants and their expiry, the clients' waiting replies and reports,
-        sessions past their deadlines, connections to the memory socket past theirs, and what changed of the
-        topics the clients follow."""
+        """Serve what is due after each poll: the open batches that are ready, grants and their expiry, the clients'
+        waiting replies and reports, sessions past their deadlines, connections to the memory socket past theirs,
+        and what changed of the topics the clients follow."""
         now = self.clock()
+        self.open_batches.scan(now)
         self.grants.serve(now)
         for session in self.sessions:
             if session.waiting:
@@ -302,7 +315,8 @@ class SidecarFront:
         """How long the loop may sleep before :meth:`serve_due` has work (waiters, deadlines, waiting replies)."""
         now = self.clock()
         timeout_ms = self.settings.client_timeout_ms
-        due = [timeout_ms, *self.grants.due_in_ms(now), *self.handshakes.due_in_ms(now)]
+        due = [timeout_ms, *self.grants.due_in_ms(now), *self.handshakes.due_in_ms(now),
+               *self.open_batches.due_in_ms(now)]
         for session in self.sessions:
             due.append(session.last_seen_ms + timeout_ms - now)
             if not session.attached:

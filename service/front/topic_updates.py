@@ -2,7 +2,9 @@
 
 A client asks for a topic's metadata (METADATA) once; the daemon follows the topic from
 then on and sends a TOPIC with its partitions, those with a leader, and the error that
-keeps the client from sending to it, whenever the metadata changes any of them.
+keeps the client from sending to it, whenever the metadata changes any of them. Each
+TOPIC carries the session's number for the topic, by which the client's batch slots
+name it.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ class TopicUpdates:
             self.quotas.admit_topic(session, topic)
         except ClientError as exc:
             # The client's send() waits for this topic's metadata: it fails now rather than at its timeout.
-            exc.answer = ipc.Topic(topic, None, [], ipc.error_to_wire(InvalidRequestError(clip(str(exc)))))
+            exc.answer = ipc.Topic(topic, None, [], ipc.error_to_wire(InvalidRequestError(clip(str(exc)))), -1)
             raise
         session.topics[topic] = ()  # the state it was last told: none, so it hears the current one now
+        if topic not in session.topic_names:
+            session.topic_names.append(topic)
         self.topics.add_topic(topic, now)
         if self.topics.partition_count(topic) is None:
             self.topics.request_update()
@@ -73,4 +77,4 @@ class TopicUpdates:
         if state == session.topics.get(topic) or (count is None and error is None):
             return
         session.topics[topic] = state
-        self.replies.send(session, ipc.Topic(topic, count, list(state[1]), error))
+        self.replies.send(session, ipc.Topic(topic, count, list(state[1]), error, session.topic_names.index(topic)))

@@ -1,0 +1,127 @@
+"""OpenBatches: the batches clients have open in their segments, watched, and claimed when they are ready.
+
+A client appends records to the open batch of a partition and publishes what it wrote in its segment's control
+area (:mod:`client_stub.contract.batch_slots`); the daemon lingers and seals. It claims a batch when it is
+ready, as the Java producer's ``RecordAccumulator.ready()`` finds a batch sendable: linger.ms (the client's)
+after the batch opened, published full (the block is, or the client flushes or ends), the pool exhausted,
+the client's session over (whatever its process published is delivered, dead or alive).
+
+The daemon looks at the open batches of the clients it watches at least every ``scan_interval_ms`` (its
+linger.ms), sooner while it finds full ones, and writes in each watched client's segment until when it will:
+a client that opens a batch it would see in time tells it nothing. A client is watched from its WAKEUP, for as
+long as it has open batches and :data:`WATCH_MS` after; then its header says the watch is over, and its next
+batch comes with a WAKEUP.
+"""
+
+from __future__ import annotations
+
+from client_stub.contract import batch_slots
+
+from ..buffer_pool import BufferPool
+from .seals import Seals
+from .sessions import ClientSession, SessionTable
+
+# How long a client stays watched once it has no open batch.
+WATCH_MS = 1000
+# The longest linger.ms a client's header may ask for (a day: a lingering batch still expires at
+# delivery.timeout.ms from its claim).
+_MAX_LINGER_MS = 86_400_000
+
+
+class OpenBatches:
+    """The clients watched, and the claims of their batches."""
+
+    def __init__(self, pool: BufferPool, sessions: SessionTable, seals: Seals, scan_interval_ms: int) -> None:
+        self.pool = pool
+        self.sessions = sessions
+        self.seals = seals
+        self.scan_interval_ms = max(scan_interval_ms, 1)
+        # Each client watched, and until when (ms, the front's clock).
+        self._watched: dict[ClientSession, int] = {}
+        # When each open batch was first seen, by client and first block: a client's word on when it opened the
+        # batch is taken, but never later than that.
+        self._first_seen: dict[tuple[int, int], int] = {}
+        self._next_scan_ms = 0
+        # The earliest linger deadline of the batches seen open.
+        self._next_due_ms: int | None = None
+
+    def wakeup(self, session: ClientSession, now: int) -> None:
+        """The client asks to be looked at now (WAKEUP; BLOCKS too, which often follows a full batch)."""
+        self._watched[session] = now + WATCH_MS
+        self._scan(session, now, claim_all=False)
+        self._tell_watch(session)
+
+    def scan(self, now: int) -> None:
+        """Claim the watched clients' batches that are ready, if it is time to look (after each poll)."""
+        if not self._watched or (now < self._next_scan_ms and (self._next_due_ms is None or now < self._next_due_ms)):
+            return
+        self._next_due_ms = None
+        found_full = False
+        for session in list(self._watched):
+            if not self.sessions.is_live(session) or not session.attached:
+                del self._watched[session]
+                continue
+            still_open, claimed_full = self._scan(session, now, claim_all=False)
+            found_full |= claimed_full
+            if still_open:
+                self._watched[session] = now + WATCH_MS
+            elif now >= self._watched[session]:
+                del self._watched[session]  # its header says so: its next batch comes with a WAKEUP
+            self._tell_watch(session)
+        # A client that fills blocks fills more: look again at the next turn.
+        self._next_scan_ms = now + (1 if found_full else self.scan_interval_ms)
+
+    def claim_all(self, session: ClientSession, now: int) -> None:
+        """Claim every batch the client has published records in (its session ends, or the pool is exhausted)."""
+        self._scan(session, now, claim_all=True)
+
+    def forget(self, session: ClientSession) -> None:
+        """The session is over: it is watched no more."""
+        self._watched.pop(session, None)
+        client_id = session.client_id
+        for key in [key for key in self._first_seen if key[0] == client_id]:
+            del self._first_seen[key]
+
+    def due_in_ms(self, now: int) -> list[int]:
+        """When the loop must next look at the open batches."""
+        if not self._watched:
+            return []
+        due = self._next_scan_ms if self._next_due_ms is None else min(self._next_scan_ms, self._next_due_ms)
+        return [due - now]
+
+    def _scan(self, session: ClientSession, now: int, *, claim_all: bool) -> tuple[bool, bool]:
+        """Claim the client's batches that are ready (all that hold records, with ``claim_all``); whether some stay
+        open, and whether some were full."""
+        client_id = session.client_id
+        control = self.pool.control(client_id)
+        if control is None:
+            return False, False
+        linger_ms = min(control.header(batch_slots.LINGER_NS) // 1_000_000, _MAX_LINGER_MS)
+        still_open = found_full = False
+        for block in self.pool.owned_blocks(client_id):
+            # The claim first: a client opening a batch on a block clears its published before its claim.
+            if control.claim_word(block):
+                continue  # a block granted again whose client has not opened a batch on it yet
+            record_count, _, full = batch_slots.unpack_published(control.published(block))
+            if not record_count:
+                continue  # a spare block, or a batch without records yet
+            key = (client_id, block)
+            first_seen = self._first_seen.setdefault(key, now)
+            due = min(control.opened_ns(block) // 1_000_000, first_seen) + linger_ms
+            if claim_all or full or now >= due:
+                del self._first_seen[key]
+                found_full |= full
+                self.seals.claim(session, block, now)
+                if not self.sessions.is_live(session):
+                    break  # ended by a reply it did not take
+            else:
+                still_open = True
+                self._next_due_ms = due if self._next_due_ms is None else min(self._next_due_ms, due)
+        return still_open, found_full
+
+    def _tell_watch(self, session: ClientSession) -> None:
+        """Write in the client's header until when it is watched, and how often."""
+        control = self.pool.control(session.client_id)
+        if control is not None and self.sessions.is_live(session):
+            control.set_header(batch_slots.WATCHED_UNTIL_NS, self._watched.get(session, 0) * 1_000_000)
+            control.set_header(batch_slots.SCAN_INTERVAL_NS, self.scan_interval_ms * 1_000_000)
