@@ -23,7 +23,7 @@ _NOTICE_SIZE = 400
 
 
 def max_message_size(max_blocks_per_process: int) -> int:
-    """The largest message the front reads: a SEAL or a resumed HELLO for every block a client may hold."""
+    """The largest message the front reads: a HELLO that hands back a batch in every block a client may hold."""
     return _MESSAGE_OVERHEAD + max_blocks_per_process * _NOTICE_SIZE
 
 

@@ -66,18 +66,22 @@ class Seals:
             return  # a client's own slot, rewritten: nothing of it is sent, its blocks stay its own
         slot = control.snapshot(block)
         names = session.topic_names
-        topic = names[slot.topic_index] if slot.topic_index < len(names) else None
         created_ms_ago = min(max(now - slot.opened_ns // 1_000_000, 0), 2**40)
-        self._hand_over(session, [slot.batch_id, block, slot.block_count, topic, slot.partition, record_count, length,
-                                  slot.base_timestamp, slot.max_timestamp, created_ms_ago], now)
+        notice = [slot.batch_id, block, slot.block_count, None, slot.partition, record_count, length,
+                  slot.base_timestamp, slot.max_timestamp, created_ms_ago]
+        if slot.topic_index >= len(names):
+            self._refused(session, notice, ClientError(f"no topic is number {slot.topic_index} of this session: "
+                                                       f"it follows {len(names)}"))
+            return
+        notice[3] = names[slot.topic_index]
+        self._hand_over(session, notice, now)
 
     def _hand_over(self, session: ClientSession, notice: Any, now: int) -> None:
         """The batch of one notice to the producer, or failed (the client's fault: refused, with a report)."""
         try:
             batch = self._batch(session, notice, now)
         except ClientError as exc:
-            self._refuse(session, ClientError(f"batch refused: {exc}", exc.code))
-            self._fail_notice(session, notice, InvalidRequestError(clip(f"the daemon refused the batch: {exc}")))
+            self._refused(session, notice, exc)
             return
         try:
             self.append(batch)
@@ -85,6 +89,11 @@ class Seals:
             # A bug, not the client's fault: fail this batch, free its blocks, go on with the rest.
             log.exception("could not queue a sealed batch")
             batch.abort(KafkaError(f"the daemon could not queue the batch: {exc}"))
+
+    def _refused(self, session: ClientSession, notice: Any, exc: ClientError) -> None:
+        """Refuse a batch: the client hears why, and its report fails it."""
+        self._refuse(session, ClientError(f"batch refused: {exc}", exc.code))
+        self._fail_notice(session, notice, InvalidRequestError(clip(f"the daemon refused the batch: {exc}")))
 
     def _fail_notice(self, session: ClientSession, notice: Any, error: InvalidRequestError) -> None:
         """A failed report for the notice's batch, and the blocks it named that the client holds unsealed freed:

@@ -15,6 +15,7 @@ from typing import Any
 import zmq
 
 from client_stub.contract import PROTOCOL_VERSION, ipc
+from client_stub.contract.batch_slots import ControlArea
 from client_stub.contract.shared_memory import OK, Layout, Segment
 from service.buffer_pool import FREE, SEALED, BufferPool
 from service.config import ProducerConfig
@@ -30,6 +31,7 @@ from tests.support.waiting import HANG_S
 
 BLOCK = 4096
 BLOCKS = 8
+_WORD = (1 << 64) - 1
 TIMEOUT_MS = 2000  # sidecar.client.timeout.ms
 MAX_REQUEST_SIZE = 6000
 T0 = 1_000_000
@@ -69,18 +71,22 @@ class Client:
         self.segment: Segment | None = None
         # What earlier sessions had: kept open until close(), for tests to look at.
         self._retired: list[Any] = []
+        # Messages received while following a topic for publish(), for recv() to give next.
+        self._pending: list[list[Any]] = []
 
     def send(self, *message: Any) -> None:
         self.sock.send(ipc.pack(*message))
 
     def recv(self) -> list[Any]:
         """The next message from the daemon (inproc: there at once, unless the front sent nothing)."""
+        if self._pending:
+            return self._pending.pop(0)
         assert self.sock.poll(HANG_S * 1000), "no message from the daemon"
         return ipc.unpack(self.sock.recv())
 
     def quiet(self) -> bool:
         """Nothing arrived (inproc delivers at once, so a short wait is enough)."""
-        return self.sock.poll(20) == 0
+        return not self._pending and self.sock.poll(20) == 0
 
     def hello(self, pid: int | None = None, *, handshake: bool = True, hand_over: int | None = None,
               **options: Any) -> int:
@@ -133,9 +139,35 @@ class Client:
         assert grant[:2] == [ipc.Grant.TYPE, request_id], grant
         return grant[2]
 
-    def seal(self, *notices: list[Any]) -> None:
-        self.send(ipc.Seal.TYPE, list(notices))
-        self.env.pump()
+    def publish(self, *notices: list[Any], wakeup: bool = True) -> None:
+        """Publish batches, full, in the slots of their first blocks, as a producer does when it closes them, then
+        (``wakeup``) say WAKEUP: the daemon claims them at once. Each notice's fields (see :func:`notice`) are
+        written as they are, within the 64 bits of a word (the topic: by the session's number for it, following it
+        first; a name the daemon refuses to follow, by a number it never gave)."""
+        assert self.segment is not None
+        control = ControlArea(self.segment.control, self.segment.layout.block_count)
+        try:
+            for batch_id, first, count, topic, partition, records, length, base_ts, max_ts, ago in notices:
+                control.open(first, batch_id=batch_id & _WORD, topic_index=self.topic_index(topic),
+                             partition=partition & 0xFFFFFFFF, block_count=count & _WORD,
+                             base_timestamp=base_ts & _WORD, opened_ns=((self.env.clock() - ago) * 1_000_000) & _WORD)
+                control.publish(first, records, length, max_ts & _WORD, full=True)
+        finally:
+            control.release()
+        if wakeup:
+            self.send(ipc.Wakeup.TYPE)
+            self.env.pump()
+
+    def topic_index(self, topic: str) -> int:
+        """The session's number for ``topic``, which it follows first if it does not yet (what the daemon answers
+        comes from recv() in its turn); 2**32 - 1 if the daemon refuses to follow it."""
+        session = self.env.session(self.client_id)
+        if topic not in session.topic_names:
+            self.send(ipc.Metadata.TYPE, topic)
+            self.env.pump()
+            while not self.sock.poll(20) == 0:
+                self._pending.append(ipc.unpack(self.sock.recv()))
+        return session.topic_names.index(topic) if topic in session.topic_names else 0xFFFFFFFF
 
     def error(self) -> str:
         """The text of the next message, which must be an ERROR."""
@@ -304,7 +336,7 @@ class Env:
 def notice(batch_id: int = 1, first: int = 0, count: int = 1, topic: str = "t", partition: int = 0,
            records: int = 1, length: int = 100, base_ts: int = 1_700_000_000_000,
            max_ts: int = 1_700_000_000_000, ago: int = 0) -> list[Any]:
-    """A seal notice's fields, as a client sends them."""
+    """A batch's fields, as a client publishes them (see Client.publish), or hands them back as a notice."""
     return [batch_id, first, count, topic, partition, records, length, base_ts, max_ts, ago]
 
 
@@ -317,7 +349,7 @@ def deliveries(client: Client) -> list[list[Any]]:
 
 def seal_two_keep_two(env: Env, client: Client) -> tuple[list[int], list[int]]:
     run = client.blocks(4, contiguous=True)
-    client.seal(notice(batch_id=1, first=run[0], count=2, length=5000))
+    client.publish(notice(batch_id=1, first=run[0], count=2, length=5000))
     return run[:2], run[2:]
 
 def check_ended(env: Env, client_id: int, sealed: list[int], unsealed: list[int], kept: bool = False) -> None:

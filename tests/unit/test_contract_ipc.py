@@ -24,7 +24,6 @@ TYPED = [
     ipc.Hello(PROTOCOL_VERSION, 1234, "gunicorn worker", ipc.HelloOptions(linger_ms=5, partitioner="murmur2_random",
                                                                   retriable_topic_errors=True, hello_id=3)),
     ipc.Blocks(7, 3, True, 60000),
-    ipc.Seal([ipc.SealNotice(1, 0, 2, "orders", 3, 10, 5000, 1_700_000_000_000, 1_700_000_000_010, 4)]),
     ipc.Release([0, 5, 7]),
     ipc.Metadata("orders"),
     ipc.Heartbeat(),
@@ -35,12 +34,13 @@ TYPED = [
     ipc.GrantFailed(7, "no 3 free block(s) of the BufferPool in time"),
     ipc.Delivery([ipc.DeliveryReport(1, 0, 10, 2**40, -1, None),
                   ipc.DeliveryReport.failed(2, errors.InvalidRequestError("refused"))]),
-    ipc.Topic("orders", 12, [0, 1, 2], None),
+    ipc.Topic("orders", 12, [0, 1, 2], None, 4),
     ipc.SealNow(),
     ipc.Error(ipc.ERROR_REFUSED, "refused: \u00fcn\u00efcode"),
     ipc.StatsReport({"producer": {"record-send-total": 12.0, "request-latency-avg": float("inf")},
                      "sidecar": {"blocks-free": 2040.0}, "clients": [[3, 1234, 8]], "held": [[3, 8]]}),
-    ipc.LastSeal([[1, 0, 1, "orders", 2, 10, 512, 1_700_000_000_000, 1_700_000_000_050, 3]]),
+    ipc.LastSeal(),
+    ipc.Wakeup(),
     ipc.Shutdown("SIGTERM"),
 ]
 
@@ -49,10 +49,8 @@ TYPED = [
 def test_every_typed_message_round_trips(message: ipc.Message) -> None:
     back = ipc.decode(ipc.encode(message))
     assert type(back) is type(message)
-    # Rows inside a message (seal notices, delivery reports) arrive as lists, read with their class's _make.
-    if isinstance(message, ipc.Seal):
-        assert [ipc.SealNotice._make(row) for row in back.notices] == message.notices
-    elif isinstance(message, ipc.Delivery):
+    # Rows inside a message (delivery reports) arrive as lists, read with their class's _make.
+    if isinstance(message, ipc.Delivery):
         assert [ipc.DeliveryReport._make(row) for row in back.reports] == message.reports
     else:
         assert back == message
@@ -61,8 +59,8 @@ def test_every_typed_message_round_trips(message: ipc.Message) -> None:
 def test_type_numbers_are_the_wire_format() -> None:
     # Changing one is a new protocol version: old clients would read one message as another.
     assert {type(m).__name__: m.TYPE for m in TYPED} == {
-        "Hello": 1, "Blocks": 2, "Seal": 3, "Release": 4, "Metadata": 5, "Heartbeat": 6, "Goodbye": 7, "Stats": 8,
-        "LastSeal": 9, "Welcome": 101, "Grant": 102, "GrantFailed": 103, "Delivery": 104, "Topic": 105, "SealNow": 106,
+        "Hello": 1, "Blocks": 2, "Release": 4, "Metadata": 5, "Heartbeat": 6, "Goodbye": 7, "Stats": 8,
+        "LastSeal": 9, "Wakeup": 10, "Welcome": 101, "Grant": 102, "GrantFailed": 103, "Delivery": 104, "Topic": 105, "SealNow": 106,
         "Error": 107, "StatsReport": 108, "Shutdown": 109}
     assert ipc.unpack(ipc.encode(ipc.Blocks(7, 3, True, 60000))) == [2, 7, 3, True, 60000]
 
@@ -71,7 +69,7 @@ def test_handshake_maps_are_by_name() -> None:
     hello = ipc.unpack(ipc.encode(TYPED[0]))
     assert hello[4] == {"linger_ms": 5, "partitioner": "murmur2_random", "resume": None,
                         "retriable_topic_errors": True, "hello_id": 3, "shutdown_notice": False}
-    welcome = ipc.unpack(ipc.encode(TYPED[8]))
+    welcome = ipc.unpack(ipc.encode(TYPED[7]))
     assert welcome[6] == SETTINGS._asdict()
     assert welcome[3] == b"\x01" * 16 and welcome[-2:] == [False, 3]
 

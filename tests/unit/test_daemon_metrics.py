@@ -24,7 +24,7 @@ def test_stats_report_what_the_pool_holds(env: Env) -> None:
     c_id = c.hello(pid=4242, handshake=False)  # no segment yet: it holds nothing, its pid is the HELLO's
     a.blocks(3)
     b.blocks(2, contiguous=True)
-    b.seal(notice(batch_id=1, first=0))
+    b.publish(notice(batch_id=1, first=0))
     b.send(ipc.Goodbye.TYPE)  # its sealed batch is still to be sent, from its segment
     env.pump()
     probe.send(ipc.Stats.TYPE)

@@ -60,7 +60,7 @@ def test_blocks_are_refused_until_the_memory_handshake(env: Env) -> None:
     env.pump()
     assert f"client {client_id} has no segment" in client.error()
     assert client.recv()[:2] == [ipc.GrantFailed.TYPE, 1]
-    client.seal(notice(batch_id=4))
+    client.publish(notice(batch_id=4))
     assert "after its memory handshake" in client.error()
     assert env.pool.free_blocks == BLOCKS and env.pool.held() == {}
     client.handshake()
@@ -160,8 +160,8 @@ def test_each_client_has_a_segment_of_its_own(env: Env) -> None:
     a.segment.blocks(0)[:5] = b"AAAAA"
     b.segment.blocks(0)[:5] = b"BBBBB"
     assert bytes(a.segment.blocks(0)[:5]) == b"AAAAA"  # b's block 0 is not a's
-    a.seal(notice(batch_id=1, length=5))
-    b.seal(notice(batch_id=1, length=5))
+    a.publish(notice(batch_id=1, length=5))
+    b.publish(notice(batch_id=1, length=5))
     assert [(bytes(batch.records), batch.origin) for batch in env.queued()] == [(b"AAAAA", (a_id, 1)),
                                                                                   (b"BBBBB", (b_id, 1))]
 
@@ -230,7 +230,7 @@ def test_session_ends_when_the_process_holding_its_memory_connection_dies(env: E
         session = env.session(client_id)
         assert session.pid == child.pid  # the kernel's word, not the HELLO's
         client.blocks(2)
-        client.seal(notice(batch_id=1, first=0, count=1))
+        client.publish(notice(batch_id=1, first=0, count=1))
         connection = session.connection
         assert connection is not None
         assert not select.select([connection], [], [], 0.05)[0]  # alive: nothing to read
@@ -285,7 +285,7 @@ def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) ->
         assert bytes(batches[0].records[:5]) == b"AFTER"
         # New blocks come from the same segment.
         assert client.blocks(1) == [3]
-        client.seal(notice(batch_id=9, first=3))
+        client.publish(notice(batch_id=9, first=3))
         assert client.quiet()
         assert [b.origin[1] for b in restarted.queued()] == [7, 8, 9]
         # Reported to it as any batch.

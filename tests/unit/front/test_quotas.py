@@ -46,7 +46,7 @@ def test_a_process_produces_to_a_limited_number_of_topics() -> None:
         assert "one-too-many" not in env.core.metadata.topics()
         # Nor can a seal notice name another topic (it would enter the daemon's metadata too).
         client.blocks(2, contiguous=True)
-        client.seal(notice(batch_id=1, first=0, topic="one-too-many"), notice(batch_id=2, first=1, topic="topic-3"))
+        client.publish(notice(batch_id=1, first=0, topic="one-too-many"), notice(batch_id=2, first=1, topic="topic-3"))
         assert "at most" in client.error()
         assert env.queued("one-too-many") == [] and len(env.queued("topic-3")) == 1
         # Asking again for a topic it has is no new topic; another session of the same process shares its

@@ -73,7 +73,7 @@ def test_a_client_that_does_not_read_is_ended_past_its_reply_buffer_and_takes_it
         assert client.blocks(2, contiguous=True) == [0, 1]
         assert client.segment is not None and client.fd is not None
         client.segment.blocks(0)[:100] = b"a" * 100
-        client.seal(notice(batch_id=1, first=0))
+        client.publish(notice(batch_id=1, first=0))
         pid = env.session(client_id).pid
         with caplog.at_level(logging.WARNING, logger="service.front"):
             for _ in range(20):

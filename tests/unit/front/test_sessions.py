@@ -146,7 +146,7 @@ def test_a_kept_session_is_taken_back_only_with_its_segment(env: Env) -> None:
     client_id = client.hello()
     thief.hello()
     client.blocks(1)
-    client.seal(notice(batch_id=1, first=0))
+    client.publish(notice(batch_id=1, first=0))
     env.clock.advance(TIMEOUT_MS + 1)
     thief.send(ipc.Heartbeat.TYPE)
     env.pump()
@@ -175,7 +175,7 @@ def _kept(env: Env, client: Client) -> int:
     """A session of ``client`` with a batch sealed and reported, ended for silence and kept; its id."""
     client_id = client.hello()
     client.blocks(1)
-    client.seal(notice(batch_id=1, first=0))
+    client.publish(notice(batch_id=1, first=0))
     env.clock.advance(TIMEOUT_MS + 1)
     env.front.serve_due()
     assert client.memory_ended() and env.sidecar_metrics()["sessions-kept"] == 1
@@ -237,7 +237,7 @@ def test_a_client_whose_socket_is_gone_is_ended_and_keeps_its_reports(env: Env) 
     client = env.client(own_process=False)
     client_id = client.hello()
     client.blocks(1)
-    client.seal(notice(batch_id=1, first=0))
+    client.publish(notice(batch_id=1, first=0))
     client.sock.close(linger=0)  # its memory connection stays: the process lives
     env.front.endpoint.socket.poll(50)  # the ROUTER learns that the socket is gone
     env.queued()[0].done(3, -1, None)

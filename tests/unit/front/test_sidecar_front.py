@@ -108,8 +108,8 @@ def test_malformed_hello_is_refused(env: Env, hello: list[Any]) -> None:
 
 
 @pytest.mark.parametrize("message", [
-    [ipc.Blocks.TYPE, 1, 1, False, 100], [ipc.Seal.TYPE, [notice()]], [ipc.Release.TYPE, [0]], [ipc.Metadata.TYPE, "t"],
-    [ipc.Heartbeat.TYPE], [ipc.Goodbye.TYPE],
+    [ipc.Blocks.TYPE, 1, 1, False, 100], [ipc.Wakeup.TYPE], [ipc.Release.TYPE, [0]], [ipc.Metadata.TYPE, "t"],
+    [ipc.Heartbeat.TYPE], [ipc.Goodbye.TYPE], [ipc.LastSeal.TYPE],
 ], ids=lambda message: str(message[0]))
 def test_messages_before_hello_are_refused(env: Env, message: list[Any]) -> None:
     client = env.client()
@@ -206,7 +206,7 @@ def test_exception_from_the_core_does_not_escape(env: Env, monkeypatch: pytest.M
     client = env.client()
     client.hello()
     client.blocks(1)
-    client.seal(notice())
+    client.publish(notice())
     client.send(ipc.Heartbeat.TYPE)
     env.pump()
     assert len(env.front.sessions) == 1
@@ -224,7 +224,7 @@ def test_closed_core_fails_sealed_batches_at_once(env: Env) -> None:
     client.hello()
     client.blocks(1, contiguous=True)
     env.core.close(0)
-    client.seal(notice(batch_id=3))
+    client.publish(notice(batch_id=3))
     env.front.serve_due()
     [[batch_id, _, _, _, _, error]] = deliveries(client)
     assert batch_id == 3 and "closed" in str(ipc.error_from_wire(error))
@@ -279,10 +279,12 @@ def test_a_client_sends_a_bounded_number_of_messages_ahead_of_the_front(env: Env
         flood.close(linger=0)
 
 
-def test_the_largest_message_is_what_a_client_may_hold_in_seal_notices(env: Env) -> None:
+def test_the_largest_message_is_what_a_client_may_hand_back(env: Env) -> None:
     largest = max_message_size(env.pool.max_blocks_per_process)
     assert env.pool.max_blocks_per_process == BLOCKS and env.front.endpoint.socket.getsockopt(zmq.MAXMSGSIZE) == largest
-    # A SEAL with a notice for every block a client may hold, each of the longest topic name, fits.
-    notices = [notice(batch_id=2**62 + n, first=n, topic="t" * 249, base_ts=2**62, max_ts=2**62, ago=2**39)
-               for n in range(BLOCKS)]
-    assert len(ipc.pack(ipc.Seal.TYPE, notices)) < largest
+    # A HELLO handing back a batch in every block a client may hold, each of the longest topic name, fits.
+    notices = [ipc.SealNotice._make(notice(batch_id=2**62 + n, first=n, topic="t" * 249, base_ts=2**62, max_ts=2**62,
+                                           ago=2**39)) for n in range(BLOCKS)]
+    resume = ipc.Resume("f" * 16, 2**62, BLOCK, BLOCKS, notices)
+    hello = ipc.Hello(PROTOCOL_VERSION, 2**31, "c" * 200, ipc.HelloOptions(resume=resume))
+    assert len(ipc.encode(hello)) < largest
