@@ -178,3 +178,13 @@ if __name__ == "__main__":
     endpoint, topic, client, sealed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     sys.stdout.write(f"PID {os.getpid()}\n")
     seal_then_keep_writing(endpoint, topic, client, sealed)
+
+
+def send_then_wait_to_be_killed(endpoint: str, topic: str, client: int, count: int, sent: Any) -> None:
+    """Send ``count`` records with a linger of an hour (nothing is claimed for lingering), say so on the ``sent``
+    connection once the last send() has returned, and wait (the test kills this process)."""
+    producer = Producer(endpoint, linger_ms=3_600_000)
+    for n in range(count):
+        producer.send(topic, **record(client, n))
+    sent.send(count)
+    time.sleep(HANG_S)
