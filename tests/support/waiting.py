@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 # Seconds: pytest's timeout (300 s a test) less room for the test's setup and teardown (less when a developer
 # wants a failing wait to fail quickly).
-HANG_S = float(os.environ.get("KAFKA_SIDECAR_TEST_HANG_S", "240"))
+HANG_S = float(os.environ.get("TESTS_HANG_S", "240"))
 
 
 def wait_until(condition: Callable[[], object], timeout: float = HANG_S) -> bool:
