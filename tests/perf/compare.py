@@ -70,12 +70,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -868,8 +869,9 @@ def markdown_figures(report: dict[str, Any]) -> str:
                f"{' with uncommitted changes to the code measured' if git['modified'] else ''} "
                f"({report.get('finished', '')[:10]}): {what}. {machine['cores']} cores ({machine['cpu']}), "
                f"{machine['memory_gb']} GB, Python {machine['python']}, confluent-kafka {machine['confluent_kafka']} "
-               f"(librdkafka {machine['librdkafka']}), kafka-python {machine['kafka_python']}, pyzmq "
-               f"{machine['pyzmq']}.")
+               f"(librdkafka {machine['librdkafka']}), "
+               f"{'kafka-python ' + machine['kafka_python'] + ', ' if KAFKA_PYTHON in view.clients else ''}"
+               f"pyzmq {machine['pyzmq']}.")
     columns = [0, 1, *(2 + CLIENTS.index(client) for client in view.clients),
                *(5 + i for i, other in enumerate((CONFLUENT, KAFKA_PYTHON)) if other in view.clients)]
     security = "security" in report["settings"]
@@ -883,6 +885,7 @@ def markdown_figures(report: dict[str, Any]) -> str:
         else:
             previous = cells[0]
         lines.append("| " + " | ".join(cells) + " |")
+    caption = textwrap.fill(caption, 110, break_long_words=False, break_on_hyphens=False)
     return caption + "\n\n" + "\n".join(lines) + "\n"
 
 
@@ -932,16 +935,17 @@ def charts(report: dict[str, Any]) -> list[Chart]:
         found = (spreads or {}).get(key, {}).get(first, {}).get(second)
         return (found[0], found[1]) if found else None
 
-    def number(value: Any) -> bool:
+    def number(value: Any) -> TypeGuard[float]:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
-    ratio_groups, cpu_groups, latency_groups = [], [], []
+    ratio_groups: list[Group] = []
+    cpu_groups: list[Group] = []
+    latency_groups: list[Group] = []
     for case in view.cases:
         found = view.ratios.get(case.key, {})
-        ratio_bars = [Bar(label, found[metric][CONFLUENT], spread=spread_of(view.ratio_spreads, case.key, metric,
-                                                                           CONFLUENT))
+        ratio_bars = [Bar(label, ratio, spread=spread_of(view.ratio_spreads, case.key, metric, CONFLUENT))
                       for metric, label in CHART_RATIOS
-                      if number(found.get(metric, {}).get(CONFLUENT))
+                      if number(ratio := found.get(metric, {}).get(CONFLUENT))
                       and (case.workload in LATENCY_WORKLOADS or not metric.startswith("latency"))]
         per_client = {client: view.results.get(case.key, {}).get(client) or {} for client in view.clients}
         cpu_bars = [Bar(client, figures["cpu_us_per_record"], figures.get("client_cpu_us_per_record"),

@@ -1,8 +1,10 @@
 """What a report of compare.py shows: the figures it picks (the medians, else its last complete run), the README's
-"Current figures" made from them, and the documentation's charts (no broker, no processes)."""
+"Current figures" made from them, and the documentation's charts; and that the README shows the committed report
+the documentation charts (no broker, no processes)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from tests.perf.compare import (
     CONFLUENT,
     KAFKA_PYTHON,
+    ROOT,
     SIDECAR,
     Bar,
     cases,
@@ -19,6 +22,8 @@ from tests.perf.compare import (
     ratios,
     shown,
 )
+
+CURRENT = ROOT / "tests" / "perf" / "results" / "current.json"
 
 
 def figures(records_per_s: float, host: float, client: float, p50: float | None = None,
@@ -99,8 +104,10 @@ def test_what_is_not_a_report_with_figures_is_refused_with_what_it_lacks(broken:
 def test_the_readmes_figures_say_what_run_and_machine_and_have_the_columns_of_the_clients_run() -> None:
     text = markdown_figures(report(1.0))
     caption, table = text.split("\n\n")
-    assert caption.startswith("`compare.py --only W1,W2,W6 --w6-processes 16 --w6-rate 100` at 0123456 (2026-11-28)"
-                              ": one run. 2 cores (AMD EPYC)")
+    assert " ".join(caption.split()) == (
+        "`compare.py --only W1,W2,W6 --w6-processes 16 --w6-rate 100` at 0123456 (2026-11-28): one run. 2 cores "
+        "(AMD EPYC), 23.5 GB, Python 3.11.7, confluent-kafka 2.16.1 (librdkafka 2.16.0), pyzmq 27.3.0.")
+    assert max(len(line) for line in caption.splitlines()) <= 110
     lines = table.splitlines()
     assert lines[0] == "| workload | metric | kafka-sidecar | confluent-kafka | sidecar/confluent |"
     assert "| W2 K=4 20000/s | latency p50 ms | 6.00 | 9.00 | 0.67 |" in lines
@@ -112,6 +119,14 @@ def test_the_readmes_figures_of_several_runs_give_each_ratio_its_spread() -> Non
     text = markdown_figures(report(1.0, 2.0, 1.5))
     assert "the median of 3 runs" in text
     assert "| W2 K=4 20000/s | latency p50 ms | 6.00 | 9.00 | 0.67 (0.67-0.67) |" in text
+
+
+def test_the_readme_shows_the_committed_report_the_documentation_charts() -> None:
+    current = json.loads(CURRENT.read_text())
+    readme = (ROOT / "tests" / "perf" / "README.md").read_text()
+    assert markdown_figures(current) in readme, (
+        "tests/perf/README.md's Current figures are not those of tests/perf/results/current.json: paste the output of "
+        "`python tests/perf/compare.py --markdown tests/perf/results/current.json` there")
 
 
 # -- the charts -----------------------------------------------------------------------------------
