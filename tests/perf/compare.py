@@ -851,8 +851,10 @@ def shown(report: dict[str, Any]) -> Shown:
             return Shown(case_list, clients, median["results"], median["ratios"], median["ratio_spreads"],
                          median["result_spreads"], len(report["runs"]))
         complete = [run for run in report["runs"] if "ratios" in run]
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"not a report of compare.py (no {exc})") from exc
+    except KeyError as exc:
+        raise ValueError(f"it has no {exc}") from exc
+    except TypeError as exc:
+        raise ValueError(f"it is not laid out as one ({exc})") from exc
     if not complete:
         raise ValueError("the report has no complete run (it was interrupted before its first run's end)")
     return Shown(case_list, clients, complete[-1]["results"], complete[-1]["ratios"], None, None, 1)

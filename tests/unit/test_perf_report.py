@@ -92,7 +92,7 @@ def test_a_report_of_one_run_shows_its_last_complete_run_without_spreads() -> No
 @pytest.mark.parametrize(("broken", "message"), [
     ({"runs": []}, "no 'settings'"),
     ({**report(1.0), "runs": [{"index": 0, "results": {}}]}, "no complete run"),
-    ([1, 2], "not a report"),
+    ([1, 2], "not laid out as one"),
 ])
 def test_what_is_not_a_report_with_figures_is_refused_with_what_it_lacks(broken: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
