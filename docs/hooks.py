@@ -26,13 +26,20 @@ built, so that it cannot drift from it. A page asks for it with an HTML comment 
     heading of the same or a higher level; headings one inside the other with ``>``) inline, any other file as a
     code block (LANG: its language).
 
-A directive that cannot be carried out (a missing file, a heading that is gone, a setting or metric without its
-description) fails the build.
+``<!-- benchmark-charts PATH -->``
+    Charts of the figures of a report of ``tests/perf/compare.py`` (a JSON file of the repository): every
+    workload's ratios to confluent-kafka, each client's CPU a record (the host's and the client processes' own),
+    each client's latency; inline SVG, drawn from what ``compare.charts`` picks out of the report.
+
+A directive that cannot be carried out (a missing file, a heading that is gone, a report that is not one, a
+setting or metric without its description) fails the build.
 """
 
 from __future__ import annotations
 
+import html
 import json
+import math
 import re
 import subprocess
 import sys
@@ -49,6 +56,7 @@ if str(ROOT) not in sys.path:
 
 _DIRECTIVE = re.compile(r"^<!--\s*(?P<what>[a-z-]+)\b(?P<args>[^\n]*?)\s*-->[ \t]*$", re.MULTILINE)
 _INCLUDE = re.compile(r'^\s+(?P<path>\S+)(?:\s+as\s+(?P<lang>\w+)|\s+section\s+"(?P<section>[^"]+)")?$')
+_PATH = re.compile(r"^\s+(?P<path>\S+)$")
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -63,7 +71,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
             return tables[what]()
         if what == "include" and (include := _INCLUDE.match(args)) is not None:
             return included(include["path"], include["lang"], include["section"], where)
-        if what in tables or what == "include":
+        if what == "benchmark-charts" and (report := _PATH.match(args)) is not None:
+            return benchmark_charts(report["path"], where)
+        if what in tables or what in ("include", "benchmark-charts"):
             raise PluginError(f"{where}: not a directive of docs/hooks.py (see its docstring)")
         return match[0]
 
@@ -309,12 +319,17 @@ def _metrics_of_a_daemon() -> dict[str, list[str]]:
 # -- include -------------------------------------------------------------------------------------------------------
 
 
-def included(path: str, lang: str | None, section: str | None, where: str) -> str:
-    """The file at ``path`` (from the repository's root) as the page shows it."""
+def repository_file(path: str, where: str) -> str:
+    """The text of the file at ``path`` (from the repository's root)."""
     file = (ROOT / path).resolve()
     if ROOT not in file.parents or not file.is_file():
         raise PluginError(f"{where}: no file {path} in the repository")
-    text = file.read_text()
+    return file.read_text()
+
+
+def included(path: str, lang: str | None, section: str | None, where: str) -> str:
+    """The file at ``path`` (from the repository's root) as the page shows it."""
+    text = repository_file(path, where)
     if section is not None:
         return _section(text, section, where)
     if path.endswith(".md") and lang is None:
@@ -343,6 +358,134 @@ def _section(text: str, path: str, where: str) -> str:
         start, level = found[0]
         end = next((n for n, lv, _ in headings if n > start and lv <= level), len(lines))
     return "\n".join(lines[start + 1:end]).strip("\n")
+
+
+# -- benchmark charts ----------------------------------------------------------------------------------------------
+
+# The clients' colours in every chart, other series' (the metrics) in their order: colour-blind safe (Okabe and
+# Ito's, Tol's), and readable on the light and the dark scheme.
+_CLIENT_COLOURS = {"kafka-sidecar": "#0072b2", "confluent-kafka": "#e69f00", "kafka-python": "#009e73"}
+_COLOURS = ("#56b4e9", "#d55e00", "#cc79a7", "#44aa99", "#999933")
+_WIDTH, _BAR, _BAR_GAP, _GROUP_GAP, _TOP, _BOTTOM, _RIGHT = 760, 11, 3, 10, 68, 40, 90
+
+
+def benchmark_charts(path: str, where: str) -> str:
+    """The charts of the compare.py report at ``path``, as inline SVG."""
+    return report_charts(repository_file(path, where), f"{where}: {path}")
+
+
+def report_charts(text: str, where: str) -> str:
+    """The charts of a compare.py report's JSON ``text``; ``where`` names it in the build's error."""
+    from tests.perf.compare import charts
+
+    try:
+        found = charts(json.loads(text))
+    except (ValueError, LookupError, TypeError, AttributeError) as exc:  # json.JSONDecodeError is a ValueError
+        raise PluginError(f"{where}: not a report of tests/perf/compare.py with figures: {exc}") from exc
+    if not found:
+        raise PluginError(f"{where}: the report has no figure to chart")
+    return "\n\n".join(chart_svg(chart) for chart in found) + "\n"
+
+
+def chart_svg(chart: Any) -> str:
+    """A horizontal bar chart (a ``compare.Chart``): the groups one under the other, a bar per series in each, its
+    value at its end; the text in the page's colour (light and dark schemes alike)."""
+    series = list(dict.fromkeys(bar.series for group in chart.groups for bar in group.bars))
+    others = iter(_COLOURS * len(series))
+    colour = {name: _CLIENT_COLOURS.get(name) or next(others) for name in series}
+    label_width = 16 + 7 * max(len(group.label) for group in chart.groups)
+    left, right = label_width, _WIDTH - _RIGHT
+    values = [v for group in chart.groups for bar in group.bars
+              for v in (bar.value, bar.part, *(bar.spread or ())) if v is not None and (v > 0 or not chart.log)]
+    values += [chart.reference] if chart.reference is not None else []
+    ticks = _ticks(min(values), max(values), chart.log)
+    low, high = ticks[0], ticks[-1]
+
+    def x(value: float) -> float:
+        if chart.log:
+            share = (math.log10(max(value, low)) - math.log10(low)) / (math.log10(high) - math.log10(low))
+        else:
+            share = (value - low) / (high - low)
+        return round(left + share * (right - left), 1)
+
+    out: list[str] = []
+    y = _TOP
+    origin = x(chart.reference) if chart.reference is not None else left
+    for group in chart.groups:
+        height = len(group.bars) * (_BAR + _BAR_GAP) - _BAR_GAP
+        out.append(_text(left - 8, y + height / 2 + 4, group.label, anchor="end"))
+        for bar in group.bars:
+            end = x(bar.value)
+            start, width = min(origin, end), max(abs(end - origin), 1)
+            shown = _number(bar.value) + (f" ({_number(bar.part)})" if bar.part is not None else "")
+            out.append(f"<g><title>{html.escape(f'{group.label}, {bar.series}: {shown}')}</title>")
+            faded = ' fill-opacity="0.45"' if bar.part is not None else ""
+            out.append(f'<rect x="{start}" y="{y}" width="{width}" height="{_BAR}" fill="{colour[bar.series]}"'
+                       f"{faded}/>")
+            if bar.part is not None:
+                out.append(f'<rect x="{origin}" y="{y}" width="{max(x(bar.part) - origin, 1)}" height="{_BAR}" '
+                           f'fill="{colour[bar.series]}"/>')
+            far = end
+            if bar.spread is not None:
+                middle = y + _BAR / 2
+                out.append(f'<path d="M{x(bar.spread[0])},{middle}H{x(bar.spread[1])}M{x(bar.spread[0])},'
+                           f'{middle - 3}v6M{x(bar.spread[1])},{middle - 3}v6" stroke="currentColor"/>')
+                far = max(far, x(bar.spread[1]))
+            out.append(_text(max(far, origin) + 4, y + _BAR - 1, shown, size=11))
+            out.append("</g>")
+            y += _BAR + _BAR_GAP
+        y += _GROUP_GAP - _BAR_GAP
+    bottom = y
+    grid = [f'<line x1="{x(t)}" y1="{_TOP - 4}" x2="{x(t)}" y2="{bottom}" stroke="currentColor" '
+            f'stroke-opacity="0.15"/>' for t in ticks]
+    grid += [_text(x(t), bottom + 14, f"{t:g}", anchor="middle", size=11) for t in ticks]
+    if chart.reference is not None:
+        grid.append(f'<line x1="{origin}" y1="{_TOP - 4}" x2="{origin}" y2="{bottom}" stroke="currentColor" '
+                    'stroke-dasharray="4 3"/>')
+    legend, at = [_text(0, 34, chart.part, size=11)] if chart.part else [], 0.0
+    for name in series:
+        legend.append(f'<rect x="{at}" y="42" width="10" height="10" fill="{colour[name]}"/>')
+        legend.append(_text(at + 14, 51, name, size=11))
+        at += 24 + 6.5 * len(name)
+    height = bottom + _BOTTOM
+    head = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_WIDTH} {height}" role="img" '
+            f'style="width:100%;max-width:{_WIDTH}px;height:auto" font-family="sans-serif" font-size="12">',
+            f"<title>{html.escape(chart.title)}</title>", _text(0, 16, chart.title, size=14, bold=True),
+            _text((left + right) / 2, height - 8, chart.axis, anchor="middle", size=11)]
+    return "\n".join(['<figure class="benchmark-chart">', *head, *grid, *legend, *out, "</svg>", "</figure>"])
+
+
+def _ticks(low: float, high: float, log: bool) -> list[float]:
+    """The axis's ticks, from ``low`` or below to ``high`` or above: on a log scale powers of ten (with 2 and 5
+    between them over two decades or fewer), else from 0 in steps of 1, 2 or 5 times a power of ten."""
+    if log:
+        first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+        last = max(last, first + 1)
+        steps = (1, 2, 5) if last - first <= 2 else (1,)
+        ticks = [float(f"{step * 10.0**power:.6g}") for power in range(first, last) for step in steps]
+        ticks.append(10.0**last)
+        # From the last tick at or below low to the first at or above high, two at least.
+        start = max(i for i, tick in enumerate(ticks) if tick <= low)
+        end = min(i for i, tick in enumerate(ticks) if tick >= high)
+        return ticks[start:max(end, start + 1) + 1]
+    high = max(high, 1e-9)
+    magnitude = 10.0 ** math.floor(math.log10(high / 5))
+    step = next(s * magnitude for s in (1, 2, 5, 10) if high / (s * magnitude) <= 5)
+    return [float(f"{n * step:.6g}") for n in range(math.ceil(high / step) + 1)]
+
+
+def _number(value: float) -> str:
+    """A bar's figure, to three digits or so."""
+    for least, form in ((100, ",.0f"), (10, ".1f"), (0.1, ".2f")):
+        if value >= least:
+            return format(value, form)
+    return format(value, ".2g")
+
+
+def _text(x: float, y: float, text: str, *, anchor: str = "start", size: int = 12, bold: bool = False) -> str:
+    weight = ' font-weight="bold"' if bold else ""
+    return (f'<text x="{round(x, 1)}" y="{round(y, 1)}" text-anchor="{anchor}" font-size="{size}"{weight} '
+            f'fill="currentColor">{html.escape(text)}</text>')
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["metrics"]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -32,6 +33,7 @@ from typing import Any
 import pytest
 
 from service.config import KEYS
+from tests.perf.compare import charts
 from tests.support.broker import TansuBroker
 from tests.support.docs import DOCS, ROOT, Example, examples
 from tests.support.sidecar import SidecarProcess
@@ -111,7 +113,8 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
                           env={**repository_env(), "NO_MKDOCS_2_WARNING": "1"},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
-    # The tables made from the code: every setting, every figure, every command, the benchmarks' current rows.
+    # The tables made from the code: every setting, every figure, every command, the benchmarks' current rows and
+    # the charts of the report they come from.
     configuration = page_text(site, "configuration")
     assert [name for name in KEYS if name not in configuration] == []
     metrics = page_text(site, "operations/metrics")
@@ -124,5 +127,21 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     rows = [line.split("|")[1].strip() for line in current.splitlines() if line.startswith("| ")]
     benchmarks = page_text(site, "benchmarks")
     assert rows and [row for row in rows if row not in benchmarks] == []
+    drawn = charts(json.loads((ROOT / "tests/perf/results/current.json").read_text()))
+    assert (site / "benchmarks" / "index.html").read_text().count('<figure class="benchmark-chart">') == len(drawn) > 0
+    assert [label for chart in drawn for label in (chart.title, *(group.label for group in chart.groups))
+            if label not in benchmarks] == []
     spark = page_text(site, "spark")
     assert [name for name, *_ in _hooks().spark_options() if name not in spark] == []
+
+
+def test_benchmark_charts_refuse_a_report_that_is_missing_or_not_one() -> None:
+    pytest.importorskip("mkdocs", reason="the documentation needs the docs extra")
+    from mkdocs.exceptions import PluginError
+
+    hooks = _hooks()
+    with pytest.raises(PluginError, match="no file tests/perf/results/gone.json in the repository"):
+        hooks.benchmark_charts("tests/perf/results/gone.json", "benchmarks.md")
+    for text in ("{not JSON", "[]", '{"settings": {}}', '{"settings": {"workloads": 1}, "runs": []}'):
+        with pytest.raises(PluginError, match="not a report of tests/perf/compare.py with figures"):
+            hooks.report_charts(text, "benchmarks.md: a report")

@@ -2,6 +2,7 @@
 
     python tests/perf/compare.py [--runs N] [--duration S] [--only W1,W1L,W2,W3,W5,W6,W1C] [--json out.json]
                                  [--security PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL]
+    python tests/perf/compare.py --markdown REPORT.json
 
 W1 throughput: K = 1 and 4 processes sending as fast as they can for --duration seconds;
    100-byte random values, 16-byte keys over 1000 distinct, acks=all, idempotence,
@@ -24,7 +25,7 @@ W5 the broker's ceiling: one confluent-kafka producer (1 MiB batches, linger.ms=
    delivery callbacks) as fast as it can for --duration seconds: the ceiling; then 8
    kafka-sidecar processes without callbacks through a daemon set for throughput (larger
    batch.size and buffer.memory): their records/s as a fraction of the ceiling.
-W6 many processes: 256 processes x 100 records/s (--w6-processes, --w6-rate) through the
+W6 many processes: 128 processes x 50 records/s (--w6-processes, --w6-rate) through the
    FaultProxy, workers forked from a server that has loaded the client library: latency,
    the daemon's CPU, memory added per process, broker connections; kafka-sidecar and
    confluent-kafka (--w6-clients), a client the machine cannot hold reported as not held.
@@ -49,6 +50,10 @@ security. W3 and W6 (behind the FaultProxy) run PLAINTEXT only. With --security 
 (PLAINTEXT too) the table also has the daemon's CPU per record and the proxy thread's CPU
 seconds, so that a PLAINTEXT run compares row for row.
 
+--markdown REPORT.json runs nothing: it prints the "Current figures" of tests/perf/README.md (what run,
+on what machine, and the table) from a report this script wrote. docs/hooks.py draws the documentation's
+charts from the same report (``charts``), so that the table and the charts show one run.
+
 Only the standard library and service.tools.perf_test are imported at module level: spawned
 workers import this module again as __mp_main__, and must load only their own client.
 """
@@ -59,17 +64,19 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -98,6 +105,9 @@ W5_CEILING_LINGER_MS = 100
 W5_BATCH_SIZE = 262_144
 W5_BUFFER_MEMORY = 67_108_864
 W6_CLIENTS = (SIDECAR, CONFLUENT)  # kafka-python only when --w6-clients names it
+# W6's default scale, which its targets are for: as many processes as two cores hold at that rate.
+W6_PROCESSES = 128
+W6_RATE = 50
 # W6 samples memory and connections this often: reading smaps_rollup of hundreds of processes takes CPU the
 # producers would otherwise have.
 W6_TICK_S = 2.0
@@ -162,7 +172,8 @@ class Case:
 
 
 def cases(only: set[str], w3_processes: int, w3_rate: float, w2_rate: float = 20_000, *,
-          w1c_records: int = 600_000, w6_processes: int = 256, w6_rate: float = 100,
+          w1c_records: int = 600_000, w6_processes: int = W6_PROCESSES,
+          w6_rate: float = W6_RATE,
           w6_clients: tuple[str, ...] = W6_CLIENTS) -> list[Case]:
     """The cases of the workloads in ``only``, in the order they run (W1L after W1, whose figure it takes)."""
     found = []
@@ -668,11 +679,11 @@ def _ratio_cell(value: float | None, spread: list[float] | None) -> str:
     return f"{value:.2f}" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread else "")
 
 
-def table(case_list: list[Case], results: dict[str, dict[str, dict[str, Any]]],
-          case_ratios: dict[str, dict[str, dict[str, float | None]]], security_figures: bool = False,
-          ratio_spreads: dict[str, Any] | None = None) -> str:
-    """The figures of every case; each ratio with its spread over the runs (min-max) when ``ratio_spreads``."""
-    header = ["workload", "metric", SIDECAR, CONFLUENT, KAFKA_PYTHON, "sidecar/confluent", "sidecar/kafka-python"]
+def table_rows(case_list: list[Case], results: dict[str, dict[str, dict[str, Any]]],
+               case_ratios: dict[str, dict[str, dict[str, float | None]]], security_figures: bool = False,
+               ratio_spreads: dict[str, Any] | None = None) -> list[list[str]]:
+    """The table's rows: workload, metric, a figure per client of CLIENTS, then the ratios to confluent-kafka and
+    to kafka-python, each with its spread over the runs (min-max) when ``ratio_spreads``."""
     rows = []
     for case in case_list:
         per_client = results.get(case.key, {})
@@ -683,54 +694,85 @@ def table(case_list: list[Case], results: dict[str, dict[str, dict[str, Any]]],
                 spread = ((ratio_spreads or {}).get(case.key, {}).get(metric, {}).get(other))
                 row.append(_ratio_cell(value, spread))
             rows.append(row)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return rows
+
+
+TABLE_HEADER = ["workload", "metric", *CLIENTS, "sidecar/confluent", "sidecar/kafka-python"]
+
+
+def table(case_list: list[Case], results: dict[str, dict[str, dict[str, Any]]],
+          case_ratios: dict[str, dict[str, dict[str, float | None]]], security_figures: bool = False,
+          ratio_spreads: dict[str, Any] | None = None) -> str:
+    """The figures of every case as text (``table_rows``)."""
+    rows = table_rows(case_list, results, case_ratios, security_figures, ratio_spreads)
+    widths = [max(len(r[i]) for r in [TABLE_HEADER, *rows]) for i in range(len(TABLE_HEADER))]
 
     def line(cells: list[str]) -> str:
         pairs = enumerate(zip(cells, widths, strict=True))
         return " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in pairs)
 
-    return "\n".join([line(header), "-+-".join("-" * w for w in widths), *(line(row) for row in rows)])
+    return "\n".join([line(TABLE_HEADER), "-+-".join("-" * w for w in widths), *(line(row) for row in rows)])
+
+
+def _w6_scale(results: dict[str, dict[str, dict[str, Any]]]) -> tuple[float, float] | None:
+    """The processes and records/s a process that kafka-sidecar's W6 ran at (None: not known)."""
+    figures = results.get("W6", {}).get(SIDECAR) or {}
+    processes, total = figures.get("processes"), figures.get("target_records_per_s")
+    if not isinstance(processes, (int, float)) or not isinstance(total, (int, float)) or not processes:
+        return None
+    return processes, total / processes
 
 
 def targets(results: dict[str, dict[str, dict[str, Any]]], case_ratios: dict[str, dict[str, dict[str, float | None]]],
             spreads: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Issue 28's must-reach figures, checked on one run's results, or on the medians with ``spreads`` (as
-    ``medians`` gives them): each check then carries its figure's spread over the runs."""
+    """The project's must-reach figures (tests/perf/README.md, "Targets"), checked on one run's results, or on
+    the medians with ``spreads`` (as ``medians`` gives them): each check then carries its figure's spread over the
+    runs. W6's are for its default scale: at another, they are not checked (``ok`` None, and a ``note``)."""
     checks: list[dict[str, Any]] = []
     spreads = spreads or {}
+    w6_scale = _w6_scale(results)
+    w6_note = (f"W6 ran at {w6_scale[0]:g} x {w6_scale[1]:g}/s"
+               if w6_scale is not None and w6_scale != (W6_PROCESSES, W6_RATE) else None)
 
-    def check(name: str, actual: Any, op: str, bound: float, spread: list[float] | None) -> None:
-        if isinstance(actual, (int, float)):
-            ok = actual >= bound if op == ">=" else actual <= bound if op == "<=" else actual == bound
-        else:
+    def check(name: str, actual: Any, op: str, bound: float, spread: list[float] | None, note: str | None) -> None:
+        if note is not None or not isinstance(actual, (int, float)):
             ok = None
-        checks.append({"target": f"{name} {op} {bound:g}", "actual": actual, "ok": ok, "spread": spread})
+        else:
+            ok = actual >= bound if op == ">=" else actual <= bound if op == "<=" else actual == bound
+        checks.append({"target": f"{name} {op} {bound:g}", "actual": actual, "ok": ok, "spread": spread,
+                       **({"note": note} if note else {})})
 
     def measured(key: str) -> bool:
         # The medians have no ratios of a case whose other clients failed in every run: n/a, not left out.
         return key in case_ratios or key in results
 
-    def ratio(name: str, key: str, metric: str, other: str, op: str, bound: float) -> None:
+    def ratio(name: str, key: str, metric: str, other: str, op: str, bound: float, note: str | None = None) -> None:
         if measured(key):
             check(name, case_ratios.get(key, {}).get(metric, {}).get(other), op, bound,
-                  spreads.get("ratios", {}).get(key, {}).get(metric, {}).get(other))
+                  spreads.get("ratios", {}).get(key, {}).get(metric, {}).get(other), note)
 
-    def value(name: str, key: str, metric: str, op: str, bound: float) -> None:
+    def value(name: str, key: str, metric: str, op: str, bound: float, note: str | None = None) -> None:
         if measured(key):
             check(name, (results.get(key, {}).get(SIDECAR) or {}).get(metric), op, bound,
-                  spreads.get("results", {}).get(key, {}).get(SIDECAR, {}).get(metric))
+                  spreads.get("results", {}).get(key, {}).get(SIDECAR, {}).get(metric), note)
 
-    ratio("W1 K=4 none records/s sidecar/confluent", "W1.K4.none", "records_per_s", CONFLUENT, ">=", 1.5)
+    ratio("W1 K=4 none records/s sidecar/confluent", "W1.K4.none", "records_per_s", CONFLUENT, ">=", 2.0)
     ratio("W1 K=4 none records/s sidecar/kafka-python", "W1.K4.none", "records_per_s", KAFKA_PYTHON, ">=", 10)
-    ratio("W1 K=1 none records/s sidecar/confluent", "W1.K1.none", "records_per_s", CONFLUENT, ">=", 1.0)
-    ratio("W1 K=4 lz4 records/s sidecar/confluent", "W1.K4.lz4", "records_per_s", CONFLUENT, ">=", 1.3)
+    ratio("W1 K=1 none records/s sidecar/confluent", "W1.K1.none", "records_per_s", CONFLUENT, ">=", 1.5)
+    ratio("W1 K=4 lz4 records/s sidecar/confluent", "W1.K4.lz4", "records_per_s", CONFLUENT, ">=", 1.5)
     ratio(f"W1L (K=4 at {W1L_FRACTION:.0%}) p50 sidecar/confluent", "W1L", "latency_p50_ms", CONFLUENT, "<=", 2.0)
     ratio("W2 p99 sidecar/confluent", "W2", "latency_p99_ms", CONFLUENT, "<=", 1.0)
-    ratio("W3 memory added sidecar/confluent", "W3", "memory_added_mb", CONFLUENT, "<=", 0.35)
+    for workload in ("W2", "W3"):
+        ratio(f"{workload} host CPU/record sidecar/confluent", workload, "cpu_us_per_record", CONFLUENT, "<=", 1.0)
+        ratio(f"{workload} client CPU/record sidecar/confluent", workload, "client_cpu_us_per_record", CONFLUENT,
+              "<=", 0.5)
+    ratio("W3 memory added sidecar/confluent", "W3", "memory_added_mb", CONFLUENT, "<=", 0.5)
     value("W3 sidecar broker connections (1 broker)", "W3", "connections_peak", "==", 1)
     ratio("W5 sidecar records/s / the ceiling's", "W5", "records_per_s", CONFLUENT, ">=", 0.8)
-    value("W6 sidecar p99 ms", "W6", "latency_p99_ms", "<=", 50)
-    value("W6 sidecar broker connections (1 broker)", "W6", "connections_peak", "==", 1)
+    w6 = f"W6 {W6_PROCESSES}x{W6_RATE:g}/s"
+    value(f"{w6} sidecar p99 ms", "W6", "latency_p99_ms", "<=", 50, w6_note)
+    value(f"{w6} sidecar broker connections (1 broker)", "W6", "connections_peak", "==", 1, w6_note)
+    ratio(f"{w6} host CPU/record sidecar/confluent", "W6", "cpu_us_per_record", CONFLUENT, "<=", 1.0, w6_note)
     return checks
 
 
@@ -739,7 +781,8 @@ def print_targets(checks: list[dict[str, Any]]) -> None:
         verdict = {True: "ok  ", False: "MISS", None: "n/a "}[c["ok"]]
         actual = f"{c['actual']:.3g}" if isinstance(c["actual"], (int, float)) else str(c["actual"])
         spread = f" (runs {c['spread'][0]:.3g}-{c['spread'][1]:.3g})" if c.get("spread") else ""
-        print(f"  {verdict} {c['target']}: {actual}{spread}")
+        note = f" ({c['note']}: not checked)" if c.get("note") else ""
+        print(f"  {verdict} {c['target']}: {actual}{spread}{note}")
 
 
 def spread(values: list[float]) -> list[float]:
@@ -776,6 +819,157 @@ def medians(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any],
     ratio_spreads = {key: {metric: {other: spread(v) for other, v in per_other.items()}
                            for metric, per_other in per_metric.items()} for key, per_metric in ratio_values.items()}
     return results, ratio_medians, {"results": result_spreads, "ratios": ratio_spreads}
+
+
+# -- the figures a report shows: the README's table and the documentation's charts -------------------------
+
+@dataclass(frozen=True)
+class Shown:
+    """What a report shows: its medians if it has them, else its last complete run."""
+
+    cases: list[Case]
+    clients: list[str]  # the clients it ran, in CLIENTS's order
+    results: dict[str, dict[str, dict[str, Any]]]
+    ratios: dict[str, dict[str, dict[str, float | None]]]
+    ratio_spreads: dict[str, Any] | None  # [min, max] over the runs, with medians only
+    result_spreads: dict[str, Any] | None
+    runs: int  # how many runs the figures are of
+
+
+def shown(report: dict[str, Any]) -> Shown:
+    """The figures ``report`` (as compare.py writes it) shows; ValueError if it is not such a report or has no
+    complete run."""
+    try:
+        settings = report["settings"]
+        case_list = cases(set(settings["workloads"]), settings["w3_processes"], settings["w3_rate_per_process"],
+                          settings.get("w2_rate", 20_000), w1c_records=settings["w1c_records_per_process"],
+                          w6_processes=settings["w6_processes"], w6_rate=settings["w6_rate_per_process"],
+                          w6_clients=tuple(settings["w6_clients"]))
+        clients = [client for client in CLIENTS if client in settings["clients"]]
+        median = report.get("median")
+        if median is not None:
+            return Shown(case_list, clients, median["results"], median["ratios"], median["ratio_spreads"],
+                         median["result_spreads"], len(report["runs"]))
+        complete = [run for run in report["runs"] if "ratios" in run]
+    except KeyError as exc:
+        raise ValueError(f"it has no {exc}") from exc
+    except TypeError as exc:
+        raise ValueError(f"it is not laid out as one ({exc})") from exc
+    if not complete:
+        raise ValueError("the report has no complete run (it was interrupted before its first run's end)")
+    return Shown(case_list, clients, complete[-1]["results"], complete[-1]["ratios"], None, None, 1)
+
+
+def markdown_figures(report: dict[str, Any]) -> str:
+    """The "Current figures" of tests/perf/README.md from ``report``: what run it is, on what machine, and the
+    table of the figures it shows, with the columns of the clients it ran."""
+    view = shown(report)
+    machine, git = report["machine"], report["machine"]["git"]
+    what = (f"the median of {view.runs} runs, each ratio the median of the runs' ratios with their spread "
+            "(min-max)" if view.ratio_spreads is not None else "one run")
+    caption = (f"`{report.get('command', 'compare.py')}` at {git['head'][:7]}"
+               f"{' with uncommitted changes to the code measured' if git['modified'] else ''} "
+               f"({report.get('finished', '')[:10]}): {what}. {machine['cores']} cores ({machine['cpu']}), "
+               f"{machine['memory_gb']} GB, Python {machine['python']}, confluent-kafka {machine['confluent_kafka']} "
+               f"(librdkafka {machine['librdkafka']}), "
+               f"{'kafka-python ' + machine['kafka_python'] + ', ' if KAFKA_PYTHON in view.clients else ''}"
+               f"pyzmq {machine['pyzmq']}.")
+    columns = [0, 1, *(2 + CLIENTS.index(client) for client in view.clients),
+               *(5 + i for i, other in enumerate((CONFLUENT, KAFKA_PYTHON)) if other in view.clients)]
+    security = "security" in report["settings"]
+    lines = ["| " + " | ".join(TABLE_HEADER[i] for i in columns) + " |",
+             "|" + "|".join("---" if i < 2 else "---:" for i in columns) + "|"]
+    previous = None
+    for row in table_rows(view.cases, view.results, view.ratios, security, view.ratio_spreads):
+        cells = [row[i].strip() for i in columns]
+        if cells[0] == previous:
+            cells[0] = ""  # the workload once, on its first row
+        else:
+            previous = cells[0]
+        lines.append("| " + " | ".join(cells) + " |")
+    caption = textwrap.fill(caption, 110, break_long_words=False, break_on_hyphens=False)
+    return caption + "\n\n" + "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One bar of a chart: a series' value, with a part of it (drawn solid, the rest faded) and its spread over
+    the runs."""
+
+    series: str  # its name in the legend: a metric or a client
+    value: float
+    part: float | None = None
+    spread: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class Group:
+    label: str  # a workload, as the table names it
+    bars: tuple[Bar, ...]
+
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    axis: str  # what the values are, under the axis
+    log: bool  # a log scale: ratios, and latencies from milliseconds to seconds
+    reference: float | None  # where the bars start (1: confluent-kafka's figure) instead of the axis's origin
+    part: str | None  # what the bars and their solid parts are
+    groups: tuple[Group, ...]
+
+
+# The ratios to confluent-kafka charted, where a workload has them.
+CHART_RATIOS = [("records_per_s", "records/s"), ("cpu_us_per_record", "host CPU/record"),
+                ("client_cpu_us_per_record", "client CPU/record"), ("latency_p50_ms", "latency p50"),
+                ("latency_p99_ms", "latency p99")]
+# W1's latency is the queue in each client's buffer when it sends as fast as it can (its size), not a figure to
+# compare: W1L and W2 are.
+LATENCY_WORKLOADS = ("W1L", "W2", "W3", "W6")
+
+
+def charts(report: dict[str, Any]) -> list[Chart]:
+    """The documentation's charts of ``report`` (the figures ``shown`` gives): every workload's ratios to
+    confluent-kafka, the host and client CPU a record of each client, the latency of each client; a workload or
+    a client without the figure is left out of its chart, and a chart without any figure is left out."""
+    view = shown(report)
+
+    def spread_of(spreads: dict[str, Any] | None, key: str, first: str, second: str) -> tuple[float, float] | None:
+        found = (spreads or {}).get(key, {}).get(first, {}).get(second)
+        return (found[0], found[1]) if found else None
+
+    def number(value: Any) -> TypeGuard[float]:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+    ratio_groups: list[Group] = []
+    cpu_groups: list[Group] = []
+    latency_groups: list[Group] = []
+    for case in view.cases:
+        found = view.ratios.get(case.key, {})
+        ratio_bars = [Bar(label, ratio, spread=spread_of(view.ratio_spreads, case.key, metric, CONFLUENT))
+                      for metric, label in CHART_RATIOS
+                      if number(ratio := found.get(metric, {}).get(CONFLUENT))
+                      and (case.workload in LATENCY_WORKLOADS or not metric.startswith("latency"))]
+        per_client = {client: view.results.get(case.key, {}).get(client) or {} for client in view.clients}
+        cpu_bars = [Bar(client, figures["cpu_us_per_record"], figures.get("client_cpu_us_per_record"),
+                        spread_of(view.result_spreads, case.key, client, "cpu_us_per_record"))
+                    for client, figures in per_client.items() if number(figures.get("cpu_us_per_record"))]
+        latency_bars = [Bar(client, figures["latency_p99_ms"], figures.get("latency_p50_ms"),
+                            spread_of(view.result_spreads, case.key, client, "latency_p99_ms"))
+                        for client, figures in per_client.items()
+                        if case.workload in LATENCY_WORKLOADS and number(figures.get("latency_p99_ms"))]
+        for groups, bars in ((ratio_groups, ratio_bars), (cpu_groups, cpu_bars), (latency_groups, latency_bars)):
+            if bars:
+                groups.append(Group(case.label, tuple(bars)))
+    found_charts = [
+        Chart("kafka-sidecar / confluent-kafka", "times confluent-kafka's figure (log scale; W5: the ceiling's)",
+              True, 1.0, "1: as confluent-kafka; more records/s is better, less CPU and latency", tuple(ratio_groups)),
+        Chart("CPU a record delivered", "microseconds of CPU a record delivered", False, None,
+              "the bar: the host's (the producing processes and the daemon); its solid part: the client "
+              "processes' own", tuple(cpu_groups)),
+        Chart("Latency from send() to the delivery report", "milliseconds (log scale)", True, None,
+              "the bar: p99; its solid part: p50", tuple(latency_groups)),
+    ]
+    return [chart for chart in found_charts if chart.groups]
 
 
 # -- facts --------------------------------------------------------------------------------------
@@ -873,8 +1067,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "W1 K=4 none records/s of the same run, which needs W1)")
     parser.add_argument("--w1c-records", type=int, default=600_000,
                         help="W1C records per process (default 600000)")
-    parser.add_argument("--w6-processes", type=int, default=256, help="W6 processes (default 256)")
-    parser.add_argument("--w6-rate", type=float, default=100, help="W6 records/s per process (default 100)")
+    parser.add_argument("--w6-processes", type=int, default=W6_PROCESSES,
+                        help=f"W6 processes (default {W6_PROCESSES}; W6's targets are for the defaults)")
+    parser.add_argument("--w6-rate", type=float, default=W6_RATE,
+                        help=f"W6 records/s per process (default {W6_RATE})")
     parser.add_argument("--w6-clients", default=",".join(W6_CLIENTS),
                         help=f"the clients of --clients that run W6 (default {','.join(W6_CLIENTS)})")
     parser.add_argument("--security", choices=SECURITY_PROTOCOLS, default=None,
@@ -884,6 +1080,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "TLS and SASL proxy; given at all, the table also shows the daemon's CPU per record "
                              "and the proxy's CPU")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--markdown", metavar="REPORT",
+                        help="run nothing: print the Current figures of tests/perf/README.md (what run, the machine, "
+                             "the table) from a report this script wrote")
     args = parser.parse_args(argv)
     args.only = {w.strip().upper() for w in args.only.split(",") if w.strip()}
     if not args.only <= set(WORKLOADS):
@@ -909,7 +1108,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parse(argv)
+    if args.markdown:
+        print(markdown_figures(json.loads(Path(args.markdown).read_text())), end="")
+        return 0
     # SIGTERM ends the run as Ctrl-C does: every finally below stops what it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -947,6 +1150,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"note: {note}")
     report: dict[str, Any] = {
+        "command": shlex.join(["compare.py", *argv]),
         "machine": facts,
         "settings": {"duration_s": args.duration, "warmup_records_per_process": args.warmup_records,
                      "runs": args.runs, "workloads": sorted(args.only),
@@ -1161,8 +1365,8 @@ def _brief(case: Case, f: dict[str, Any]) -> str:
     else:
         line += (f"p50 {f['latency_p50_ms']:.1f} ms, p99 {f['latency_p99_ms']:.1f} ms, "
                  f"p99.9 {f['latency_p999_ms']:.1f} ms")
-    line += (f", CPU {f['cpu_s']:.1f} s, CPU us/record {f['client_cpu_us_per_record']:.2f} "
-             f"(host {f['cpu_us_per_record']:.2f})")
+    line += (f", CPU {f['cpu_s']:.1f} s, CPU us/record: client {f['client_cpu_us_per_record']:.2f}, "
+             f"host {f['cpu_us_per_record']:.2f}")
     if f.get("target_records") and f["sent"] < f["target_records"]:
         line += f", FELL BEHIND: sent {f['sent']} of {f['target_records']}"
     if case.workload in ("W3", "W6"):
