@@ -135,8 +135,9 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("bootstrap.servers", _to_list, [], doc="host:port pairs to discover the cluster from"),
     ConfigKey("client.id", str, "kafka-sidecar", doc="client id sent in every request"),
     ConfigKey("acks", _to_acks, -1, doc="all (-1), 1 or 0 acknowledgements"),
-    ConfigKey("linger.ms", int, 5, 0, INT_MAX, doc="how long a client waits for more records before sealing a "
-              "batch (clients may override; a reload applies to clients that connect after it)", live=True),
+    ConfigKey("linger.ms", int, 5, 0, INT_MAX, doc="how long the daemon lets a client's batch wait for more records "
+              "before it claims the batch (clients may override for their own; the daemon looks at the clients' open "
+              "batches at least this often; a reload applies to clients that connect after it)", live=True),
     ConfigKey("batch.size", int, 16384, 1, INT_MAX,
               doc="the size of a shared-memory block of the BufferPool, so of a batch of small records (a larger "
                   "record gets several blocks in a row)"),
@@ -202,7 +203,8 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("sidecar.endpoint", str, DEFAULT_ENDPOINT,
               doc="the ZeroMQ endpoint the daemon serves (ipc://PATH, or tcp://127.0.0.1:PORT)"),
     ConfigKey("sidecar.client.timeout.ms", int, 30000, 1000, INT_MAX,
-              doc="a client silent this long is gone: its unsealed blocks return to the pool"),
+              doc="a client silent this long is gone: what it published is claimed and sent, its other blocks "
+                  "return to the pool"),
     ConfigKey("sidecar.client.reply.buffer.bytes", int, 8388608, 65536, LONG_MAX,
               doc="replies a client does not read fast enough wait in the daemon up to this many bytes (beside "
                   "what ZeroMQ queues for it); past them its session ends, its sealed batches still sent and their "

@@ -1,9 +1,10 @@
 """DeliveryReports: each batch's outcome, back to the session that sealed it.
 
 A batch finished (acknowledged, failed for good, expired) is reported to its client's
-session, live or kept; a session's reports go out together after each turn of the loop,
-in DELIVERY messages of at most 256 reports. The records each process had delivered and
-failed are counted for its metrics.
+session, live or kept; a session's reports go out together, in DELIVERY messages of at
+most 256 reports, at most once every REPORT_INTERVAL_MS: a client is woken once for all
+the reports of that while, not for each produce response. The records each process had
+delivered and failed are counted for its metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from .sessions import ClientSession, SessionTable
 # Reports in one DELIVERY: what a client can make grow in a reply (every other reply is a few dozen bytes, or a
 # TOPIC's few KB).
 REPORTS_PER_DELIVERY = 256
+# The shortest time between two DELIVERY messages to a session: the first reports after a quiet while go at once.
+REPORT_INTERVAL_MS = 2
 
 
 class DeliveryReports:
@@ -42,13 +45,18 @@ class DeliveryReports:
         session.reports.append(ipc.DeliveryReport(batch_id, batch.origin_index, batch.record_count, batch.base_offset,
                                                   batch.log_append_time_ms, ipc.error_to_wire(batch.error)))
 
-    def send(self, session: ClientSession) -> None:
-        """Send the session the reports waiting for it."""
+    def send(self, session: ClientSession, now: int) -> None:
+        """Send the session the reports waiting for it, unless it had some less than REPORT_INTERVAL_MS ago."""
         reports = session.reports
-        if reports:
+        if reports and now - session.reported_ms >= REPORT_INTERVAL_MS:
             session.reports = []
+            session.reported_ms = now
             for start in range(0, len(reports), REPORTS_PER_DELIVERY):
                 self.replies.send(session, ipc.Delivery(reports[start:start + REPORTS_PER_DELIVERY]))
+
+    def due_in_ms(self, now: int) -> list[int]:
+        """When the reports held back are due."""
+        return [session.reported_ms + REPORT_INTERVAL_MS - now for session in self.sessions if session.reports]
 
     def records_of(self, pid: int) -> tuple[int, int]:
         """The records of a process reported delivered, and failed."""

@@ -55,6 +55,8 @@ class ClientSession:
     last_sealed: bool = False
     uid: int = -1
     reports: list[ipc.DeliveryReport] = field(default_factory=list)
+    # When its last DELIVERY went (the front's clock).
+    reported_ms: int = -(2**62)
     # The topics it follows, each with what it was last told of it (see TopicUpdates).
     topics: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     # The topics by the session's number for each, which its batch slots name them by (see TopicUpdates).

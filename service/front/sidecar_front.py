@@ -292,7 +292,7 @@ class SidecarFront:
         for session in self.sessions:
             if session.waiting:
                 self.replies.send_waiting(session)
-            self.reports.send(session)
+            self.reports.send(session, now)
             self._end_if_overdue(session, now)
         self.handshakes.expire(now)
         self.topic_updates.tell_changes()
@@ -316,7 +316,7 @@ class SidecarFront:
         now = self.clock()
         timeout_ms = self.settings.client_timeout_ms
         due = [timeout_ms, *self.grants.due_in_ms(now), *self.handshakes.due_in_ms(now),
-               *self.open_batches.due_in_ms(now)]
+               *self.open_batches.due_in_ms(now), *self.reports.due_in_ms(now)]
         for session in self.sessions:
             due.append(session.last_seen_ms + timeout_ms - now)
             if not session.attached:
