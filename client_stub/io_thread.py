@@ -492,6 +492,8 @@ class IoThread:
         self._grants.pool_blocks = welcome.block_count
         linger_ms = self._linger_ms()  # the producer's, else the daemon's
         self._accumulator.linger_s = linger_ms / 1000
+        if self._accumulator.control is not None:
+            self._accumulator.control.release()  # the lost session's, on the segment this one takes back
         control = self._accumulator.control = ControlArea(self.segment.control, welcome.block_count)
         control.set_header(batch_slots.LINGER_NS, linger_ms * 1_000_000)
         self._metadata.new_session()

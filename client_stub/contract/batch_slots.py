@@ -202,6 +202,10 @@ class ControlArea:
         words[at + CLAIM] = CLAIMED | record_count
         return record_count, length
 
+    def mark_claimed(self, block: int) -> None:
+        """Mark the batch of ``block`` claimed without reading it (one the client handed back, by notice)."""
+        self.words[self._at(block, CLAIM)] = CLAIMED
+
     def snapshot(self, block: int) -> SlotSnapshot:
         """The slot's fields, read once."""
         at = self._at(block, 0)

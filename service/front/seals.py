@@ -51,10 +51,16 @@ class Seals:
 
     def seal(self, session: ClientSession, notices: list[Any], now: int) -> None:
         """Hand over the batches of a session taken back, each on its own."""
+        control = self.pool.control(session.client_id)
         for notice in notices:
             if not self.sessions.is_live(session):
                 return  # ended by a reply it did not take: the notices left are offered again when it comes back
             self._hand_over(session, notice, now)
+            first = notice_fields(notice).get("first_block")
+            if control is not None and is_int(first) and 0 <= first < self.pool.block_count:
+                # Its slot may say it is open (the client closed it unclaimed when the last daemon went): when the
+                # block is granted again, it must not look like a batch until the client opens one there.
+                control.mark_claimed(first)
 
     def claim(self, session: ClientSession, block: int, now: int) -> None:
         """Claim the batch the client published in ``block``'s slot and hand it over (nothing if it published no
