@@ -47,6 +47,9 @@ class OpenBatches:
 
     def wakeup(self, session: ClientSession, now: int) -> None:
         """The client asks to be looked at now (WAKEUP; BLOCKS too, which often follows a full batch)."""
+        if not self._watched:
+            # The first client watched, looked at now: the next look is a scan interval away, not due at once.
+            self._next_scan_ms = now + self.scan_interval_ms
         self._watched[session] = now + WATCH_MS
         self._scan(session, now, claim_all=False)
         self._tell_watch(session)
