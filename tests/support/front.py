@@ -173,7 +173,7 @@ class Client:
         if topic not in session.topic_names:
             self.send(ipc.Metadata.TYPE, topic)
             self.env.pump()
-            while not self.sock.poll(20) == 0:
+            while self.sock.poll(20) != 0:
                 self._pending.append(ipc.unpack(self.sock.recv()))
         return session.topic_names.index(topic) if topic in session.topic_names else 0xFFFFFFFF
 
@@ -360,6 +360,7 @@ def seal_two_keep_two(env: Env, client: Client) -> tuple[list[int], list[int]]:
     client.publish(notice(batch_id=1, first=run[0], count=2, length=5000))
     return run[:2], run[2:]
 
+
 def check_ended(env: Env, client_id: int, sealed: list[int], unsealed: list[int], kept: bool = False) -> None:
     """The session is gone; its unsealed blocks are back in the pool at once, its sealed batch still goes
     (from its segment), and the segment is dropped with the last batch (unless ``kept`` for a client that may
@@ -378,8 +379,9 @@ def check_ended(env: Env, client_id: int, sealed: list[int], unsealed: list[int]
     else:
         assert client_id not in env.pool.held()
 
+
 def resume_of(daemon_id: str, sealed: list[list[Any]], block_size: int = BLOCK,
-            block_count: int = BLOCKS, client_id: int = 1) -> dict[str, Any]:
+               block_count: int = BLOCKS, client_id: int = 1) -> dict[str, Any]:
     return {"resume": [daemon_id, client_id, block_size, block_count, sealed]}
 
 def metadata_response(topics: dict[str, list[int]], topic_errors: dict[str, int] | None = None

@@ -375,8 +375,8 @@ F_SEAL_FUTURE_WRITE = 0x10  # Linux 5.1; not in Python 3.11's fcntl
     (_read_only_memfd, ClientError, "cannot be mapped read-write"),
 ], ids=["regular file", "pipe", "file in /dev/shm", "memfd that cannot be sealed", "unsealed memfd",
         "memfd sealed against shrinking only", "memfd sealed against growing only", "smaller memfd",
-        "larger memfd", "empty memfd", "memfd without a control area", "memfd that may be sealed later", "memfd sealed against writes",
-        "memfd sealed against future writes", "memfd opened read-only"])
+        "larger memfd", "empty memfd", "memfd without a control area", "memfd that may be sealed later",
+        "memfd sealed against writes", "memfd sealed against future writes", "memfd opened read-only"])
 def test_adopt_refuses_a_segment_that_is_not_one_of_the_pool(
         bare_pool: BufferPool, tmp_path: Path, make: Callable[[Path, int], int], error: type[Exception],
         match: str | None) -> None:

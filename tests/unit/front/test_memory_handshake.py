@@ -220,7 +220,8 @@ print("ready", os.fstat(fd).st_size, flush=True)
 layout = shared_memory.Layout(int(sys.argv[3]), int(sys.argv[4]))
 control = ControlArea(shared_memory.Segment(fd, layout).control, layout.block_count)
 block, topic_index, opened_ns = map(int, sys.stdin.readline().split())
-control.open(block, batch_id=1, topic_index=topic_index, partition=0, block_count=1, base_timestamp=1, opened_ns=opened_ns)
+control.open(block, batch_id=1, topic_index=topic_index, partition=0, block_count=1, base_timestamp=1,
+             opened_ns=opened_ns)
 control.publish(block, 1, 100, 1)  # a record appended, the batch open
 print("published", flush=True)
 sys.stdin.read()

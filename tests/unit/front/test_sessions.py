@@ -118,7 +118,7 @@ def test_silent_clients_waiting_request_goes_with_its_session(env: Env) -> None:
     env.pump()
     env.front.serve_due()
     assert a.recv() == [ipc.SealNow.TYPE]  # in the iteration that ended the silent session
-    # Nobody would take what the request is granted: it is dropped, and nobody is asked to seal for it.
+    # Nobody would take what the request is granted: it is dropped, and nobody hears SEAL_NOW for it.
     assert not env.pool.waiters and not env.pool.exhausted
     env.clock.advance(50)
     env.front.serve_due()
