@@ -101,6 +101,7 @@ class OpenBatches:
             return False, False
         linger_ms = min(control.header(batch_slots.LINGER_NS) // 1_000_000, _MAX_LINGER_MS)
         still_open = found_full = False
+        ready: list[int] = []
         for block in self.pool.owned_blocks(client_id):
             # The claim first: a client opening a batch on a block clears its published before its claim.
             if control.claim_word(block):
@@ -114,12 +115,17 @@ class OpenBatches:
             if claim_all or full or now >= due:
                 del self._first_seen[key]
                 found_full |= full
-                self.seals.claim(session, block, now)
-                if not self.sessions.is_live(session):
-                    break  # ended by a reply it did not take
+                ready.append(block)
             else:
                 still_open = True
                 self._next_due_ms = due if self._next_due_ms is None else min(self._next_due_ms, due)
+        if len(ready) > 1:
+            # A partition's batches go in the order the client opened them (its batch ids), not its blocks'.
+            ready.sort(key=lambda block: control.snapshot(block).batch_id)
+        for block in ready:
+            self.seals.claim(session, block, now)
+            if not self.sessions.is_live(session):
+                break  # ended by a reply it did not take
         return still_open, found_full
 
     def _tell_watch(self, session: ClientSession) -> None:

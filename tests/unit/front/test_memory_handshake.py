@@ -18,7 +18,7 @@ import pytest
 from client_stub import errors
 from client_stub.contract import ipc
 from client_stub.contract.shared_memory import ERR, Layout, create_segment
-from service.buffer_pool import FREE, SEALED
+from service.buffer_pool import FREE, OWNED, SEALED
 from service.front.memory_handshake import HANDSHAKE_TIMEOUT_MS
 from tests.support.front import (
     BLOCK,
@@ -313,7 +313,28 @@ def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) ->
         assert restarted.pool.held_by(client_id) == 2
 
 
-def test_a_resumed_notice_that_is_not_valid_is_refused_as_a_seal_is(env: Env) -> None:
+def test_a_batch_taken_back_is_not_taken_again_when_its_block_is_granted_again(env: Env) -> None:
+    # Its slot says what the client published, and no claim: the daemon that had to claim it is gone.
+    with restarted_daemon(env) as (old, restarted, client):
+        assert old.blocks(3, contiguous=True) == [0, 1, 2]
+        old.publish(notice(batch_id=5, first=2), wakeup=False)
+        client_id = client.hello(hand_over=old.fd, **resume_of(env.front.daemon_id, [notice(batch_id=5, first=2)]))
+        client.topic_index("t")  # it follows its topics again
+        [batch] = restarted.queued()
+        batch.done(9, -1, None)
+        restarted.front.serve_due()
+        assert deliveries(client) == [[5, 0, 1, 9, -1, None]]
+        assert restarted.state(client_id, 2) == FREE
+        assert sorted(client.blocks(3)) == [0, 1, 2]
+        client.send(ipc.Wakeup.TYPE)
+        restarted.pump()
+        restarted.clock.advance(10)
+        restarted.front.serve_due()
+        assert restarted.queued() == [batch] and restarted.state(client_id, 2) == OWNED
+        assert client.quiet()
+
+
+def test_a_resumed_notice_that_is_not_valid_is_refused_as_a_claimed_batch_is(env: Env) -> None:
     with restarted_daemon(env) as (old, restarted, client):
         sealed = [notice(batch_id=1, first=0, topic="no such/topic"), notice(batch_id=2, first=1)]
         client_id = client.hello(hand_over=old.fd, **resume_of(env.front.daemon_id, sealed))

@@ -236,6 +236,25 @@ def test_what_a_client_published_is_claimed_when_its_session_ends(env: Env, end:
         control.release()
 
 
+def test_batches_claimed_together_are_queued_in_the_order_they_opened(env: Env) -> None:
+    # A partition's batches go in the order their records were sent, whatever blocks they are in.
+    client = env.client()
+    client_id = client.hello()
+    lingering(client, 3_600_000)
+    assert client.blocks(3) == [0, 1, 2]
+    client.publish(notice(batch_id=1, first=2), notice(batch_id=2, first=1), wakeup=False)  # full: closed
+    client.publish(notice(batch_id=3, first=0), full=False, wakeup=False)  # open
+    client.send(ipc.Goodbye.TYPE)
+    env.pump()
+    assert origins(env) == [(client_id, 1), (client_id, 2), (client_id, 3)]
+    # And so are those that are full when the daemon looks.
+    other = env.client()
+    other_id = other.hello()
+    assert other.blocks(2) == [0, 1]
+    other.publish(notice(batch_id=1, first=1), notice(batch_id=2, first=0))
+    assert origins(env)[3:] == [(other_id, 1), (other_id, 2)]
+
+
 # -- pool pressure --------------------------------------------------------------------------------
 
 
