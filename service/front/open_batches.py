@@ -66,6 +66,8 @@ class OpenBatches:
                 continue
             still_open, claimed_full = self._scan(session, now, claim_all=False)
             found_full |= claimed_full
+            if not self.sessions.is_live(session):
+                continue  # ended by a reply it did not take, as its batches were claimed: forgotten already
             if still_open:
                 self._watched[session] = now + WATCH_MS
             elif now >= self._watched[session]:

@@ -330,6 +330,39 @@ def test_a_block_granted_again_keeps_its_claim_until_a_batch_opens_there(env: En
     assert origins(env) == [(client_id, 1), (client_id, 2)]
 
 
+def test_a_session_ended_by_its_refusals_during_a_look_ends_the_look_for_it_only() -> None:
+    env = Env(reply_buffer_bytes=1 << 20)
+    try:
+        reader, client = env.client(), env.client(receive_hwm=1)
+        reader_id = reader.hello()
+        client_id = client.hello()
+        for each in (reader, client):
+            lingering(each)
+            each.topic_index("t")
+            each.blocks(2, contiguous=True)
+        # The client does not read: what the daemon answers it now waits, at the limit of what may.
+        refused = env.front.refusals.messages_refused + 300
+        for n in range(300):
+            client.send(ipc.Blocks.TYPE, 1000 + n, 0, False, 1000)
+        while env.front.refusals.messages_refused < refused:
+            env.pump()
+        session = env.session(client_id)
+        assert session.waiting
+        env.front.replies.reply_buffer_bytes = session.waiting_bytes
+        # Its batch, refused when due, is one reply too many: its session ends as the daemon looks.
+        client.publish(notice(batch_id=1, partition=2**31), full=False, wakeup=False)
+        client.publish(notice(batch_id=2, first=1), full=False, wakeup=False)
+        reader.publish(notice(batch_id=1), full=False, wakeup=False)
+        advance(env, LINGER_MS)
+        assert env.sidecar_metrics()["sessions-kept"] == 1
+        assert sorted(origins(env)) == [(reader_id, 1), (client_id, 2)]
+        advance(env, 5)  # the looks go on, for the others
+        reader.publish(notice(batch_id=2, first=1))
+        assert origins(env)[-1] == (reader_id, 2)
+    finally:
+        env.close()
+
+
 # -- isolation ------------------------------------------------------------------------------------
 
 
