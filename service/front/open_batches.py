@@ -54,6 +54,11 @@ class OpenBatches:
         self._scan(session, now, claim_all=False)
         self._tell_watch(session)
 
+    def attached(self, session: ClientSession) -> None:
+        """The session has its segment: its header says it is not watched (one taken back says what the daemon
+        that had it last wrote, which is not looking)."""
+        self._tell_watch(session)
+
     def scan(self, now: int) -> None:
         """Claim the watched clients' batches that are ready, if it is time to look (after each poll)."""
         if not self._watched or (now < self._next_scan_ms and (self._next_due_ms is None or now < self._next_due_ms)):

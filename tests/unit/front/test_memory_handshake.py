@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from client_stub import errors
-from client_stub.contract import ipc
+from client_stub.contract import batch_slots, ipc
 from client_stub.contract.shared_memory import ERR, Layout, create_segment
 from service.buffer_pool import FREE, OWNED, SEALED
 from service.front.memory_handshake import HANDSHAKE_TIMEOUT_MS
@@ -332,6 +332,19 @@ def test_a_batch_taken_back_is_not_taken_again_when_its_block_is_granted_again(e
         restarted.front.serve_due()
         assert restarted.queued() == [batch] and restarted.state(client_id, 2) == OWNED
         assert client.quiet()
+
+
+def test_a_segment_taken_back_says_its_client_is_not_watched(env: Env) -> None:
+    # Its header says until when the daemon that had it would look at its open batches: that daemon is gone, and
+    # the new one watches a client from its first WAKEUP.
+    with restarted_daemon(env) as (old, restarted, client):
+        old.blocks(1)
+        with old.control() as control:
+            assert control.header(batch_slots.WATCHED_UNTIL_NS) > restarted.clock() * 1_000_000
+        client.hello(hand_over=old.fd, **resume_of(env.front.daemon_id, []))
+        with client.control() as control:
+            assert control.header(batch_slots.WATCHED_UNTIL_NS) == 0
+            assert control.header(batch_slots.SCAN_INTERVAL_NS) == 5_000_000
 
 
 def test_a_resumed_notice_that_is_not_valid_is_refused_as_a_claimed_batch_is(env: Env) -> None:

@@ -137,7 +137,7 @@ def test_the_header_of_a_watched_client_says_until_when_and_how_often_the_daemon
     client = env.client()
     client_id = client.hello()
     lingering(client)
-    assert header(client) == (0, 0)  # not watched: its first batch comes with a WAKEUP
+    assert header(client) == (0, 5_000_000)  # not watched: its first batch comes with a WAKEUP
     client.blocks(2)  # BLOCKS wakes the daemon too
     assert header(client) == ((T0 + WATCH_MS) * 1_000_000, 5_000_000)
     # While it has open batches the watch goes on, WATCH_MS past each look.
