@@ -384,7 +384,11 @@ def test_a_clients_slots_never_affect_another_clients_batches(env: Env, caplog: 
         for at in range(len(words)):
             words[at] = rng.getrandbits(64)
         for block in range(BLOCKS):
-            words[8 + 8 * block + batch_slots.CLAIM] = 0
+            words[(batch_slots.HEADER_SIZE + block * batch_slots.SLOT_SIZE) // 8 + batch_slots.CLAIM] = 0
+    # And one batch it may send, of the same blocks' numbers as the good client's: its own records.
+    assert hostile.segment is not None
+    hostile.segment.blocks(0)[:100] = b"h" * 100
+    hostile.publish(notice(batch_id=9, first=0, length=100), full=False, wakeup=False)
     hostile.send(ipc.Wakeup.TYPE)
     hostile.send(ipc.Goodbye.TYPE)  # every slot with records claimed
     env.pump()
@@ -394,4 +398,4 @@ def test_a_clients_slots_never_affect_another_clients_batches(env: Env, caplog: 
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # each refused on its own: no bug met
     [batch] = [b for b in env.queued() if b.origin[0] == good_id]
     assert (batch.origin, batch.record_count, bytes(batch.records)) == ((good_id, 1), 3, written)
-    assert all(b.origin[0] == hostile_id for b in env.queued() if b is not batch)
+    assert [(b.origin, bytes(b.records)) for b in env.queued() if b is not batch] == [((hostile_id, 9), b"h" * 100)]
