@@ -227,11 +227,18 @@ class ClientSegments:
 
     def _give_back_pages(self, memory: ClientMemory, block: int) -> None:
         """Free a block's pages (the client's mapping then reads zeros there, until written again)."""
-        try:
-            memory.segment.madvise(mmap.MADV_REMOVE, self.layout.block_offset(block), self.layout.block_size)
-        except OSError as exc:
-            # Not expected of a segment that passed check_segment; the block stays resident, counted as not.
-            log.warning("cannot give back the pages of a block: %s", exc)
+        # The pages wholly the block's only: madvise(2) frees every page its range touches, and a block whose size
+        # is not a multiple of the page shares its first and last pages with its neighbours, the last block its last
+        # page with the control area.
+        start = self.layout.block_offset(block)
+        first_page = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        end_page = (start + self.layout.block_size) // mmap.PAGESIZE * mmap.PAGESIZE
+        if first_page < end_page:
+            try:
+                memory.segment.madvise(mmap.MADV_REMOVE, first_page, end_page - first_page)
+            except OSError as exc:
+                # Not expected of a segment that passed check_segment; the block stays resident, counted as not.
+                log.warning("cannot give back the pages of a block: %s", exc)
         if memory.touched[block]:
             memory.touched[block] = 0
             self._resident -= 1

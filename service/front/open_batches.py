@@ -47,8 +47,16 @@ class OpenBatches:
 
     def wakeup(self, session: ClientSession, now: int) -> None:
         """The client asks to be looked at now (WAKEUP; BLOCKS too, which often follows a full batch)."""
+        if not self._watched:
+            # The first client watched, looked at now: the next look is a scan interval away, not due at once.
+            self._next_scan_ms = now + self.scan_interval_ms
         self._watched[session] = now + WATCH_MS
         self._scan(session, now, claim_all=False)
+        self._tell_watch(session)
+
+    def attached(self, session: ClientSession) -> None:
+        """The session has its segment: its header says it is not watched (one taken back says what the daemon
+        that had it last wrote, which is not looking)."""
         self._tell_watch(session)
 
     def scan(self, now: int) -> None:
@@ -63,6 +71,8 @@ class OpenBatches:
                 continue
             still_open, claimed_full = self._scan(session, now, claim_all=False)
             found_full |= claimed_full
+            if not self.sessions.is_live(session):
+                continue  # ended by a reply it did not take, as its batches were claimed: forgotten already
             if still_open:
                 self._watched[session] = now + WATCH_MS
             elif now >= self._watched[session]:
@@ -98,6 +108,7 @@ class OpenBatches:
             return False, False
         linger_ms = min(control.header(batch_slots.LINGER_NS) // 1_000_000, _MAX_LINGER_MS)
         still_open = found_full = False
+        ready: list[int] = []
         for block in self.pool.owned_blocks(client_id):
             # The claim first: a client opening a batch on a block clears its published before its claim.
             if control.claim_word(block):
@@ -111,12 +122,17 @@ class OpenBatches:
             if claim_all or full or now >= due:
                 del self._first_seen[key]
                 found_full |= full
-                self.seals.claim(session, block, now)
-                if not self.sessions.is_live(session):
-                    break  # ended by a reply it did not take
+                ready.append(block)
             else:
                 still_open = True
                 self._next_due_ms = due if self._next_due_ms is None else min(self._next_due_ms, due)
+        if len(ready) > 1:
+            # A partition's batches go in the order the client opened them (its batch ids), not its blocks'.
+            ready.sort(key=lambda block: control.snapshot(block).batch_id)
+        for block in ready:
+            self.seals.claim(session, block, now)
+            if not self.sessions.is_live(session):
+                break  # ended by a reply it did not take
         return still_open, found_full
 
     def _tell_watch(self, session: ClientSession) -> None:

@@ -224,6 +224,7 @@ class SidecarFront:
 
     def _attached(self, session: ClientSession) -> None:
         """The session's client has its segment: what it hands back of a lost session is sealed anew."""
+        self.open_batches.attached(session)
         if session.resume is not None:
             self.seals.seal(session, session.resume.sealed, self.clock())
             session.resume = None

@@ -9,7 +9,8 @@ import select
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import zmq
@@ -139,24 +140,31 @@ class Client:
         assert grant[:2] == [ipc.Grant.TYPE, request_id], grant
         return grant[2]
 
-    def publish(self, *notices: list[Any], wakeup: bool = True) -> None:
-        """Publish batches, full, in the slots of their first blocks, as a producer does when it closes them, then
-        (``wakeup``) say WAKEUP: the daemon claims them at once. Each notice's fields (see :func:`notice`) are
-        written as they are, within the 64 bits of a word (the topic: by the session's number for it, following it
-        first; a name the daemon refuses to follow, by a number it never gave)."""
-        assert self.segment is not None
-        control = ControlArea(self.segment.control, self.segment.layout.block_count)
-        try:
+    def publish(self, *notices: list[Any], wakeup: bool = True, full: bool = True) -> None:
+        """Publish batches in the slots of their first blocks, full (as a producer does when it closes them) or
+        open (as it does while it appends, ``full=False``), then (``wakeup``) say WAKEUP: the daemon claims the
+        full ones at once. Each notice's fields (see :func:`notice`) are written as they are, within the 64 bits of
+        a word (the topic: by the session's number for it, following it first; a name the daemon refuses to
+        follow, by a number it never gave; ``ago``: the batch opened that long before the front's clock)."""
+        with self.control() as control:
             for batch_id, first, count, topic, partition, records, length, base_ts, max_ts, ago in notices:
                 control.open(first, batch_id=batch_id & _WORD, topic_index=self.topic_index(topic),
                              partition=partition & 0xFFFFFFFF, block_count=count & _WORD,
                              base_timestamp=base_ts & _WORD, opened_ns=((self.env.clock() - ago) * 1_000_000) & _WORD)
-                control.publish(first, records, length, max_ts & _WORD, full=True)
-        finally:
-            control.release()
+                control.publish(first, records, length, max_ts & _WORD, full=full)
         if wakeup:
             self.send(ipc.Wakeup.TYPE)
             self.env.pump()
+
+    @contextmanager
+    def control(self) -> Iterator[ControlArea]:
+        """The control area of the client's segment, as the client sees it (its header and slots)."""
+        assert self.segment is not None
+        control = ControlArea(self.segment.control, self.segment.layout.block_count)
+        try:
+            yield control
+        finally:
+            control.release()
 
     def topic_index(self, topic: str) -> int:
         """The session's number for ``topic``, which it follows first if it does not yet (what the daemon answers
@@ -165,7 +173,7 @@ class Client:
         if topic not in session.topic_names:
             self.send(ipc.Metadata.TYPE, topic)
             self.env.pump()
-            while not self.sock.poll(20) == 0:
+            while self.sock.poll(20) != 0:
                 self._pending.append(ipc.unpack(self.sock.recv()))
         return session.topic_names.index(topic) if topic in session.topic_names else 0xFFFFFFFF
 
@@ -352,6 +360,7 @@ def seal_two_keep_two(env: Env, client: Client) -> tuple[list[int], list[int]]:
     client.publish(notice(batch_id=1, first=run[0], count=2, length=5000))
     return run[:2], run[2:]
 
+
 def check_ended(env: Env, client_id: int, sealed: list[int], unsealed: list[int], kept: bool = False) -> None:
     """The session is gone; its unsealed blocks are back in the pool at once, its sealed batch still goes
     (from its segment), and the segment is dropped with the last batch (unless ``kept`` for a client that may
@@ -370,8 +379,9 @@ def check_ended(env: Env, client_id: int, sealed: list[int], unsealed: list[int]
     else:
         assert client_id not in env.pool.held()
 
+
 def resume_of(daemon_id: str, sealed: list[list[Any]], block_size: int = BLOCK,
-            block_count: int = BLOCKS, client_id: int = 1) -> dict[str, Any]:
+               block_count: int = BLOCKS, client_id: int = 1) -> dict[str, Any]:
     return {"resume": [daemon_id, client_id, block_size, block_count, sealed]}
 
 def metadata_response(topics: dict[str, list[int]], topic_errors: dict[str, int] | None = None

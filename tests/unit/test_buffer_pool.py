@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from client_stub.contract.batch_slots import ControlArea, pack_published
 from client_stub.contract.shared_memory import Segment, create_segment
 from service.buffer_pool import FREE, OWNED, SEALED, BlockError, BufferPool, client_block_limit
 from tests.support.buffer_pool import BLOCK, BLOCKS, STRANGER, A, B, C, attach, states, take_all
@@ -359,6 +360,36 @@ def test_a_block_taken_by_a_run_is_not_granted_again(pool: BufferPool) -> None:
     pool.free(A, [3])
     assert pool.request(A, 4, BLOCKS, False, 0) == [3]
     assert pool.free_blocks == 0 and pool.held_by(A) == BLOCKS
+
+
+# -- where the open batches are -------------------------------------------------------------------
+
+
+def test_owned_blocks_are_those_granted_and_not_sealed(pool: BufferPool) -> None:
+    assert pool.owned_blocks(A) == [] and pool.owned_blocks(STRANGER) == []
+    assert pool.request(A, 1, 5, True, 0) == [0, 1, 2, 3, 4]
+    assert pool.request(B, 2, 1, True, 0) == [0]
+    pool.seal(A, 1, 2, 100).release()
+    pool.give_back(A, [4])
+    assert pool.owned_blocks(A) == [0, 3] and pool.owned_blocks(B) == [0]
+    pool.detach(A)
+    assert pool.owned_blocks(A) == []
+
+
+def test_the_control_area_is_the_clients_segments(pool: BufferPool, segments: dict[int, Segment]) -> None:
+    control = pool.control(A)
+    assert control is not None and control.block_count == BLOCKS
+    # What the client writes in its segment's control area is what the daemon reads there, and no other client's.
+    client_side = ControlArea(segments[A].control, BLOCKS)
+    try:
+        client_side.open(2, batch_id=7, topic_index=0, partition=0, block_count=1, base_timestamp=1, opened_ns=1)
+        client_side.publish(2, 3, 300, 1)
+        assert control.snapshot(2).batch_id == 7 and control.published(2) == pack_published(3, 300)
+        other = pool.control(B)
+        assert other is not None and other.published(2) == 0
+    finally:
+        client_side.release()
+    assert pool.control(STRANGER) is None
 
 
 # -- detach ---------------------------------------------------------------------------------------

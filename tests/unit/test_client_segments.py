@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from client_stub.contract.batch_slots import control_size
 from client_stub.contract.shared_memory import SEALS, Layout, Segment, create_segment
 from service.buffer_pool import FREE, OWNED, SEALED, BlockError, BufferPool
 from service.client_error import ClientError
 from tests.support.buffer_pool import BLOCK, BLOCKS, A, B, C, attach, map_segment, mapped, states
 
 pytest_plugins = ("tests.support.buffer_pool_fixtures",)
+
+SIZE = Layout(BLOCK, BLOCKS).size  # a segment's bytes
 
 
 def sealed_memfd(size: int, seals: int = SEALS | fcntl.F_SEAL_SEAL) -> int:
@@ -35,9 +38,12 @@ def sealed_memfd(size: int, seals: int = SEALS | fcntl.F_SEAL_SEAL) -> int:
 def test_segment_layout(pool: BufferPool, segments: dict[int, Segment]) -> None:
     assert (pool.block_size, pool.block_count, pool.free_blocks) == (BLOCK, BLOCKS, BLOCKS)
     assert pool.layout == Layout(BLOCK, BLOCKS)
-    assert pool.layout.size == BLOCKS * BLOCK and pool.layout.block_offset(3) == 3 * BLOCK
+    assert pool.layout.block_offset(3) == 3 * BLOCK
+    # After the blocks, on a cache line of its own, the control area: a header, and a slot per block.
+    assert pool.layout.control_offset == BLOCKS * BLOCK
+    assert pool.layout.size == BLOCKS * BLOCK + control_size(BLOCKS) == BLOCKS * BLOCK + 64 + BLOCKS * 64
     segment = segments[A]
-    assert len(segment.buf) == pool.layout.size
+    assert len(segment.buf) == pool.layout.size and len(segment.control) == control_size(BLOCKS)
     assert len(segment.blocks(2, 3)) == 3 * BLOCK
     assert states(pool, A) == [FREE] * BLOCKS
     assert pool.held() == {A: 0, B: 0, C: 0}
@@ -355,9 +361,11 @@ F_SEAL_FUTURE_WRITE = 0x10  # Linux 5.1; not in Python 3.11's fcntl
     (lambda _, size: sealed_memfd(size, 0), ClientError, _MISSEALED),
     (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_SHRINK), ClientError, _MISSEALED),
     (lambda _, size: sealed_memfd(size, fcntl.F_SEAL_GROW), ClientError, _MISSEALED),
-    (lambda _, size: sealed_memfd(size - BLOCK), ClientError, f"has {BLOCKS * BLOCK - BLOCK} bytes"),
-    (lambda _, size: sealed_memfd(size + 1), ClientError, f"has {BLOCKS * BLOCK + 1} bytes, the pool's layout"),
-    (lambda _, size: sealed_memfd(0), ClientError, f"has 0 bytes, the pool's layout {BLOCKS * BLOCK}"),
+    (lambda _, size: sealed_memfd(size - BLOCK), ClientError, f"has {SIZE - BLOCK} bytes"),
+    (lambda _, size: sealed_memfd(size + 1), ClientError, f"has {SIZE + 1} bytes, the pool's layout"),
+    (lambda _, size: sealed_memfd(0), ClientError, f"has 0 bytes, the pool's layout {SIZE}"),
+    # The blocks, without the control area.
+    (lambda _, size: sealed_memfd(BLOCKS * BLOCK), ClientError, f"has {BLOCKS * BLOCK} bytes, the pool's layout"),
     # Not sealed against further seals: its holder could seal it against writes later.
     (lambda _, size: sealed_memfd(size, SEALS), ClientError, _MISSEALED),
     # Sealed against writes: the daemon could neither write into it nor give its pages back.
@@ -367,8 +375,8 @@ F_SEAL_FUTURE_WRITE = 0x10  # Linux 5.1; not in Python 3.11's fcntl
     (_read_only_memfd, ClientError, "cannot be mapped read-write"),
 ], ids=["regular file", "pipe", "file in /dev/shm", "memfd that cannot be sealed", "unsealed memfd",
         "memfd sealed against shrinking only", "memfd sealed against growing only", "smaller memfd",
-        "larger memfd", "empty memfd", "memfd that may be sealed later", "memfd sealed against writes",
-        "memfd sealed against future writes", "memfd opened read-only"])
+        "larger memfd", "empty memfd", "memfd without a control area", "memfd that may be sealed later",
+        "memfd sealed against writes", "memfd sealed against future writes", "memfd opened read-only"])
 def test_adopt_refuses_a_segment_that_is_not_one_of_the_pool(
         bare_pool: BufferPool, tmp_path: Path, make: Callable[[Path, int], int], error: type[Exception],
         match: str | None) -> None:
@@ -488,3 +496,32 @@ def test_clients_together_keep_no_more_blocks_resident_than_twice_the_pool(pool:
     pool.free(C, mine)
     assert pool.request(A, 2, 2, False, 0) == [BLOCKS - 1, BLOCKS - 2]
     assert resident_pages(segments[B], 0) == 1
+
+
+def test_pages_given_back_are_the_blocks_own_whatever_the_block_size() -> None:
+    # Blocks of a page and a half: a block's first or last page may be its neighbour's too, and the last block's
+    # the control area's. Only the pages wholly a free block's are given back: its neighbours, in use, and the
+    # control area keep what they hold.
+    size = 3 * os.sysconf("SC_PAGE_SIZE") // 2
+    pool = BufferPool(5 * size, size)
+    others = (B, C, 4, 5)
+    mapped = {client: map_segment(pool.attach(client), pool.layout) for client in (A, *others)}
+    try:
+        assert pool.request(A, 1, 5, True, 0) == [0, 1, 2, 3, 4]
+        mapped[A].blocks(0, 5)[:] = b"a" * 5 * size
+        mapped[A].control[:64] = b"h" * 64  # its header
+        pool.free(A, [0, 4])  # 1..3 still hold its open batches
+        # Others churn through the pool, past twice its blocks resident: A's 0 and 4, free longest, go back.
+        for client in others:
+            blocks = pool.request(client, 1, 2, False, 0)
+            assert blocks is not None
+            for block in blocks:
+                mapped[client].blocks(block)[:] = b"o" * size
+            pool.free(client, blocks)
+        assert bytes(mapped[A].blocks(0)) != b"a" * size and bytes(mapped[A].blocks(4)) != b"a" * size
+        assert bytes(mapped[A].blocks(1, 3)) == b"a" * 3 * size
+        assert bytes(mapped[A].control[:64]) == b"h" * 64
+    finally:
+        for segment in mapped.values():
+            segment.close()
+        pool.close()

@@ -110,8 +110,9 @@ def turn_until(daemon: SidecarDaemon, condition: Callable[[], bool]) -> None:
 
 def test_nothing_a_client_sends_is_read_while_the_producer_closes(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    # The producer's close turns the poll until what it holds is final. A seal read then would be failed (the
-    # producer is closed); unread, it stays the client's, which hands it to the next daemon.
+    # The producer's close turns the poll until what it holds is final. A message read then would have its batches
+    # claimed and failed (the producer is closed); unread, they stay the client's, which hands them to the next
+    # daemon.
     endpoint = f"ipc://{tmp_path}/sidecar.sock"
     daemon = SidecarDaemon(ProducerConfig({"bootstrap.servers": "127.0.0.1:9", "buffer.memory": BLOCKS * BLOCK,
                                            "batch.size": BLOCK}), endpoint)

@@ -24,8 +24,8 @@ def test_stats_report_what_the_pool_holds(env: Env) -> None:
     c_id = c.hello(pid=4242, handshake=False)  # no segment yet: it holds nothing, its pid is the HELLO's
     a.blocks(3)
     b.blocks(2, contiguous=True)
-    b.publish(notice(batch_id=1, first=0))
-    b.send(ipc.Goodbye.TYPE)  # its sealed batch is still to be sent, from its segment
+    b.publish(notice(batch_id=1, first=0), full=False, wakeup=False)  # a batch open in its segment
+    b.send(ipc.Goodbye.TYPE)  # claimed as its session ends: still to be sent, from its segment
     env.pump()
     probe.send(ipc.Stats.TYPE)
     env.pump()

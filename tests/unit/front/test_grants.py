@@ -1,5 +1,5 @@
 """Block grants: requests served now or waiting in the pool's FIFO, their timeouts, releases, and SEAL_NOW while
-the pool is exhausted."""
+the pool is exhausted (what the clients published is claimed then: see test_open_batches)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_one_waiting_request_of_each_kind_per_client(env: Env) -> None:
     assert b.recv()[:2] == [ipc.Grant.TYPE, 3]
 
 
-def test_a_client_at_its_limit_is_asked_to_seal_and_the_others_are_served() -> None:
+def test_a_client_at_its_limit_is_asked_for_its_spare_blocks_and_the_others_are_served() -> None:
     env = Env(max_blocks_per_process=4)
     try:
         a, b = env.client(), env.client()
@@ -80,7 +80,7 @@ def test_a_client_at_its_limit_is_asked_to_seal_and_the_others_are_served() -> N
         a.send(ipc.Blocks.TYPE, 9, 1, False, 1000)
         env.pump()
         env.front.serve_due()
-        # A waits for its own blocks: only A is asked to seal, and B is served at once.
+        # A waits for its own blocks: only A hears SEAL_NOW (its batches claimed), and B is served at once.
         assert a.recv() == [ipc.SealNow.TYPE]
         assert b.quiet()
         assert len(b.blocks(BLOCKS)) == 4
@@ -176,7 +176,7 @@ def test_abuse_of_its_own_blocks_cannot_make_the_daemon_grant_a_block_twice(env:
 # -- pool pressure --------------------------------------------------------------------------------
 
 
-def test_exhausted_pool_asks_everyone_to_seal(env: Env) -> None:
+def test_exhausted_pool_asks_everyone_for_spare_blocks(env: Env) -> None:
     a, b = env.client(), env.client()
     a.hello()
     b.hello()

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from client_stub import errors
-from client_stub.contract import ipc
+from client_stub.contract import batch_slots, ipc
 from client_stub.contract.shared_memory import ERR, Layout, create_segment
-from service.buffer_pool import FREE, SEALED
+from service.buffer_pool import FREE, OWNED, SEALED
 from service.front.memory_handshake import HANDSHAKE_TIMEOUT_MS
 from tests.support.front import (
     BLOCK,
@@ -50,7 +50,7 @@ def test_the_segment_cannot_be_resized_by_the_client(env: Env) -> None:
         os.ftruncate(client.fd, 2 * BLOCKS * BLOCK)
     with pytest.raises(PermissionError):
         fcntl.fcntl(client.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)  # nor can it be made read-only for the daemon
-    assert os.fstat(client.fd).st_size == BLOCKS * BLOCK
+    assert os.fstat(client.fd).st_size == Layout(BLOCK, BLOCKS).size  # its blocks, then its control area
 
 
 def test_blocks_are_refused_until_the_memory_handshake(env: Env) -> None:
@@ -60,8 +60,12 @@ def test_blocks_are_refused_until_the_memory_handshake(env: Env) -> None:
     env.pump()
     assert f"client {client_id} has no segment" in client.error()
     assert client.recv()[:2] == [ipc.GrantFailed.TYPE, 1]
-    client.publish(notice(batch_id=4))
-    assert "after its memory handshake" in client.error()
+    # Nor is anything of it claimed: it has no segment to publish batches in.
+    client.send(ipc.Wakeup.TYPE)
+    client.send(ipc.LastSeal.TYPE)
+    env.pump()
+    env.front.serve_due()
+    assert client.quiet() and env.core.accumulator.queued_batches() == 0
     assert env.pool.free_blocks == BLOCKS and env.pool.held() == {}
     client.handshake()
     assert client.blocks(2) == [0, 1]
@@ -202,7 +206,7 @@ def test_a_resume_holding_more_than_a_client_may_takes_back_what_it_may(env: Env
         client_id = client.hello(hand_over=old.fd, **resume_of(env.front.daemon_id, sealed))
         assert restarted.pool.held_by(client_id) == 2
         assert [b.origin[1] for b in restarted.queued()] == [0, 1]
-        assert "seal refused" in client.error() and "seal refused" in client.error()
+        assert "batch refused" in client.error() and "batch refused" in client.error()
         restarted.front.serve_due()
         assert sorted(report[0] for report in deliveries(client)) == [2, 3]
 
@@ -210,8 +214,16 @@ def test_a_resume_holding_more_than_a_client_may_takes_back_what_it_may(env: Env
 _MEMORY_CLIENT = """
 import os, sys
 from client_stub.contract import shared_memory
+from client_stub.contract.batch_slots import ControlArea
 conn, fd = shared_memory.connect(bytes.fromhex(sys.argv[1]).decode(), bytes.fromhex(sys.argv[2]), 10.0)
 print("ready", os.fstat(fd).st_size, flush=True)
+layout = shared_memory.Layout(int(sys.argv[3]), int(sys.argv[4]))
+control = ControlArea(shared_memory.Segment(fd, layout).control, layout.block_count)
+block, topic_index, opened_ns = map(int, sys.stdin.readline().split())
+control.open(block, batch_id=1, topic_index=topic_index, partition=0, block_count=1, base_timestamp=1,
+             opened_ns=opened_ns)
+control.publish(block, 1, 100, 1)  # a record appended, the batch open
+print("published", flush=True)
 sys.stdin.read()
 """
 
@@ -222,15 +234,20 @@ def test_session_ends_when_the_process_holding_its_memory_connection_dies(env: E
     assert client.welcome is not None
     # Another process does the memory handshake, as the client library does it.
     child = subprocess.Popen([sys.executable, "-c", _MEMORY_CLIENT, env.front.endpoint.memory.path.encode().hex(),
-                              client.welcome.memory_token.hex()], cwd=ROOT, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+                              client.welcome.memory_token.hex(), str(BLOCK), str(BLOCKS)], cwd=ROOT,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         env.serve_until(lambda: env.session(client_id).attached)
-        assert child.stdout is not None and child.stdout.readline().split() == ["ready", str(BLOCKS * BLOCK)]
+        assert child.stdout is not None and child.stdout.readline().split() == ["ready",
+                                                                                str(Layout(BLOCK, BLOCKS).size)]
         session = env.session(client_id)
         assert session.pid == child.pid  # the kernel's word, not the HELLO's
         client.blocks(2)
-        client.publish(notice(batch_id=1, first=0, count=1))
+        # The process appends a record to a batch in block 0, and dies before the batch is due.
+        assert child.stdin is not None
+        child.stdin.write(f"0 {client.topic_index('t')} {env.clock() * 1_000_000}\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "published\n"
         connection = session.connection
         assert connection is not None
         assert not select.select([connection], [], [], 0.05)[0]  # alive: nothing to read
@@ -238,6 +255,7 @@ def test_session_ends_when_the_process_holding_its_memory_connection_dies(env: E
         child.kill()
         child.communicate()
     env.serve_until(lambda: not env.front.sessions)
+    # Its record is sent all the same.
     check_ended(env, client_id, [0], [1])
 
 
@@ -295,7 +313,41 @@ def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) ->
         assert restarted.pool.held_by(client_id) == 2
 
 
-def test_a_resumed_notice_that_is_not_valid_is_refused_as_a_seal_is(env: Env) -> None:
+def test_a_batch_taken_back_is_not_taken_again_when_its_block_is_granted_again(env: Env) -> None:
+    # Its slot says what the client published, and no claim: the daemon that had to claim it is gone.
+    with restarted_daemon(env) as (old, restarted, client):
+        assert old.blocks(3, contiguous=True) == [0, 1, 2]
+        old.publish(notice(batch_id=5, first=2), wakeup=False)
+        client_id = client.hello(hand_over=old.fd, **resume_of(env.front.daemon_id, [notice(batch_id=5, first=2)]))
+        client.topic_index("t")  # it follows its topics again
+        [batch] = restarted.queued()
+        batch.done(9, -1, None)
+        restarted.front.serve_due()
+        assert deliveries(client) == [[5, 0, 1, 9, -1, None]]
+        assert restarted.state(client_id, 2) == FREE
+        assert sorted(client.blocks(3)) == [0, 1, 2]
+        client.send(ipc.Wakeup.TYPE)
+        restarted.pump()
+        restarted.clock.advance(10)
+        restarted.front.serve_due()
+        assert restarted.queued() == [batch] and restarted.state(client_id, 2) == OWNED
+        assert client.quiet()
+
+
+def test_a_segment_taken_back_says_its_client_is_not_watched(env: Env) -> None:
+    # Its header says until when the daemon that had it would look at its open batches: that daemon is gone, and
+    # the new one watches a client from its first WAKEUP.
+    with restarted_daemon(env) as (old, restarted, client):
+        old.blocks(1)
+        with old.control() as control:
+            assert control.header(batch_slots.WATCHED_UNTIL_NS) > restarted.clock() * 1_000_000
+        client.hello(hand_over=old.fd, **resume_of(env.front.daemon_id, []))
+        with client.control() as control:
+            assert control.header(batch_slots.WATCHED_UNTIL_NS) == 0
+            assert control.header(batch_slots.SCAN_INTERVAL_NS) == 5_000_000
+
+
+def test_a_resumed_notice_that_is_not_valid_is_refused_as_a_claimed_batch_is(env: Env) -> None:
     with restarted_daemon(env) as (old, restarted, client):
         sealed = [notice(batch_id=1, first=0, topic="no such/topic"), notice(batch_id=2, first=1)]
         client_id = client.hello(hand_over=old.fd, **resume_of(env.front.daemon_id, sealed))
@@ -313,7 +365,7 @@ def test_resumed_notices_naming_blocks_outside_the_pool_or_twice_fail_only_their
                   notice(batch_id=4, first=1)]
         client_id = client.hello(hand_over=old.fd, **resume_of(env.front.daemon_id, sealed))
         assert client.welcome is not None and client.welcome.resumed
-        assert "seal refused" in client.error() and "seal refused" in client.error()
+        assert "batch refused" in client.error() and "batch refused" in client.error()
         assert [b.origin for b in restarted.queued()] == [(client_id, 1), (client_id, 4)]
         restarted.front.serve_due()
         assert sorted(report[0] for report in deliveries(client)) == [2, 3]
@@ -363,7 +415,7 @@ def _too_small(tmp_path: Path) -> int:
 def _sealed(seals: int) -> Any:
     def make(tmp_path: Path) -> int:
         fd = os.memfd_create("sealed", os.MFD_ALLOW_SEALING)
-        os.ftruncate(fd, BLOCKS * BLOCK)
+        os.ftruncate(fd, Layout(BLOCK, BLOCKS).size)  # the pool's size: its seals only are wrong
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
         return fd
     return make

@@ -38,17 +38,21 @@ def test_a_process_produces_to_a_limited_number_of_topics() -> None:
         client.send(ipc.Metadata.TYPE, "one-too-many")
         env.pump()
         assert "a process may produce to at most 5 topics (sidecar.process.max.topics)" in client.error()
-        # The client's send() waits for the topic: it learns at once that it will not come.
-        kind, topic, count, available, error = client.recv()
-        assert (kind, topic, count, available) == (ipc.Topic.TYPE, "one-too-many", None, [])
+        # The client's send() waits for the topic: it learns at once that it will not come, and that the session
+        # has no number for it.
+        kind, topic, count, available, error, index = client.recv()
+        assert (kind, topic, count, available, index) == (ipc.Topic.TYPE, "one-too-many", None, [], -1)
         failure = ipc.error_from_wire(error)
         assert isinstance(failure, errors.InvalidRequestError) and "at most" in str(failure)
         assert "one-too-many" not in env.core.metadata.topics()
-        # Nor can a seal notice name another topic (it would enter the daemon's metadata too).
+        # Nor can a batch name another topic: a slot names a topic by the session's number for it, and the
+        # number of none is no topic (the publish follows the topic first, refused again).
         client.blocks(2, contiguous=True)
         client.publish(notice(batch_id=1, first=0, topic="one-too-many"), notice(batch_id=2, first=1, topic="topic-3"))
-        assert "at most" in client.error()
+        assert "at most" in client.error() and client.recv()[-1] == -1
+        assert "batch refused: no topic is number 4294967295 of this session: it follows 5" in client.error()
         assert env.queued("one-too-many") == [] and len(env.queued("topic-3")) == 1
+        assert "one-too-many" not in env.core.metadata.topics()
         # Asking again for a topic it has is no new topic; another session of the same process shares its
         # topics (following one of them is none new); another process counts its own.
         client.send(ipc.Metadata.TYPE, "topic-3")

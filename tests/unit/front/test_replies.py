@@ -87,20 +87,21 @@ def test_a_client_that_does_not_read_is_ended_past_its_reply_buffer_and_takes_it
         assert "does not read its replies" in caplog.text
         stats = env.sidecar_metrics()
         assert (stats["sessions-ended-unread-total"], stats["sessions-kept"], stats["reply-buffer-bytes"]) == (1, 1, 0)
-        # Its block granted and unsealed is the pool's again; its sealed batch is sent, its report kept.
+        # Its block granted and unused is the pool's again; its claimed batch is sent, its report kept.
         assert env.state(client_id, 1) == FREE and env.pool.held_by(client_id) == 1
         [batch] = env.queued()
         batch.done(41, -1, None)
         env.front.serve_due()
         while client.sock.poll(20):
             client.sock.recv()  # what ZeroMQ had queued for it before its session ended
-        # It sealed a second batch (in its block 1) when its session ended: the daemon never got it.
+        # It wrote a second batch (in its block 1) after the daemon claimed what it had published, as its session
+        # ended: the daemon never got it.
         client.segment.blocks(1)[:100] = b"b" * 100
         sealed = [notice(batch_id=1, first=0), notice(batch_id=2, first=1)]
         assert client.hello(hand_over=client.fd, **resume_of(env.front.daemon_id, sealed, client_id=client_id)) \
             == client_id
         assert client.welcome is not None and client.welcome.resumed
-        # Batch 1 is not sent again (its report is kept); batch 2 is sealed now, from the same segment.
+        # Batch 1 is not sent again (its report is kept); batch 2 is taken now, from the same segment.
         assert [(b.origin, bytes(b.records)) for b in env.queued() if not b.is_done] == [((client_id, 2), b"b" * 100)]
         env.front.serve_due()
         assert deliveries(client) == [[1, 0, 1, 41, -1, None]]

@@ -118,7 +118,7 @@ def test_silent_clients_waiting_request_goes_with_its_session(env: Env) -> None:
     env.pump()
     env.front.serve_due()
     assert a.recv() == [ipc.SealNow.TYPE]  # in the iteration that ended the silent session
-    # Nobody would take what the request is granted: it is dropped, and nobody is asked to seal for it.
+    # Nobody would take what the request is granted: it is dropped, and nobody hears SEAL_NOW for it.
     assert not env.pool.waiters and not env.pool.exhausted
     env.clock.advance(50)
     env.front.serve_due()
@@ -253,7 +253,7 @@ def test_a_client_whose_socket_is_gone_is_ended_and_keeps_its_reports(env: Env) 
 
 
 def test_a_session_is_taken_back_whatever_its_notices_name_as_batch_ids(env: Env) -> None:
-    # Which notices the kept session knows is asked of each notice's batch id: one that is no integer is sealed,
+    # Which notices the kept session knows is asked of each notice's batch id: one that is no integer is taken,
     # and refused, as any other, and the claim is still answered.
     client = env.client(own_process=False)
     client_id = client.hello()
@@ -263,7 +263,7 @@ def test_a_session_is_taken_back_whatever_its_notices_name_as_batch_ids(env: Env
     bad = notice(batch_id=1)
     bad[0] = [1]
     assert client.hello(hand_over=client.fd, **resume_of(env.front.daemon_id, [bad], client_id=client_id)) == client_id
-    assert "seal refused: batch_id must be an integer" in client.error()
+    assert "batch refused: batch_id must be an integer" in client.error()
     assert env.session(client_id).attached and not env.front.sessions.kept()
 
 

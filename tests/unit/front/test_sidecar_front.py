@@ -59,7 +59,7 @@ def test_hello_gets_a_welcome_then_its_segment_over_the_memory_socket(env: Env) 
         assert answer == OK and len(fds) == 1
         # The segment is an anonymous memory file of the pool's size, which the client can map.
         assert os.readlink(f"/proc/self/fd/{fds[0]}").startswith("/memfd:")
-        assert os.fstat(fds[0]).st_size == BLOCKS * BLOCK
+        assert os.fstat(fds[0]).st_size == Layout(BLOCK, BLOCKS).size  # its blocks, then its control area
         segment = Segment(fds[0], Layout(BLOCK, BLOCKS))
         segment.blocks(BLOCKS - 1)[-4:] = b"last"
         segment.close()
@@ -160,22 +160,27 @@ def test_hello_again_ends_the_first_session(env: Env) -> None:
     assert client.blocks(2) == [0, 1] and env.pool.held_by(second_id) == 2
 
 
-def test_next_timer_follows_sessions_and_waiters(env: Env) -> None:
-    # Nothing to poll processes for: the memory connections' end wakes the loop.
-    assert env.front.next_timer_ms() == TIMEOUT_MS
-    client = env.client()
-    client.hello()
-    env.clock.advance(400)
-    assert env.front.next_timer_ms() == TIMEOUT_MS - 400  # the session's silence timeout
-    client.send(ipc.Heartbeat.TYPE)
-    env.pump()
-    assert env.front.next_timer_ms() == TIMEOUT_MS
-    client.blocks(BLOCKS)
-    client.send(ipc.Blocks.TYPE, 9, 1, False, 30)
-    env.pump()
-    assert env.front.next_timer_ms() == 30  # the waiter's deadline comes before the SEAL_NOW repeat
-    env.clock.advance(40)
-    assert env.front.next_timer_ms() == 0
+def test_next_timer_follows_sessions_and_waiters() -> None:
+    env = Env(linger_ms=100)  # the daemon looks at the open batches of the clients it watches every 100 ms
+    try:
+        # Nothing to poll processes for: the memory connections' end wakes the loop.
+        assert env.front.next_timer_ms() == TIMEOUT_MS
+        client = env.client()
+        client.hello()
+        env.clock.advance(400)
+        assert env.front.next_timer_ms() == TIMEOUT_MS - 400  # the session's silence timeout
+        client.send(ipc.Heartbeat.TYPE)
+        env.pump()
+        assert env.front.next_timer_ms() == TIMEOUT_MS
+        client.blocks(BLOCKS)
+        assert env.front.next_timer_ms() == 100  # its BLOCKS made it watched: the next look at its open batches
+        client.send(ipc.Blocks.TYPE, 9, 1, False, 30)
+        env.pump()
+        assert env.front.next_timer_ms() == 30  # the waiter's deadline comes before the SEAL_NOW repeat
+        env.clock.advance(40)
+        assert env.front.next_timer_ms() == 0
+    finally:
+        env.close()
 
 
 # -- robustness -----------------------------------------------------------------------------------
