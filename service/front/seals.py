@@ -55,11 +55,6 @@ class Seals:
         for notice in notices:
             if not self.sessions.is_live(session):
                 return  # ended by a reply it did not take: the notices left are offered again when it comes back
-            first = notice_fields(notice).get("first_block")
-            if control is not None and is_int(first) and 0 <= first < self.pool.block_count:
-                # Its slot says what the client published, and no claim (none was made, or by a daemon that is
-                # gone): claimed now, so that its block, granted again, is not read as a batch again.
-                control.claim(first)
             self._hand_over(session, notice, now)
             first = notice_fields(notice).get("first_block")
             if control is not None and is_int(first) and 0 <= first < self.pool.block_count:
