@@ -58,9 +58,14 @@ class RecordAccumulator:
         self._next_batch_id += 1
         self.open[key] = batch
         self.unreported[batch.batch_id] = batch
-        if not self._watched_until(batch.created + self.linger_s):
-            self._post(ipc.Wakeup())
         return batch
+
+    def first_published(self) -> None:
+        """A batch's first record is published: if the daemon's watch ends before its linger.ms is up (or it looks
+        less often than that), say WAKEUP. Checked after the publish, not at the open: a daemon that looks in
+        between finds the record, one that looks no more is told."""
+        if not self._watched_until(time.monotonic() + self.linger_s):
+            self._post(ipc.Wakeup())
 
     def _watched_until(self, deadline: float) -> bool:
         """Whether the daemon looks at this segment's open batches often enough until ``deadline``

@@ -296,6 +296,8 @@ class Producer:
                     accumulator.seal(batch)
                     continue
                 self._appender.count_appended()
+                if batch.record_count == 1:
+                    accumulator.first_published()
                 # Full, or nearly: the next record like this one would not fit.
                 if batch.capacity - batch.pos < batch.pos - before:
                     accumulator.seal(batch)
