@@ -2,10 +2,13 @@
 
 Every test runs against both twins (the ``fastpath`` fixture): the C extension
 ``client_stub._fastpath`` and ``client_stub._fastpath_py``, unless it says why it cannot.
-OpenBatch writes records into a bytearray here as it does into shared memory; a
-Completer is made as the producer makes its own (its callback errors go to the
-producer's log); RecordFutures are made both ways the producer makes them: by their
-``__init__`` (the Python path of send()) and by the fast path (Appender.send).
+OpenBatch writes records into a bytearray here as it does into shared memory, and publishes
+them in a control area of its own; a Completer is made as the producer makes its own (its
+callback errors go to the producer's log); RecordFutures are made both ways the producer makes
+them: by their ``__init__`` (the Python path of send()) and by the fast path (Appender.send).
+The slot protocol runs on a real segment, the daemon's side claiming as the daemon does
+(client_stub.contract.batch_slots), in a process of its own where it must run while an append
+does (an append holds the GIL throughout).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import concurrent.futures
 import functools
 import gc
 import logging
+import mmap
 import subprocess
 import sys
 import textwrap
@@ -27,6 +31,8 @@ from typing import Any
 import pytest
 
 from client_stub import _fastpath_py
+from client_stub.contract import batch_slots
+from client_stub.contract.batch_slots import ControlArea
 from client_stub.contract.records import decode_records
 from client_stub.errors import InvalidRecordError, KafkaError, KafkaTimeoutError
 from client_stub.futures import _CONDITION_LOCK, RecordFuture, RecordMetadata, _callback_failed
@@ -56,10 +62,20 @@ def fail(completer: Any, futures: list[RecordFuture], error: KafkaError) -> None
     completer.complete(futures, 0, len(futures), "", -1, -1, -1, error)
 
 
-def new_batch(fastpath: ModuleType, capacity: int, *, partition: int = 0) -> tuple[Any, bytearray]:
-    """An OpenBatch over a fresh bytearray (filled with 0xAA), its base timestamp BASE_TS."""
+def control_area(blocks: int = 1) -> mmap.mmap:
+    """A control area of its own for batches on ``blocks`` blocks (aligned as a segment's is)."""
+    return mmap.mmap(-1, batch_slots.control_size(blocks))
+
+
+def new_batch(fastpath: ModuleType, capacity: int, *, partition: int = 0,
+              control: mmap.mmap | None = None) -> tuple[Any, bytearray]:
+    """An OpenBatch over a fresh bytearray (filled with 0xAA), its base timestamp BASE_TS, on block ``partition``
+    of ``control`` (a control area of its own if None)."""
     memory = bytearray([0xAA]) * capacity
-    return fastpath.OpenBatch(1, TOPIC, partition, 0, 1, memory, BASE_TS, time.monotonic()), memory
+    if control is None:
+        control = control_area(partition + 1)
+    return fastpath.OpenBatch(1, TOPIC, partition, partition, 1, memory, BASE_TS, time.monotonic(), control,
+                              0), memory
 
 
 def snapshot(batch: Any, memory: bytearray) -> tuple:
@@ -90,10 +106,11 @@ def slow_send(*args: object) -> object:
     return DECLINED
 
 
-def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: int = 1024) -> tuple[
-        Any, threading.Lock, list[Any], dict[tuple[str, int], Any]]:
-    """An enabled Appender (murmur2_random) for TOPIC with an open batch on every partition, what its seal()
-    got, and its open batches."""
+def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: int = 1024,
+                          control: mmap.mmap | None = None) -> tuple[Any, threading.Lock, list[Any],
+                                                                     dict[tuple[str, int], Any]]:
+    """An enabled Appender (murmur2_random) for TOPIC with an open batch on every partition (that of partition p
+    on block p of ``control``, if given), what its seal() got, and its open batches."""
     lock = threading.Lock()
     slow_sends.clear()
     sealed: list[Any] = []
@@ -102,7 +119,7 @@ def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: in
         assert lock.locked(), "seal() runs with the producer's lock held"
         sealed.append(batch)
 
-    open_batches = {(TOPIC, partition): new_batch(fastpath, capacity, partition=partition)[0]
+    open_batches = {(TOPIC, partition): new_batch(fastpath, capacity, partition=partition, control=control)[0]
                     for partition in range(partitions)}
     appender = fastpath.Appender(lock, open_batches, {TOPIC: partitions}, RecordFuture, seal, slow_send, {}, True)
     appender.enable()
@@ -172,15 +189,19 @@ def test_append_that_does_not_fit_leaves_the_batch_unchanged(fastpath: ModuleTyp
 
 
 def test_a_released_batch_refuses_records_and_lets_go_of_its_memory(fastpath: ModuleType) -> None:
-    batch, memory = new_batch(fastpath, 256)
+    control = control_area()
+    batch, memory = new_batch(fastpath, 256, control=control)
     assert batch.append(b"k", b"v", (), BASE_TS, RecordFuture(None, BASE_TS, 1, 1))
     with pytest.raises(BufferError):
         memory.extend(b"x")  # the batch holds the buffer: shared memory could not be closed under it
+    with pytest.raises(BufferError):
+        control.close()  # nor its control area
     written = bytes(memory)
     batch.release()
     batch.release()  # a second release is harmless
     assert batch.capacity == 0
     memory.extend(b"x")  # let go of: the segment can be closed now
+    control.close()
     with pytest.raises(ValueError, match="sealed"):
         batch.append(b"k", b"v", (), BASE_TS, RecordFuture(None, BASE_TS, 1, 1))
     assert batch.record_count == 1 and bytes(memory[:-1]) == written
@@ -398,7 +419,7 @@ def test_a_callback_in_a_reference_cycle_is_collected_once_its_record_completes(
 # are tracked); a partial's does not. The process must exit cleanly; each case is named before it runs, so that a
 # crash (with faulthandler's traceback) says which.
 CALLBACKS_NEVER_COMPLETED = """
-import functools, gc, sys, threading, time
+import functools, gc, mmap, sys, threading, time
 from client_stub import _fastpath
 from client_stub.futures import RecordFuture
 
@@ -417,7 +438,7 @@ class SubPartial(functools.partial):
     pass
 
 def appender(declined):
-    batch = _fastpath.OpenBatch(1, "t", 0, 0, 1, bytearray(1 << 16), 1, time.monotonic())
+    batch = _fastpath.OpenBatch(1, "t", 0, 0, 1, bytearray(1 << 16), 1, time.monotonic(), mmap.mmap(-1, 128), 0)
     def slow_send(*args):
         raise RuntimeError("the Python path refuses it (a BufferExhaustedError, say)")
     made = _fastpath.Appender(threading.Lock(), {} if declined else {("t", 0): batch}, {"t": 1}, RecordFuture,
@@ -471,11 +492,11 @@ def test_complete_converts_its_arguments_in_order_and_stops_at_the_first_bad_one
 # C code read past the emptied list. The fast path's futures are untracked until that loop tracks them again:
 # that is how the finalizer knows where it is.
 EMPTIED_IN_COMPLETE = """
-import gc, threading, time
+import gc, mmap, threading, time
 from client_stub import _fastpath
 from client_stub.futures import _CONDITION_LOCK, RecordFuture, RecordMetadata, _callback_failed
 
-batch = _fastpath.OpenBatch(1, "t", 0, 0, 1, bytearray(1 << 20), 1, time.monotonic())
+batch = _fastpath.OpenBatch(1, "t", 0, 0, 1, bytearray(1 << 20), 1, time.monotonic(), mmap.mmap(-1, 128), 0)
 appender = _fastpath.Appender(threading.Lock(), {("t", 0): batch}, {"t": 1}, RecordFuture, print, print, {}, True)
 appender.enable()
 for _ in range(1000):
@@ -683,7 +704,7 @@ def test_a_record_of_more_than_64_buffers_that_are_not_bytes_is_refused(fastpath
 def test_negative_timestamps_are_refused_so_that_no_delta_overflows(fastpath: ModuleType) -> None:
     memory = bytearray(1024)
     with pytest.raises(ValueError, match="timestamp_ms must not be negative"):
-        fastpath.OpenBatch(1, TOPIC, 0, 0, 1, memory, -(2**63), time.monotonic())
+        fastpath.OpenBatch(1, TOPIC, 0, 0, 1, memory, -(2**63), time.monotonic(), control_area(), 0)
     batch, memory = new_batch(fastpath, 1024)
     before = snapshot(batch, memory)
     for timestamp in (-1, -(2**63)):
