@@ -48,8 +48,8 @@ class FakeDaemon:
     HELLO, to a block request, of a batch it claimed); what it may do: :meth:`say` a message to the client,
     :meth:`hang_up` its memory connections (as a daemon that dies: it claims nothing more of that segment). What
     it saw: ``hellos``, ``block_requests``, ``claimed`` (the batches it claimed, as it read them from their
-    slots), ``wakeups``, ``heartbeats``, ``segments_handed``, ``hung_up_by_client`` (memory connections the client
-    closed).
+    slots), ``wakeups``, ``heartbeats``, ``goodbyes``, ``segments_handed``, ``hung_up_by_client`` (memory
+    connections the client closed).
     """
 
     def __init__(self, *, heartbeat_interval_ms: int = 1000, daemon_id: str = "fake") -> None:
@@ -74,6 +74,7 @@ class FakeDaemon:
         self.claimed: list[ipc.SealNotice] = []
         self.wakeups = 0
         self.heartbeats = 0
+        self.goodbyes = 0
         self.segments_handed = 0
         self.hung_up_by_client = 0
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -172,6 +173,7 @@ class FakeDaemon:
             self.wakeups += 1
             self._watch()
         elif isinstance(message, (ipc.LastSeal, ipc.Goodbye)):
+            self.goodbyes += isinstance(message, ipc.Goodbye)
             self._claim_ready(claim_all=True)
 
     def _send(self, message: ipc.Message) -> None:

@@ -67,12 +67,14 @@ def test_records_go_by_the_segment_with_a_wakeup_for_the_batch_opened_and_none_f
         futures = [producer.send("orders", b"v%d" % n, partition=0) for n in range(50)]
         assert producer.flush(HANG_S) == 0
         assert [f.result(0).offset for f in futures] == list(range(50))
-        [claimed] = daemon.claimed
-        assert (claimed.topic, claimed.partition, claimed.record_count) == ("orders", 0, 50)
-        assert daemon.wakeups == 2  # the batch opened (the fake never says it watches), and flush()
-        assert len(daemon.block_requests) == 1
     finally:
         producer.close(HANG_S)
+    [claimed] = daemon.claimed
+    assert (claimed.topic, claimed.partition, claimed.record_count) == ("orders", 0, 50)
+    # What the producer said, all of it once its GOODBYE is in (it may be claimed before its WAKEUP comes).
+    assert wait_until(lambda: daemon.goodbyes == 1, HANG_S)
+    assert daemon.wakeups == 2  # the batch opened (the fake never says it watches it), and flush()
+    assert len(daemon.block_requests) == 1
 
 
 # -- a memory handshake that fails is said again, whatever failed -----------------------------------
