@@ -379,7 +379,8 @@ def test_a_control_area_without_an_aligned_slot_for_the_batch_is_refused(fastpat
 
 # The daemon's side of one slot, in a process of its own (an append holds the GIL throughout: the daemon's side
 # must run beside it, as the daemon does). Arguments: what it does, the segment's file descriptor, block size and
-# count, the block. It does one thing for each line it reads, and answers with a line:
+# count, the block. It says "ready" once it has mapped the segment, then does one thing for each line it reads,
+# and answers with a line:
 # - "race": the line is "RECORDS DELAY ANSWER_DELAY"; once the batch has published RECORDS records (the appending
 #   side is at work) it waits DELAY turns of a loop, claims the batch (CLAIMING, a full fence, loads published,
 #   then ANSWER_DELAY turns later CLAIMED | records) and answers with the records and length it claimed.
@@ -401,6 +402,7 @@ words = ControlArea(segment.control, block_count).words
 blocks = segment.blocks(0, block_count).cast("Q")
 slot = batch_slots.HEADER_SIZE // 8 + block * batch_slots.SLOT_SIZE // 8
 published, claim = slot + batch_slots.PUBLISHED, slot + batch_slots.CLAIM
+print("ready", flush=True)
 
 for line in sys.stdin:
     if mode == "race":
@@ -463,7 +465,9 @@ def daemon_side(shared: MappedSegment, block: int, mode: str) -> Iterator[Daemon
                                pass_fds=(shared.fd,), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
-        yield DaemonSide(process)
+        side = DaemonSide(process)
+        assert side.answer() == "ready"
+        yield side
     finally:
         process.stdin.close()  # it ends when its input does
         try:
