@@ -15,6 +15,7 @@ as the C code does.
 
 from __future__ import annotations
 
+import ctypes
 import operator
 import struct
 import threading
@@ -40,6 +41,7 @@ _INT64_MAX = (1 << 63) - 1
 _INT32_MIN = -(1 << 31)
 _INT32_MAX = (1 << 31) - 1
 _MASK32 = 0xFFFFFFFF
+_MASK64 = (1 << 64) - 1  # a signed value stored in a word of shared memory, as C casts it to uint64_t
 
 # How long an append waits for a claim the daemon is in the middle of (see the C twin's CLAIMING_WAIT_NS).
 _CLAIMING_WAIT_S = 1.0
@@ -365,7 +367,9 @@ class OpenBatch:
         if self._first_block < 0:
             raise ValueError("first_block must not be negative")
         area = _writable_bytes(control)
-        if area.nbytes < batch_slots.control_size(self._first_block + 1):
+        # Aligned, as the C twin checks: an 8-byte word is written with one store only if it is.
+        if (area.nbytes < batch_slots.control_size(self._first_block + 1)
+                or ctypes.addressof(ctypes.c_char.from_buffer(area)) % 8):
             raise ValueError("the control area has no slot for first_block (or is not 8-byte aligned)")
         self._control = ControlArea(area, self._first_block + 1)
         self._view = _writable_bytes(view)
@@ -374,9 +378,9 @@ class OpenBatch:
         self._futures = []
         self.reported = 0
         # Nothing published, then nothing claimed; the daemon reads the rest only after a publish.
-        self._control.open(self._first_block, batch_id=self._batch_id, topic_index=topic_index,
-                           partition=self._partition & _MASK32, block_count=self._block_count,
-                           base_timestamp=self._base_timestamp, opened_ns=int(self._created * 1e9))
+        self._control.open(self._first_block, batch_id=self._batch_id & _MASK64, topic_index=topic_index,
+                           partition=self._partition & _MASK32, block_count=self._block_count & _MASK64,
+                           base_timestamp=self._base_timestamp, opened_ns=int(self._created * 1e9) & _MASK64)
         return self
 
     batch_id = _read_only("_batch_id", "this client's number for the batch")

@@ -2,7 +2,8 @@
 are not of their kind, a segment that cannot be mapped) and for what a test wants said to a client when it wants it.
 
 It speaks the IPC protocol over a real ZeroMQ ROUTER socket and serves a real memory socket beside it, as the
-daemon does (client_stub.contract); nothing of the client is replaced.
+daemon does (client_stub.contract), and claims the batches its client publishes in the segment's control area
+as the daemon does (client_stub.contract.batch_slots); nothing of the client is replaced.
 """
 
 from __future__ import annotations
@@ -12,18 +13,23 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
-from client_stub.contract.shared_memory import Layout
+from client_stub.contract import PROTOCOL_VERSION, batch_slots, ipc, shared_memory
+from client_stub.contract.batch_slots import ControlArea
+from client_stub.contract.shared_memory import Layout, Segment
 
 # How long the fake waits for a client's token once it connected to the memory socket (it sends it at once):
 # only bounds a failure.
 _TOKEN_TIMEOUT_S = 30.0
+# How long it looks at the client's open batches after a WAKEUP (or a block request), as the daemon watches a
+# client (service.front.open_batches.WATCH_MS).
+_WATCH_NS = 1_000_000_000
 
 
 class FakeDaemon:
@@ -31,14 +37,19 @@ class FakeDaemon:
 
     It welcomes every HELLO (taking the session it offers back if ``take_back``, else with a new one), hands a new
     segment over the memory socket (or takes the offered one back), grants every block request, says that every
-    topic followed has one partition, and reports every batch sealed delivered. What a test may change:
-    ``faulty_welcomes`` (fields that replace those of the next WELCOMEs, one dict each), ``faulty_segments`` (the
-    sizes of the next segments), ``refusals`` (ERRORs that answer the next HELLOs instead of a WELCOME),
-    ``handshake_refusals`` (the reasons the next memory handshakes are refused for), ``answers_hellos``,
-    ``grants_blocks`` and ``reports_batches`` (False: it says nothing to a HELLO, to a block request, to a seal);
-    what it may do: :meth:`say` a message to the client, :meth:`hang_up` its memory connections (as a daemon that
-    dies). What it saw: ``hellos``, ``block_requests``, ``sealed`` (the seal notices), ``heartbeats``,
-    ``segments_handed``, ``hung_up_by_client`` (memory connections the client closed).
+    topic followed has one partition (numbering the topics of each session in the order followed), claims the
+    batches the client publishes in its segment (linger.ms after each opened, or once published full; all of
+    them at LASTSEAL and GOODBYE) and reports each delivered. It looks at the open batches for a while after each
+    WAKEUP and block request, and never says in the segment's header that it does: the client says WAKEUP for
+    each batch it opens. What a test may change: ``faulty_welcomes`` (fields that replace those of the next
+    WELCOMEs, one dict each), ``faulty_segments`` (the sizes of the next segments), ``refusals`` (ERRORs that
+    answer the next HELLOs instead of a WELCOME), ``handshake_refusals`` (the reasons the next memory handshakes
+    are refused for), ``answers_hellos``, ``grants_blocks`` and ``reports_batches`` (False: it says nothing to a
+    HELLO, to a block request, of a batch it claimed); what it may do: :meth:`say` a message to the client,
+    :meth:`hang_up` its memory connections (as a daemon that dies: it claims nothing more of that segment). What
+    it saw: ``hellos``, ``block_requests``, ``claimed`` (the batches it claimed, as it read them from their
+    slots), ``wakeups``, ``heartbeats``, ``goodbyes``, ``segments_handed``, ``hung_up_by_client`` (memory
+    connections the client closed).
     """
 
     def __init__(self, *, heartbeat_interval_ms: int = 1000, daemon_id: str = "fake") -> None:
@@ -60,8 +71,10 @@ class FakeDaemon:
         self.reports_batches = True
         self.hellos: list[ipc.Hello] = []
         self.block_requests: list[ipc.Blocks] = []
-        self.sealed: list[ipc.SealNotice] = []
+        self.claimed: list[ipc.SealNotice] = []
+        self.wakeups = 0
         self.heartbeats = 0
+        self.goodbyes = 0
         self.segments_handed = 0
         self.hung_up_by_client = 0
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -80,6 +93,11 @@ class FakeDaemon:
         self._next_client_id = 1
         self._free: list[int] = list(range(self.layout.block_count))
         self._offsets: dict[tuple[str, int], int] = {}
+        # The session's segment, mapped, and its control area; the session's topics, by their number.
+        self._segment: Segment | None = None
+        self._control: ControlArea | None = None
+        self._topic_names: list[str] = []
+        self._watched_until_ns = 0  # it looks at the open batches until then
         self._closing = False
         self._thread = threading.Thread(target=self._serve, name="fake-daemon", daemon=True)
         self._thread.start()
@@ -116,7 +134,7 @@ class FakeDaemon:
         self._poller.register(self._listener.fileno(), zmq.POLLIN)
         self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
         while not self._closing:
-            for ready, _ in self._poller.poll():
+            for ready, _ in self._poller.poll(self._poll_timeout_ms()):
                 if ready is self._router:
                     while self._router.poll(0):
                         identity, data = self._router.recv_multipart()
@@ -131,6 +149,8 @@ class FakeDaemon:
                     self.hung_up_by_client += 1
                     self._poller.unregister(ready)
                     self._memory.pop(ready).close()
+            if self._watched_until_ns:
+                self._claim_ready()
 
     def _receive(self, identity: bytes, message: ipc.Message) -> None:
         if isinstance(message, ipc.Hello):
@@ -139,18 +159,22 @@ class FakeDaemon:
         elif isinstance(message, ipc.Heartbeat):
             self.heartbeats += 1
         elif isinstance(message, ipc.Metadata):
-            self._send(ipc.Topic(message.topic, 1, [0], None))
+            if message.topic not in self._topic_names:
+                self._topic_names.append(message.topic)
+            self._send(ipc.Topic(message.topic, 1, [0], None, self._topic_names.index(message.topic)))
         elif isinstance(message, ipc.Blocks):
             self.block_requests.append(message)
+            self._watch()  # a client asks for blocks when it has filled those it had
             if self.grants_blocks:
                 self._grant(message)
         elif isinstance(message, ipc.Release):
             self._free += message.blocks
-        elif isinstance(message, (ipc.Seal, ipc.LastSeal)):
-            notices = [ipc.SealNotice(*notice) for notice in message.notices]
-            self.sealed += notices
-            if self.reports_batches:
-                self._deliver(notices)
+        elif isinstance(message, ipc.Wakeup):
+            self.wakeups += 1
+            self._watch()
+        elif isinstance(message, (ipc.LastSeal, ipc.Goodbye)):
+            self.goodbyes += isinstance(message, ipc.Goodbye)
+            self._claim_ready(claim_all=True)
 
     def _send(self, message: ipc.Message) -> None:
         assert self._client is not None, "no client said HELLO"
@@ -171,6 +195,7 @@ class FakeDaemon:
             client_id, self._next_client_id = self._next_client_id, self._next_client_id + 1
         token = os.urandom(shared_memory.TOKEN_SIZE)
         self._tokens[token] = resumed
+        self._topic_names = []  # the client follows its topics again, and hears their numbers in this session
         welcome = ipc.Welcome(PROTOCOL_VERSION, client_id, token, self.layout.block_size, self.layout.block_count,
                               self.settings, self.daemon_id, resumed, hello.options.hello_id)
         if self.faulty_welcomes:
@@ -189,25 +214,33 @@ class FakeDaemon:
     def _answer(self, conn: socket.socket) -> None:
         conn.settimeout(_TOKEN_TIMEOUT_S)
         token, fds, _, _ = socket.recv_fds(conn, 4096, 1)
-        for fd in fds:
-            os.close(fd)  # the segment of a session taken back: the client's to keep writing in
-        if not token:
-            raise ConnectionResetError("the client went before it said its token")
-        resumed = self._tokens.pop(token, None)
-        if resumed is None or self.handshake_refusals:
-            reason = shared_memory.UNKNOWN_TOKEN if resumed is None else self.handshake_refusals.popleft()
-            conn.sendall(shared_memory.ERR + reason.encode())
-            conn.close()
-            return
-        if resumed:
-            conn.sendall(shared_memory.OK)
-        else:
-            self.segments_handed += 1
-            segment = os.memfd_create(f"fake-segment-{self.segments_handed}")
-            os.ftruncate(segment, self.faulty_segments.popleft() if self.faulty_segments else self.layout.size)
-            socket.send_fds(conn, [shared_memory.OK], [segment])
-            os.close(segment)
-            self._free = list(range(self.layout.block_count))  # a new segment, all of its blocks free
+        try:
+            if not token:
+                raise ConnectionResetError("the client went before it said its token")
+            resumed = self._tokens.pop(token, None)
+            if resumed is None or self.handshake_refusals:
+                reason = shared_memory.UNKNOWN_TOKEN if resumed is None else self.handshake_refusals.popleft()
+                conn.sendall(shared_memory.ERR + reason.encode())
+                conn.close()
+                return
+            if resumed:
+                if fds:
+                    self._map(fds[0])  # the segment of the session taken back: the client's to keep writing in
+                    self._claim_handed_back()
+                conn.sendall(shared_memory.OK)
+            else:
+                self.segments_handed += 1
+                segment = os.memfd_create(f"fake-segment-{self.segments_handed}")
+                size = self.faulty_segments.popleft() if self.faulty_segments else self.layout.size
+                os.ftruncate(segment, size)
+                if size == self.layout.size:
+                    self._map(segment)
+                socket.send_fds(conn, [shared_memory.OK], [segment])
+                os.close(segment)
+                self._free = list(range(self.layout.block_count))  # a new segment, all of its blocks free
+        finally:
+            for fd in fds:
+                os.close(fd)
         conn.setblocking(False)
         self._memory[conn.fileno()] = conn
         self._poller.register(conn.fileno(), zmq.POLLIN)
@@ -221,6 +254,67 @@ class FakeDaemon:
                 self._send(ipc.Grant(request.request_id, run))
                 return
         self._send(ipc.GrantFailed(request.request_id, "the fake daemon has no such blocks free"))
+
+    # -- the client's batches ----------------------------------------------------------------------
+
+    def _map(self, fd: int) -> None:
+        """Map the session's segment, instead of the last one."""
+        self._unmap()
+        self._segment = Segment(fd, self.layout)
+        self._control = ControlArea(self._segment.control, self.layout.block_count)
+
+    def _unmap(self) -> None:
+        self._watched_until_ns = 0
+        if self._control is not None:
+            self._control.release()
+            self._control = None
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
+
+    def _claim_handed_back(self) -> None:
+        """Claim, and report nothing of, what the client of a session taken back published: its HELLO offered every
+        batch not reported, delivered then (a slot left open would be claimed again once its blocks are granted)."""
+        assert self._control is not None
+        for block in range(self.layout.block_count):
+            if not self._control.claim_word(block) and batch_slots.unpack_published(self._control.published(block))[0]:
+                self._control.claim(block)
+
+    def _watch(self) -> None:
+        self._watched_until_ns = time.monotonic_ns() + _WATCH_NS
+        self._claim_ready()
+
+    def _poll_timeout_ms(self) -> int | None:
+        """Until it looks at the open batches again: every linger.ms of the daemon's while it watches them."""
+        return self.settings.linger_ms if self._watched_until_ns else None
+
+    def _claim_ready(self, *, claim_all: bool = False) -> None:
+        """Claim the batches the client published that are ready (every one with records, with ``claim_all``), and
+        report them delivered."""
+        control = self._control
+        if control is None:
+            return
+        now_ns = time.monotonic_ns()
+        if now_ns > self._watched_until_ns:
+            self._watched_until_ns = 0
+        linger_ns = control.header(batch_slots.LINGER_NS)
+        free = set(self._free)
+        notices = []
+        for block in range(self.layout.block_count):
+            if block in free or control.claim_word(block):
+                continue  # not the client's, or a batch claimed already (or not opened on a block granted again)
+            record_count, _, full = batch_slots.unpack_published(control.published(block))
+            if not record_count or not (claim_all or full or now_ns >= control.opened_ns(block) + linger_ns):
+                continue
+            record_count, length = control.claim(block)
+            slot = control.snapshot(block)
+            topic = self._topic_names[slot.topic_index] if slot.topic_index < len(self._topic_names) else ""
+            notices.append(ipc.SealNotice(slot.batch_id, block, slot.block_count, topic, slot.partition, record_count,
+                                          length, slot.base_timestamp, slot.max_timestamp,
+                                          (now_ns - slot.opened_ns) // 1_000_000))
+        self.claimed += notices
+        if self.reports_batches:
+            self._deliver(notices)
 
     def _deliver(self, notices: list[ipc.SealNotice]) -> None:
         reports = []
@@ -237,3 +331,4 @@ class FakeDaemon:
             self._poller.unregister(fd)
             conn.close()
         self._memory.clear()
+        self._unmap()

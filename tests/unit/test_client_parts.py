@@ -1,17 +1,27 @@
 """The client's accumulator and block grants, without a daemon: the bookkeeping that must survive a lost
-session and a daemon that reports a batch twice."""
+session and a daemon that reports a batch twice, and what the accumulator tells the daemon of its batches (a
+real segment, the daemon's side of its control area read and claimed as the daemon does)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from client_stub.accumulator import RecordAccumulator
 from client_stub.block_grants import BlockGrants
-from client_stub.contract import ipc
+from client_stub.contract import batch_slots, ipc
+from client_stub.contract.batch_slots import ControlArea
+from client_stub.contract.shared_memory import Layout
+from client_stub.fastpath import OpenBatch
 from client_stub.futures import RecordFuture, completer
 from client_stub.partitioner import Partitioner
+from tests.support.fastpath import MappedSegment, mapped_segment
 
 BASE_TS = 1_700_000_000_000
+LAYOUT = Layout(4096, 8)
+LINGER_S = 0.005
 
 
 def test_a_grant_for_a_lost_session_is_not_the_waiters() -> None:
@@ -33,32 +43,66 @@ def test_a_waiter_that_gives_up_sends_a_late_grant_back() -> None:
     assert posted[-1] == ipc.Release([7, 8])
 
 
-def sealed_batch(accumulator: RecordAccumulator, records: int) -> object:
-    view = memoryview(bytearray(4096))
-    batch = accumulator.open_batch("t", 0, [0], view, BASE_TS)
+# -- the accumulator ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def shared() -> Iterator[MappedSegment]:
+    """The session's segment, and the daemon's side of its control area."""
+    with mapped_segment(LAYOUT) as mapped:
+        yield mapped
+
+
+@pytest.fixture
+def posted() -> list[ipc.Message]:
+    """What the accumulator posted for the daemon."""
+    return []
+
+
+@pytest.fixture
+def accumulator(shared: MappedSegment, posted: list[ipc.Message]) -> Iterator[RecordAccumulator]:
+    """An accumulator in a session on ``shared``, as the I/O thread opens it (linger.ms 5)."""
+    made = RecordAccumulator(Partitioner("murmur2_random"), posted.append)
+    made.linger_s = LINGER_S
+    made.control = ControlArea(shared.segment.control, LAYOUT.block_count)
+    yield made
+    made.release_open()
+    made.control.release()
+
+
+def open_on(accumulator: RecordAccumulator, shared: MappedSegment, blocks: list[int], *, topic: str = "t",
+            partition: int = 0, records: int = 0) -> OpenBatch[RecordFuture]:
+    """A batch opened on ``blocks`` (the session's topic 0), with ``records`` records appended."""
+    batch = accumulator.open_batch(topic, 0, partition, blocks, shared.segment.blocks(blocks[0], len(blocks)),
+                                   BASE_TS)
     for n in range(records):
         assert batch.append(b"k", b"v%d" % n, (), BASE_TS + n, RecordFuture(None, BASE_TS + n, 1, 2))
+    return batch
+
+
+def closed_batch(accumulator: RecordAccumulator, shared: MappedSegment, records: int) -> OpenBatch[RecordFuture]:
+    batch = open_on(accumulator, shared, [0], records=records)
     accumulator.seal(batch)
     return batch
 
 
-def test_a_batch_is_never_counted_out_for_more_records_than_it_holds() -> None:
+def test_a_batch_is_never_counted_out_for_more_records_than_it_holds(accumulator: RecordAccumulator,
+                                                                     shared: MappedSegment) -> None:
     # The records outstanding are counted down by these counts, and may not go below zero: a daemon that
     # reported records twice would otherwise leave flush() waiting on a count that never comes down.
-    accumulator = RecordAccumulator(Partitioner("murmur2_random"), lambda message: None, lambda: None)
-    batch = sealed_batch(accumulator, 5)
+    batch = closed_batch(accumulator, shared, 5)
     counted = accumulator.reported([[batch.batch_id, 0, 3, 10, -1, None],
                                     [batch.batch_id, 0, 3, 10, -1, None],
                                     [batch.batch_id, 0, ipc.WHOLE_BATCH, 10, -1, None]], time.monotonic())
     assert sum(fresh for _, _, fresh in counted) == 5
-    assert batch.batch_id not in accumulator.sealed
+    assert batch.batch_id not in accumulator.unreported
 
 
-def test_a_batch_reported_in_part_and_then_whole_completes_the_rest() -> None:
+def test_a_batch_reported_in_part_and_then_whole_completes_the_rest(accumulator: RecordAccumulator,
+                                                                    shared: MappedSegment) -> None:
     # The daemon split a batch and reported its first part; then it died, and the daemon that took the
     # session back sent the whole batch again and reports it whole: the other records complete now.
-    accumulator = RecordAccumulator(Partitioner("murmur2_random"), lambda message: None, lambda: None)
-    batch = sealed_batch(accumulator, 10)
+    batch = closed_batch(accumulator, shared, 10)
     [(_, first_part, fresh)] = accumulator.reported([[batch.batch_id, 0, 4, 100, -1, None]], time.monotonic())
     assert (first_part.first_record, first_part.record_count, fresh) == (0, 4, 4)
     completer.complete(batch.futures, 0, 4, "t", 0, 100, -1, None)
@@ -67,4 +111,96 @@ def test_a_batch_reported_in_part_and_then_whole_completes_the_rest() -> None:
     assert (whole.first_record, whole.record_count, fresh) == (0, 10, 6)
     completer.complete(batch.futures, 0, 10, "t", 0, 500, -1, None)
     assert [f.result(0).offset for f in batch.futures] == [100, 101, 102, 103, 504, 505, 506, 507, 508, 509]
-    assert batch.batch_id not in accumulator.sealed
+    assert batch.batch_id not in accumulator.unreported
+
+
+@pytest.mark.parametrize(("linger_s", "scan_interval_s", "watched_for_s", "wakeup"), [
+    pytest.param(LINGER_S, 0, 0, True, id="not-watched"),
+    pytest.param(LINGER_S, LINGER_S, 60, False, id="watched-past-its-linger"),
+    pytest.param(LINGER_S, LINGER_S, 0, True, id="the-watch-ends-before-its-linger"),
+    pytest.param(LINGER_S, 2 * LINGER_S, 60, True, id="looked-at-less-often-than-its-linger"),
+    pytest.param(0, 0.001, 60, True, id="no-linger"),
+])
+def test_opening_a_batch_says_wakeup_unless_the_daemon_will_look_at_it_in_time(
+        accumulator: RecordAccumulator, shared: MappedSegment, posted: list[ipc.Message], linger_s: float,
+        scan_interval_s: float, watched_for_s: float, wakeup: bool) -> None:
+    # The daemon writes in the header until when it looks at the segment's open batches, and how often.
+    accumulator.linger_s = linger_s
+    shared.daemon.set_header(batch_slots.SCAN_INTERVAL_NS, int(scan_interval_s * 1e9))
+    shared.daemon.set_header(batch_slots.WATCHED_UNTIL_NS, time.monotonic_ns() + int(watched_for_s * 1e9))
+    batch = open_on(accumulator, shared, [2, 3], topic="u", partition=4)
+    assert posted == ([ipc.Wakeup()] if wakeup else [])
+    assert accumulator.open == {("u", 4): batch} and accumulator.unreported == {batch.batch_id: batch}
+
+
+def test_seal_all_closes_every_open_batch_and_says_wakeup_once(accumulator: RecordAccumulator,
+                                                               shared: MappedSegment,
+                                                               posted: list[ipc.Message]) -> None:
+    full = [open_on(accumulator, shared, [0, 1], partition=0, records=2),
+            open_on(accumulator, shared, [3], topic="u", partition=1, records=1)]
+    empty = open_on(accumulator, shared, [5, 6], partition=2)
+    posted.clear()
+    accumulator.seal_all()
+    assert accumulator.open == {}
+    # Published full, for the daemon to claim at once; the empty batch's blocks go back.
+    for batch in full:
+        assert batch_slots.unpack_published(shared.daemon.published(batch.first_block)) == (
+            batch.record_count, batch.pos, True)
+    assert posted == [ipc.Release([5, 6]), ipc.Wakeup()]
+    assert list(accumulator.unreported.values()) == full
+    posted.clear()
+    accumulator.seal_all()
+    assert posted == []  # nothing open: nothing to say
+    assert empty.batch_id not in accumulator.unreported
+
+
+def test_blocks_granted_again_close_the_open_batch_that_was_on_them(accumulator: RecordAccumulator,
+                                                                    shared: MappedSegment) -> None:
+    # The daemon claimed a batch, sent it and freed its blocks before this process saw the claim; it grants one of
+    # them again: that batch takes no more records.
+    claimed = open_on(accumulator, shared, [2, 3], partition=0, records=2)
+    other = open_on(accumulator, shared, [5], partition=1, records=1)
+    assert shared.daemon.claim(2) == (2, claimed.pos)
+    accumulator.granted([6])
+    assert accumulator.open == {("t", 0): claimed, ("t", 1): other}
+    accumulator.granted([3, 6])
+    assert accumulator.open == {("t", 1): other}
+    assert claimed.capacity == 0 and claimed.batch_id in accumulator.unreported  # its report is still to come
+
+
+def test_a_report_of_a_batch_still_open_closes_it(accumulator: RecordAccumulator, shared: MappedSegment,
+                                                  posted: list[ipc.Message]) -> None:
+    # The daemon claimed it at its linger and reports it before this process appended again.
+    batch = open_on(accumulator, shared, [1], records=3)
+    shared.daemon.claim(1)
+    posted.clear()
+    [(reported, report, fresh)] = accumulator.reported([[batch.batch_id, 0, ipc.WHOLE_BATCH, 40, -1, None]],
+                                                       time.monotonic())
+    assert reported is batch and (report.record_count, fresh) == (3, 3)
+    assert accumulator.open == {} and accumulator.unreported == {} and batch.capacity == 0
+    assert posted == []  # its blocks are the daemon's to free
+
+
+def test_resume_notices_name_every_batch_not_wholly_reported_in_the_order_opened(
+        accumulator: RecordAccumulator, shared: MappedSegment) -> None:
+    reported = open_on(accumulator, shared, [0], partition=0, records=1)
+    in_part = open_on(accumulator, shared, [1, 2], partition=1, records=4)
+    unreported = open_on(accumulator, shared, [4], topic="u", partition=0, records=2)
+    accumulator.reported([[reported.batch_id, 0, ipc.WHOLE_BATCH, 0, -1, None],
+                          [in_part.batch_id, 0, 2, 0, -1, None]], time.monotonic())
+    accumulator.seal_all()  # the session ends: every batch is closed before the next HELLO offers them
+    now = unreported.created + 1.5
+    assert accumulator.resume_notices(now) == [
+        ipc.SealNotice(batch.batch_id, batch.first_block, batch.block_count, batch.topic, batch.partition,
+                       batch.record_count, batch.pos, BASE_TS, batch.max_timestamp, int((now - batch.created) * 1000))
+        for batch in (in_part, unreported)]
+    assert [in_part.record_count, in_part.block_count, unreported.max_timestamp] == [4, 2, BASE_TS + 1]
+
+
+def test_batches_unreported_past_the_limit_are_forgotten_an_open_one_closed(accumulator: RecordAccumulator,
+                                                                           shared: MappedSegment) -> None:
+    closed = closed_batch(accumulator, shared, 1)
+    still_open = open_on(accumulator, shared, [3], partition=1, records=1)
+    assert accumulator.overdue(still_open.created + 1.0, 1.5) == []
+    assert accumulator.overdue(still_open.created + 2.0, 1.5) == [closed, still_open]
+    assert accumulator.open == {} and accumulator.unreported == {} and still_open.capacity == 0

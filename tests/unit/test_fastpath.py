@@ -2,35 +2,45 @@
 
 Every test runs against both twins (the ``fastpath`` fixture): the C extension
 ``client_stub._fastpath`` and ``client_stub._fastpath_py``, unless it says why it cannot.
-OpenBatch writes records into a bytearray here as it does into shared memory; a
-Completer is made as the producer makes its own (its callback errors go to the
-producer's log); RecordFutures are made both ways the producer makes them: by their
-``__init__`` (the Python path of send()) and by the fast path (Appender.send).
+OpenBatch writes records into a bytearray here as it does into shared memory, and publishes
+them in a control area of its own; a Completer is made as the producer makes its own (its
+callback errors go to the producer's log); RecordFutures are made both ways the producer makes
+them: by their ``__init__`` (the Python path of send()) and by the fast path (Appender.send).
+The slot protocol runs on a real segment, the daemon's side claiming as the daemon does
+(client_stub.contract.batch_slots), in a process of its own where it must run while an append
+does (an append holds the GIL throughout).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import gc
 import logging
+import mmap
+import random
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
 
 from client_stub import _fastpath_py
+from client_stub.contract import batch_slots
+from client_stub.contract.batch_slots import ControlArea
 from client_stub.contract.records import decode_records
+from client_stub.contract.shared_memory import Layout
 from client_stub.errors import InvalidRecordError, KafkaError, KafkaTimeoutError
 from client_stub.futures import _CONDITION_LOCK, RecordFuture, RecordMetadata, _callback_failed
-from tests.support.fastpath import CLIENT, c_extension
+from tests.support.fastpath import CLIENT, MappedSegment, c_extension, mapped_segment
+from tests.support.waiting import HANG_S
 from tests.unit.test_partitioner import KAFKA_VECTORS
 
 BASE_TS = 1_700_000_000_000
@@ -56,10 +66,20 @@ def fail(completer: Any, futures: list[RecordFuture], error: KafkaError) -> None
     completer.complete(futures, 0, len(futures), "", -1, -1, -1, error)
 
 
-def new_batch(fastpath: ModuleType, capacity: int, *, partition: int = 0) -> tuple[Any, bytearray]:
-    """An OpenBatch over a fresh bytearray (filled with 0xAA), its base timestamp BASE_TS."""
+def control_area(blocks: int = 1) -> mmap.mmap:
+    """A control area of its own for batches on ``blocks`` blocks (aligned as a segment's is)."""
+    return mmap.mmap(-1, batch_slots.control_size(blocks))
+
+
+def new_batch(fastpath: ModuleType, capacity: int, *, partition: int = 0,
+              control: mmap.mmap | None = None) -> tuple[Any, bytearray]:
+    """An OpenBatch over a fresh bytearray (filled with 0xAA), its base timestamp BASE_TS, on block ``partition``
+    of ``control`` (a control area of its own if None)."""
     memory = bytearray([0xAA]) * capacity
-    return fastpath.OpenBatch(1, TOPIC, partition, 0, 1, memory, BASE_TS, time.monotonic()), memory
+    if control is None:
+        control = control_area(partition + 1)
+    return fastpath.OpenBatch(1, TOPIC, partition, partition, 1, memory, BASE_TS, time.monotonic(), control,
+                              0), memory
 
 
 def snapshot(batch: Any, memory: bytearray) -> tuple:
@@ -90,10 +110,11 @@ def slow_send(*args: object) -> object:
     return DECLINED
 
 
-def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: int = 1024) -> tuple[
-        Any, threading.Lock, list[Any], dict[tuple[str, int], Any]]:
-    """An enabled Appender (murmur2_random) for TOPIC with an open batch on every partition, what its seal()
-    got, and its open batches."""
+def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: int = 1024,
+                          control: mmap.mmap | None = None) -> tuple[Any, threading.Lock, list[Any],
+                                                                     dict[tuple[str, int], Any]]:
+    """An enabled Appender (murmur2_random) for TOPIC with an open batch on every partition (that of partition p
+    on block p of ``control``, if given), what its seal() got, and its open batches."""
     lock = threading.Lock()
     slow_sends.clear()
     sealed: list[Any] = []
@@ -102,7 +123,7 @@ def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: in
         assert lock.locked(), "seal() runs with the producer's lock held"
         sealed.append(batch)
 
-    open_batches = {(TOPIC, partition): new_batch(fastpath, capacity, partition=partition)[0]
+    open_batches = {(TOPIC, partition): new_batch(fastpath, capacity, partition=partition, control=control)[0]
                     for partition in range(partitions)}
     appender = fastpath.Appender(lock, open_batches, {TOPIC: partitions}, RecordFuture, seal, slow_send, {}, True)
     appender.enable()
@@ -172,18 +193,352 @@ def test_append_that_does_not_fit_leaves_the_batch_unchanged(fastpath: ModuleTyp
 
 
 def test_a_released_batch_refuses_records_and_lets_go_of_its_memory(fastpath: ModuleType) -> None:
-    batch, memory = new_batch(fastpath, 256)
+    control = control_area()
+    batch, memory = new_batch(fastpath, 256, control=control)
     assert batch.append(b"k", b"v", (), BASE_TS, RecordFuture(None, BASE_TS, 1, 1))
     with pytest.raises(BufferError):
         memory.extend(b"x")  # the batch holds the buffer: shared memory could not be closed under it
+    with pytest.raises(BufferError):
+        control.close()  # nor its control area
     written = bytes(memory)
     batch.release()
     batch.release()  # a second release is harmless
     assert batch.capacity == 0
     memory.extend(b"x")  # let go of: the segment can be closed now
+    control.close()
     with pytest.raises(ValueError, match="sealed"):
         batch.append(b"k", b"v", (), BASE_TS, RecordFuture(None, BASE_TS, 1, 1))
     assert batch.record_count == 1 and bytes(memory[:-1]) == written
+
+
+# -- the slot protocol: what a batch publishes in its segment, and the daemon's claims ----------------------
+
+SLOT_LAYOUT = Layout(4096, 4)
+CREATED = 1234.567891  # when the slot tests' batches open (time.monotonic()): the same for both twins
+
+
+@pytest.fixture
+def shared() -> Iterator[MappedSegment]:
+    """A segment of four blocks, and the daemon's side of its control area."""
+    with mapped_segment(SLOT_LAYOUT) as mapped:
+        yield mapped
+
+
+def open_on(fastpath: ModuleType, shared: MappedSegment, block: int, *, block_count: int = 1, batch_id: int = 7,
+            topic_index: int = 3, partition: int = 2) -> Any:
+    """A batch on ``block_count`` blocks of the segment from ``block``, publishing in the segment's control area."""
+    return fastpath.OpenBatch(batch_id, TOPIC, partition, block, block_count,
+                              shared.segment.blocks(block, block_count), BASE_TS, CREATED, shared.segment.control,
+                              topic_index)
+
+
+def slot_word(block: int, word: int) -> int:
+    """The index of a word of ``block``'s slot among the control area's words (ControlArea.words)."""
+    return batch_slots.HEADER_SIZE // 8 + block * batch_slots.SLOT_SIZE // 8 + word
+
+
+def batch_state(batch: Any) -> tuple[int, int, list[RecordFuture], int]:
+    return batch.pos, batch.record_count, list(batch.futures), batch.max_timestamp
+
+
+def append_small(batch: Any, count: int) -> None:
+    for n in range(count):
+        assert batch.append(b"k", b"v%d" % n, (), BASE_TS + n, RecordFuture(None, BASE_TS + n, 1, 2))
+
+
+def test_opening_a_batch_describes_it_in_its_slot_and_publishes_no_record(fastpath: ModuleType,
+                                                                           shared: MappedSegment) -> None:
+    batch = open_on(fastpath, shared, 1, block_count=2)
+    assert shared.daemon.snapshot(1) == batch_slots.SlotSnapshot(
+        record_count=0, length=0, full=False, base_timestamp=BASE_TS, max_timestamp=BASE_TS, batch_id=7,
+        topic_index=3, partition=2, block_count=2, opened_ns=int(CREATED * 1e9))
+    assert shared.daemon.claim_word(1) == 0 and not batch.claimed()
+    batch.release()
+
+
+def test_each_append_publishes_the_records_their_length_and_the_largest_timestamp(fastpath: ModuleType,
+                                                                                   shared: MappedSegment) -> None:
+    batch = open_on(fastpath, shared, 0)
+    for key, value, headers, timestamp in RECORDS:
+        assert batch.append(key, value, headers, timestamp, RecordFuture(None, timestamp, -1, -1))
+        slot = shared.daemon.snapshot(0)
+        assert (slot.record_count, slot.length, slot.full, slot.max_timestamp) == (
+            batch.record_count, batch.pos, False, batch.max_timestamp)
+    assert shared.daemon.snapshot(0).max_timestamp == BASE_TS + 100_000
+    assert shared.daemon.claim_word(0) == 0 and not batch.claimed()
+    # What the daemon claims is what was published, and the records are in the batch's blocks.
+    assert shared.daemon.claim(0) == (len(RECORDS), batch.pos)
+    expected = b"".join(fastpath.encode_record(n, timestamp - BASE_TS, key, value, headers)
+                        for n, (key, value, headers, timestamp) in enumerate(RECORDS))
+    assert bytes(shared.segment.blocks(0)[:batch.pos]) == expected
+    batch.release()
+
+
+def test_opening_a_batch_clears_what_its_block_last_published_and_the_claim_it_still_holds(
+        fastpath: ModuleType, shared: MappedSegment) -> None:
+    # The daemon claimed the block's last batch (full), sent it, freed the block and granted it again.
+    old = open_on(fastpath, shared, 1, batch_id=6)
+    append_small(old, 3)
+    old.release()
+    assert shared.daemon.claim(1) == (3, old.pos)
+    assert old.claimed()
+    left = shared.daemon.words[slot_word(1, 0):slot_word(2, 0)].tolist()
+    # A batch on blocks 0-1 describes itself in block 0's slot only: block 1's keeps its claim, which keeps the
+    # daemon off it (it reads the claim first).
+    spanning = open_on(fastpath, shared, 0, block_count=2, batch_id=8)
+    append_small(spanning, 1)
+    assert shared.daemon.words[slot_word(1, 0):slot_word(2, 0)].tolist() == left
+    spanning.release()
+    # A batch on block 1 again: nothing published, nothing claimed; it takes records.
+    batch = open_on(fastpath, shared, 1, batch_id=9)
+    assert batch_slots.unpack_published(shared.daemon.published(1)) == (0, 0, False)
+    assert shared.daemon.claim_word(1) == 0 and not batch.claimed()
+    append_small(batch, 2)
+    assert shared.daemon.snapshot(1)[:3] == (2, batch.pos, False)
+    batch.release()
+
+
+def test_an_append_to_a_batch_the_daemon_claimed_is_refused_and_changes_nothing(fastpath: ModuleType,
+                                                                                shared: MappedSegment) -> None:
+    batch = open_on(fastpath, shared, 2)
+    append_small(batch, 2)
+    assert shared.daemon.claim(2) == (2, batch.pos)
+    before = batch_state(batch)
+    slot = shared.daemon.words[slot_word(2, 0):slot_word(3, 0)].tolist()
+    blocks = bytes(shared.segment.blocks(2))
+    assert batch.append(b"k", b"late", (), BASE_TS + 99, RecordFuture(None, BASE_TS + 99, 1, 4)) is False
+    assert batch_state(batch) == before
+    assert shared.daemon.words[slot_word(2, 0):slot_word(3, 0)].tolist() == slot
+    assert bytes(shared.segment.blocks(2)) == blocks
+    assert batch.claimed()
+    batch.release()
+
+
+@pytest.mark.parametrize("records", [0, 3])
+def test_release_publishes_the_batch_full(fastpath: ModuleType, shared: MappedSegment, records: int) -> None:
+    batch = open_on(fastpath, shared, 3)
+    append_small(batch, records)
+    length = batch.pos
+    batch.release()
+    assert batch_slots.unpack_published(shared.daemon.published(3)) == (records, length, True)
+    assert shared.daemon.claim(3) == (records, length)
+
+
+def test_claimed_says_whether_the_daemon_claimed_the_batch_or_is_claiming_it(fastpath: ModuleType,
+                                                                           shared: MappedSegment) -> None:
+    batch = open_on(fastpath, shared, 0)
+    assert not batch.claimed()
+    append_small(batch, 1)
+    assert not batch.claimed()
+    words = shared.daemon.words
+    words[slot_word(0, batch_slots.CLAIM)] = batch_slots.CLAIMING  # between the daemon's fence and its answer
+    assert batch.claimed()
+    assert batch.append(b"k", b"v", (), BASE_TS, RecordFuture(None, BASE_TS, 1, 1)) is False
+    words[slot_word(0, batch_slots.CLAIM)] = batch_slots.CLAIMED | 1
+    assert batch.claimed() and batch.record_count == 1
+    other = open_on(fastpath, shared, 1)
+    other.release()
+    assert other.claimed()  # released: it takes no more records, claimed or not
+    batch.release()
+
+
+@c_only
+@pytest.mark.parametrize(("batch_id", "topic_index", "partition"), [(7, 3, 2), (2**62, 2**32 - 1, 2**31 - 1),
+                                                                     (-2, -1, -1)])
+def test_the_twins_write_the_same_slots_and_records(shared: MappedSegment, batch_id: int, topic_index: int,
+                                                    partition: int) -> None:
+    # The daemon reads what either wrote: word for word and byte for byte the same, the C twin's on blocks 0-1,
+    # the Python twin's on blocks 2-3.
+    batches = [open_on(twin, shared, block, block_count=2, batch_id=batch_id, topic_index=topic_index,
+                       partition=partition) for twin, block in ((C_FASTPATH, 0), (_fastpath_py, 2))]
+
+    def written(block: int) -> tuple[list[int], bytes]:
+        return shared.daemon.words[slot_word(block, 0):slot_word(block + 1, 0)].tolist(), bytes(
+            shared.segment.blocks(block, 2))
+
+    assert written(0) == written(2)
+    for key, value, headers, timestamp in RECORDS:
+        for batch in batches:
+            assert batch.append(key, value, headers, timestamp, RecordFuture(None, timestamp, -1, -1))
+        assert written(0) == written(2)
+    for batch in batches:
+        batch.release()
+    assert written(0) == written(2)
+    assert shared.daemon.snapshot(0)[:3] == (len(RECORDS), batches[0].pos, True)
+
+
+def test_a_control_area_without_an_aligned_slot_for_the_batch_is_refused(fastpath: ModuleType) -> None:
+    control = control_area(2)
+    whole = memoryview(control)
+    for area, first_block in ((whole[1:], 0), (whole[8:], 1)):  # not 8-byte aligned; no room for block 1's slot
+        with pytest.raises(ValueError, match="no slot for first_block"):
+            fastpath.OpenBatch(1, TOPIC, 0, first_block, 1, bytearray(64), BASE_TS, CREATED, area, 0)
+    assert bytes(control) == bytes(len(control))  # nothing written
+    fastpath.OpenBatch(1, TOPIC, 0, 0, 1, bytearray(64), BASE_TS, CREATED, whole[8:], 0).release()
+
+
+# The daemon's side of one slot, in a process of its own (an append holds the GIL throughout: the daemon's side
+# must run beside it, as the daemon does). Arguments: what it does, the segment's file descriptor, block size and
+# count, the block. It says "ready" once it has mapped the segment, then does one thing for each line it reads,
+# and answers with a line:
+# - "race": the line is "RECORDS DELAY ANSWER_DELAY"; once the batch has published RECORDS records (the appending
+#   side is at work) it waits DELAY turns of a loop, claims the batch (CLAIMING, a full fence, loads published,
+#   then ANSWER_DELAY turns later CLAIMED | records) and answers with the records and length it claimed.
+# - "answer": the line is "WATCHED EXPECTED BEFORE INCLUDE"; it says "watching", waits until the word WATCHED of
+#   the blocks is EXPECTED (a record is being written), stores CLAIMING, a full fence, loads published. If it
+#   holds BEFORE records (the record is not published yet: the appending side will wait for the answer), it
+#   waits until the record is published and answers CLAIMED | BEFORE + INCLUDE ("between"); else it claims what
+#   it loaded ("after": it looked too late).
+DAEMON_SIDE = """
+import sys
+from client_stub.contract import batch_slots
+from client_stub.contract.batch_slots import CLAIMED, CLAIMING, ControlArea, full_fence, unpack_published
+from client_stub.contract.shared_memory import Layout, Segment
+
+mode = sys.argv[1]
+fd, block_size, block_count, block = map(int, sys.argv[2:6])
+segment = Segment(fd, Layout(block_size, block_count))
+words = ControlArea(segment.control, block_count).words
+blocks = segment.blocks(0, block_count).cast("Q")
+slot = batch_slots.HEADER_SIZE // 8 + block * batch_slots.SLOT_SIZE // 8
+published, claim = slot + batch_slots.PUBLISHED, slot + batch_slots.CLAIM
+print("ready", flush=True)
+
+for line in sys.stdin:
+    if mode == "race":
+        records, delay, answer_delay = map(int, line.split())
+        while unpack_published(words[published])[0] < records:
+            pass
+        for _ in range(delay):
+            pass
+        words[claim] = CLAIMING
+        full_fence()
+        records, length, _ = unpack_published(words[published])
+        for _ in range(answer_delay):
+            pass
+        words[claim] = CLAIMED | records
+        print(records, length, flush=True)
+    else:
+        watched, expected, before, include = map(int, line.split())
+        print("watching", flush=True)
+        while blocks[watched] != expected:
+            pass
+        words[claim] = CLAIMING
+        full_fence()
+        records = unpack_published(words[published])[0]
+        if records == before:
+            while unpack_published(words[published])[0] == before:
+                pass
+            words[claim] = CLAIMED | (before + include)
+            print("between", flush=True)
+        else:
+            words[claim] = CLAIMED | records
+            print("after", flush=True)
+"""
+
+
+class DaemonSide:
+    """The daemon's side of a slot, in its process (DAEMON_SIDE)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+
+    def tell(self, *numbers: int) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(" ".join(map(str, numbers)) + "\n")
+        self.process.stdin.flush()
+
+    def answer(self) -> str:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            assert self.process.stderr is not None
+            pytest.fail(f"the daemon's side ended: {self.process.stderr.read()}")
+        return line.strip()
+
+
+@contextlib.contextmanager
+def daemon_side(shared: MappedSegment, block: int, mode: str) -> Iterator[DaemonSide]:
+    layout = shared.segment.layout
+    process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(DAEMON_SIDE), mode, str(shared.fd),
+                                str(layout.block_size), str(layout.block_count), str(block)],
+                               pass_fds=(shared.fd,), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        side = DaemonSide(process)
+        assert side.answer() == "ready"
+        yield side
+    finally:
+        process.stdin.close()  # it ends when its input does
+        try:
+            process.wait(HANG_S)
+        except subprocess.TimeoutExpired:
+            process.kill()  # waiting for what a failed test never did
+            process.wait()
+        process.stdout.close()
+        process.stderr.close()
+
+
+# A record this long takes the appending side long enough to write (after it found its batch open) that the daemon's
+# side, watching it being written, claims the batch before it is published; attempts until it does.
+BIG_VALUE = 16 << 20
+CLAIM_ATTEMPTS = 50
+
+
+@pytest.mark.parametrize("included", [True, False], ids=["the-claim-holds-it", "the-claim-leaves-it-out"])
+def test_a_record_published_while_the_daemon_claims_is_in_the_batch_as_the_claims_answer_says(
+        fastpath: ModuleType, included: bool) -> None:
+    with mapped_segment(Layout(BIG_VALUE + 4096, 1)) as shared, daemon_side(shared, 0, "answer") as daemon:
+        for attempt in range(1, CLAIM_ATTEMPTS + 1):
+            batch = open_on(fastpath, shared, 0)
+            append_small(batch, 2)
+            before = batch_state(batch)
+            value = bytes([attempt]) * BIG_VALUE  # each attempt's bytes differ from the last one's
+            watched = (batch.pos + BIG_VALUE // 4) // 8  # a word of the value, written well before its end
+            daemon.tell(watched, int.from_bytes(value[:8], "little"), 2, int(included))
+            assert daemon.answer() == "watching"
+            appended = batch.append(b"k", value, (), BASE_TS + 50, RecordFuture(None, BASE_TS + 50, 1, BIG_VALUE))
+            when = daemon.answer()
+            claim = shared.daemon.claim_word(0)
+            if when == "after":
+                # It looked once the record was published: the record is in the claim, as in the batch.
+                assert appended is True and batch.record_count == 3 and claim == batch_slots.CLAIMED | 3
+                batch.release()
+                continue
+            assert when == "between"
+            assert appended is included
+            if included:
+                assert batch.record_count == 3 and batch.max_timestamp == BASE_TS + 50
+                assert batch.pos == before[0] + fastpath.record_size(2, 50, b"k", value)
+            else:
+                assert batch_state(batch) == before  # the record is not in the batch: the caller writes it again
+            assert claim == batch_slots.CLAIMED | batch.record_count
+            assert batch.claimed()
+            assert batch.append(b"k", b"v", (), BASE_TS, RecordFuture(None, BASE_TS, 1, 1)) is False
+            batch.release()
+            return
+        pytest.fail(f"the daemon's side never claimed while a record was written, in {CLAIM_ATTEMPTS} attempts")
+
+
+def test_every_record_is_in_the_claim_or_refused_never_both_never_lost(fastpath: ModuleType) -> None:
+    # An appending thread against the daemon's side claiming the same slot, again and again, each time at another
+    # point of the appends and answering a while after its fence: each claim holds exactly the records whose append
+    # returned True (a record published after the daemon's load and refused is not in it; none is in it twice).
+    rng = random.Random(39)
+    with mapped_segment(Layout(1 << 16, 1)) as shared, daemon_side(shared, 0, "race") as daemon:
+        for trial in range(1000):
+            batch = open_on(fastpath, shared, 0, batch_id=trial)
+            daemon.tell(rng.randrange(50), rng.randrange(200), rng.randrange(50))
+            n = 0
+            while batch.append(b"k", b"v%d" % n, (), BASE_TS + n, RecordFuture(None, BASE_TS + n, 1, 2)) or (
+                    not batch.claimed()):
+                n += 1
+            records, length = map(int, daemon.answer().split())
+            assert (records, length) == (batch.record_count, batch.pos), f"trial {trial}"
+            assert shared.daemon.claim_word(0) == batch_slots.CLAIMED | records
+            decoded = decode_records(shared.segment.blocks(0)[:length], records)
+            assert [r.offset_delta for r in decoded] == list(range(records))
+            batch.release()
 
 
 # -- encode_record_into -----------------------------------------------------------------------------
@@ -398,7 +753,7 @@ def test_a_callback_in_a_reference_cycle_is_collected_once_its_record_completes(
 # are tracked); a partial's does not. The process must exit cleanly; each case is named before it runs, so that a
 # crash (with faulthandler's traceback) says which.
 CALLBACKS_NEVER_COMPLETED = """
-import functools, gc, sys, threading, time
+import functools, gc, mmap, sys, threading, time
 from client_stub import _fastpath
 from client_stub.futures import RecordFuture
 
@@ -417,7 +772,7 @@ class SubPartial(functools.partial):
     pass
 
 def appender(declined):
-    batch = _fastpath.OpenBatch(1, "t", 0, 0, 1, bytearray(1 << 16), 1, time.monotonic())
+    batch = _fastpath.OpenBatch(1, "t", 0, 0, 1, bytearray(1 << 16), 1, time.monotonic(), mmap.mmap(-1, 128), 0)
     def slow_send(*args):
         raise RuntimeError("the Python path refuses it (a BufferExhaustedError, say)")
     made = _fastpath.Appender(threading.Lock(), {} if declined else {("t", 0): batch}, {"t": 1}, RecordFuture,
@@ -471,11 +826,11 @@ def test_complete_converts_its_arguments_in_order_and_stops_at_the_first_bad_one
 # C code read past the emptied list. The fast path's futures are untracked until that loop tracks them again:
 # that is how the finalizer knows where it is.
 EMPTIED_IN_COMPLETE = """
-import gc, threading, time
+import gc, mmap, threading, time
 from client_stub import _fastpath
 from client_stub.futures import _CONDITION_LOCK, RecordFuture, RecordMetadata, _callback_failed
 
-batch = _fastpath.OpenBatch(1, "t", 0, 0, 1, bytearray(1 << 20), 1, time.monotonic())
+batch = _fastpath.OpenBatch(1, "t", 0, 0, 1, bytearray(1 << 20), 1, time.monotonic(), mmap.mmap(-1, 128), 0)
 appender = _fastpath.Appender(threading.Lock(), {("t", 0): batch}, {"t": 1}, RecordFuture, print, print, {}, True)
 appender.enable()
 for _ in range(1000):
@@ -539,9 +894,10 @@ def test_the_fast_path_appends_and_seals_a_full_batch(fastpath: ModuleType) -> N
 
 
 @pytest.mark.parametrize("case", ["disabled", "unknown-topic", "str-key", "bad-partition", "no-room", "locked",
-                                  "no-batch", "no-sticky-partition-yet", "headers"])
+                                  "no-batch", "no-sticky-partition-yet", "headers", "claimed"])
 def test_the_fast_path_declines_and_leaves_everything_unchanged(fastpath: ModuleType, case: str) -> None:
-    appender, lock, sealed, open_batches = appender_with_batches(fastpath, 2, capacity=64)
+    control = control_area(2)
+    appender, lock, sealed, open_batches = appender_with_batches(fastpath, 2, capacity=64, control=control)
     args = {"topic": TOPIC, "value": b"value", "key": b"key", "partition": None, "timestamp_ms": None,
             "headers": None, "on_delivery": None}
     if case == "disabled":
@@ -562,6 +918,11 @@ def test_the_fast_path_declines_and_leaves_everything_unchanged(fastpath: Module
         args["key"] = None  # the Python path picks one
     elif case == "headers":
         args["headers"] = [("h", b"v")]
+    elif case == "claimed":
+        daemon = ControlArea(memoryview(control), 2)
+        for partition in range(2):
+            daemon.claim(partition)  # the Python path closes the batch and opens another
+        daemon.release()
     before = {key: (b.pos, b.record_count) for key, b in open_batches.items()}
     assert appender.send(**args) is DECLINED
     assert slow_sends == [tuple(args.values())]
@@ -683,7 +1044,7 @@ def test_a_record_of_more_than_64_buffers_that_are_not_bytes_is_refused(fastpath
 def test_negative_timestamps_are_refused_so_that_no_delta_overflows(fastpath: ModuleType) -> None:
     memory = bytearray(1024)
     with pytest.raises(ValueError, match="timestamp_ms must not be negative"):
-        fastpath.OpenBatch(1, TOPIC, 0, 0, 1, memory, -(2**63), time.monotonic())
+        fastpath.OpenBatch(1, TOPIC, 0, 0, 1, memory, -(2**63), time.monotonic(), control_area(), 0)
     batch, memory = new_batch(fastpath, 1024)
     before = snapshot(batch, memory)
     for timestamp in (-1, -(2**63)):

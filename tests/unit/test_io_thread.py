@@ -56,6 +56,27 @@ def open_fds_to(name: str) -> list[int]:
     return fds
 
 
+# -- records go by the segment ----------------------------------------------------------------------
+
+
+def test_records_go_by_the_segment_with_a_wakeup_for_the_batch_opened_and_none_for_each_record(
+        daemon: FakeDaemon) -> None:
+    # The daemon claims the batch at linger.ms (a minute here) or when flush() publishes it full and says so.
+    producer = Producer(daemon.endpoint, linger_ms=60_000, max_block_ms=int(HANG_S * 1000))
+    try:
+        futures = [producer.send("orders", b"v%d" % n, partition=0) for n in range(50)]
+        assert producer.flush(HANG_S) == 0
+        assert [f.result(0).offset for f in futures] == list(range(50))
+    finally:
+        producer.close(HANG_S)
+    [claimed] = daemon.claimed
+    assert (claimed.topic, claimed.partition, claimed.record_count) == ("orders", 0, 50)
+    # What the producer said, all of it once its GOODBYE is in (it may be claimed before its WAKEUP comes).
+    assert wait_until(lambda: daemon.goodbyes == 1, HANG_S)
+    assert daemon.wakeups == 2  # the batch opened (the fake never says it watches it), and flush()
+    assert len(daemon.block_requests) == 1
+
+
 # -- a memory handshake that fails is said again, whatever failed -----------------------------------
 
 
@@ -126,7 +147,7 @@ def test_what_the_session_logs_is_written_with_the_producers_lock_free(
         assert wait_until(lambda: witness.saw("gave back the session it ended"), HANG_S)
         daemon.reports_batches = False
         future = producer.send("orders", b"v")
-        assert wait_until(lambda: daemon.sealed, HANG_S)
+        assert wait_until(lambda: daemon.claimed, HANG_S)
         daemon.say(ipc.Shutdown("SIGTERM"))
         assert wait_until(lambda: witness.saw("is shutting down (SIGTERM)"), HANG_S)
         daemon.handshake_refusals.append("not a segment of this daemon's")

@@ -106,7 +106,7 @@ def test_send_all_sends_what_is_queued_in_order_and_empties_the_outbox(
 
 def test_what_waits_for_a_session_that_is_gone_is_dropped(outbox: Outbox,
                                                           pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) -> None:
-    outbox.post(ipc.Seal([]))
+    outbox.post(ipc.Wakeup())
     outbox.clear()
     assert sent(outbox, pair) == []
 
