@@ -121,7 +121,7 @@ def test_a_batch_reported_in_part_and_then_whole_completes_the_rest(accumulator:
     pytest.param(LINGER_S, 2 * LINGER_S, 60, True, id="looked-at-less-often-than-its-linger"),
     pytest.param(0, 0.001, 60, True, id="no-linger"),
 ])
-def test_opening_a_batch_says_wakeup_unless_the_daemon_will_look_at_it_in_time(
+def test_a_batchs_first_record_says_wakeup_unless_the_daemon_will_look_at_it_in_time(
         accumulator: RecordAccumulator, shared: MappedSegment, posted: list[ipc.Message], linger_s: float,
         scan_interval_s: float, watched_for_s: float, wakeup: bool) -> None:
     # The daemon writes in the header until when it looks at the segment's open batches, and how often.
@@ -129,6 +129,8 @@ def test_opening_a_batch_says_wakeup_unless_the_daemon_will_look_at_it_in_time(
     shared.daemon.set_header(batch_slots.SCAN_INTERVAL_NS, int(scan_interval_s * 1e9))
     shared.daemon.set_header(batch_slots.WATCHED_UNTIL_NS, time.monotonic_ns() + int(watched_for_s * 1e9))
     batch = open_on(accumulator, shared, [2, 3], topic="u", partition=4)
+    assert posted == []  # opening tells nothing: the daemon has nothing to look at before a record is published
+    accumulator.first_published()
     assert posted == ([ipc.Wakeup()] if wakeup else [])
     assert accumulator.open == {("u", 4): batch} and accumulator.unreported == {batch.batch_id: batch}
 
