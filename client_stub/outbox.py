@@ -1,6 +1,6 @@
 """The producer's Outbox: what waits to be sent to the daemon, and the I/O thread's wake-up pipe.
 
-Any thread posts a message (seal notices, a block request, a GOODBYE); the I/O
+Any thread posts a message (a block request, a WAKEUP, a GOODBYE); the I/O
 thread, woken through a socket pair that it polls beside its ZeroMQ socket, sends
 what is queued before it polls again.
 """

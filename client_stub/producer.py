@@ -1,14 +1,16 @@
 """Producer: what applications use to send records through the node's kafka-sidecar daemon.
 
 ``send()`` serializes and partitions a record and writes it, in Kafka's v2
-record format, straight into this process's open block of shared memory for the
-partition; no message to the daemon is needed for that. A block is sealed when
-full, when linger_ms has passed, on flush() and close(), and when the daemon
-asks; the seal notice hands the batch to the daemon, which sends it and reports
-its outcome back; the I/O thread then completes each record's Future.
+record format, straight into this process's open batch of shared memory for the
+partition, and publishes it there; no message to the daemon is needed for that.
+The daemon claims the batch when it is due (linger_ms after its first record,
+full, flush() and close(), the pool exhausted, this process gone), sends it and
+reports its outcome back; the I/O thread then completes each record's Future.
+A record is safe once send() returned: if this process dies, the daemon still
+claims and sends what it published.
 
 The parts, as the Java producer splits them: this module holds the API and the
-life cycle; :mod:`.accumulator` the open and sealed batches, linger and expiry;
+life cycle; :mod:`.accumulator` the open batches and those awaiting their reports, and expiry;
 :mod:`.block_grants` this process's blocks of the BufferPool; :mod:`.session`
 the session with the daemon, its states; :mod:`.io_thread` the thread that keeps
 it, and :mod:`.outbox` what waits for it to be sent; :mod:`.futures` the
