@@ -60,8 +60,8 @@ def test_type_numbers_are_the_wire_format() -> None:
     # Changing one is a new protocol version: old clients would read one message as another.
     assert {type(m).__name__: m.TYPE for m in TYPED} == {
         "Hello": 1, "Blocks": 2, "Release": 4, "Metadata": 5, "Heartbeat": 6, "Goodbye": 7, "Stats": 8,
-        "LastSeal": 9, "Wakeup": 10, "Welcome": 101, "Grant": 102, "GrantFailed": 103, "Delivery": 104, "Topic": 105, "SealNow": 106,
-        "Error": 107, "StatsReport": 108, "Shutdown": 109}
+        "LastSeal": 9, "Wakeup": 10, "Welcome": 101, "Grant": 102, "GrantFailed": 103, "Delivery": 104, "Topic": 105,
+        "SealNow": 106, "Error": 107, "StatsReport": 108, "Shutdown": 109}
     assert ipc.unpack(ipc.encode(ipc.Blocks(7, 3, True, 60000))) == [2, 7, 3, True, 60000]
 
 
