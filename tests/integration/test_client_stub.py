@@ -25,12 +25,11 @@ import zmq
 
 import client_stub.producer
 from client_stub import Producer, RecordMetadata
-from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
-from client_stub.contract.shared_memory import Layout, Segment
+from client_stub.contract import PROTOCOL_VERSION, batch_slots, ipc
 from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
-from client_stub.fastpath import encode_record
 from service.tools.readback import ConsumedRecord, read_topic
 from tests.support import workers
+from tests.support.raw_session import TIMESTAMP_MS, RawSession
 from tests.support.sidecar import SidecarProcess
 from tests.support.waiting import HANG_S, wait_until
 
@@ -313,61 +312,9 @@ def test_a_partition_pipelines_its_batches_while_reports_come_back_in_time(proxi
     assert [r.value for r in read_topic(proxy.address, "quick", expected=3)] == [b"warm", b"first", b"second"]
 
 
-class HostileSession:
-    """A client that says HELLO properly, gets blocks, and then abuses them (a DEALER socket)."""
-
-    def __init__(self, context: zmq.Context, endpoint: str) -> None:
-        self.sock = context.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.reports: list[list] = []
-        self.next_request = 1
-        self.send(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "hostile-owner", {})
-        welcome = ipc.Welcome._make(self.expect(ipc.Welcome.TYPE)[1:])
-        path = shared_memory.memory_socket_path(endpoint, welcome.daemon_id)
-        self.memory, fd = shared_memory.connect(path, welcome.memory_token, 10)
-        self.client_id, self.segment = welcome.client_id, Segment(fd, Layout(welcome.block_size, welcome.block_count))
-        os.close(fd)
-
-    def send(self, *message) -> None:
-        self.sock.send(ipc.pack(*message))
-
-    def expect(self, kind: int) -> list:
-        """The next message of this kind; DELIVERY reports met on the way are kept, SEAL_NOW and TOPIC skipped."""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if not self.sock.poll(100):
-                continue
-            message = ipc.unpack(self.sock.recv())
-            if message[0] == kind:
-                return message
-            if message[0] == ipc.Delivery.TYPE:
-                self.reports += message[1]
-            else:
-                assert message[0] in (ipc.SealNow.TYPE, ipc.Topic.TYPE), message
-        raise AssertionError(f"no message {kind} from the daemon")
-
-    def refused(self, *message, reason: str) -> None:
-        self.send(*message)
-        error = self.expect(ipc.Error.TYPE)
-        assert reason in error[2], error
-
-    def blocks(self, count: int) -> list[int]:
-        request_id, self.next_request = self.next_request, self.next_request + 1
-        self.send(ipc.Blocks.TYPE, request_id, count, False, 10_000)
-        grant = self.expect(ipc.Grant.TYPE)
-        assert grant[1] == request_id and len(grant[2]) == count, grant
-        return grant[2]
-
-    def close(self) -> None:
-        self.send(ipc.Goodbye.TYPE)
-        self.segment.close()
-        self.memory.close()
-        self.sock.close()
-
-
-def _seal_notice(batch_id: int, block: int, topic: str, length: int) -> list:
-    return [batch_id, block, 1, topic, 0, 1, length, 1_700_000_000_000, 1_700_000_000_000, 0]
+def _int64(word: int) -> int:
+    """A 64-bit word as the daemon reads a signed field of a slot."""
+    return word - (1 << 64) if word >= 1 << 63 else word
 
 
 def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_factory, sidecar) -> None:
@@ -384,35 +331,84 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
             producer.flush(120)
             results.extend(f.result() for f in futures)
 
+    context = zmq.Context()
+    # Sessions that own blocks abuse them: they name blocks not granted to them, and publish in their slots what
+    # no producer would (another client's blocks and slots are in its own segment: nothing of this one names them).
+    abuser = RawSession(daemon.endpoint, "hostile-owner", context=context)
+    other = RawSession(daemon.endpoint, "hostile-owner", context=context)
+    # Followed first: the daemon's metadata has its partitions from then on (Tansu answers a request for no topic
+    # with every topic, and the answer to a request made before a topic was followed would not have it).
+    index = abuser.follow(hostile_topic)
     worker = threading.Thread(target=well_behaved)
     worker.start()
-    context = zmq.Context()
-    # Sessions that own blocks abuse them, and name blocks of theirs they were not granted (another
-    # client's blocks are in its own segment: no number names them).
-    abuser, other = HostileSession(context, daemon.endpoint), HostileSession(context, daemon.endpoint)
+    words = random.Random(39)
     sealed = 0
+    refused: list[int] = []  # batch ids of the garbage the daemon must refuse, each with a failed report
+    corrupt: list[int] = []  # and of the garbage it finds out only when it reads the records
     for round_ in range(100):
-        mine, theirs = abuser.blocks(4), other.blocks(2)
+        mine, theirs = sorted(abuser.blocks(9)), other.blocks(2)
         abuser.refused(ipc.Release.TYPE, [mine[0], mine[0]], reason="named more than once")
         abuser.send(ipc.Release.TYPE, [mine[0]])
         abuser.refused(ipc.Release.TYPE, [mine[0]], reason="not granted")
         abuser.refused(ipc.Release.TYPE, [max(mine) + 1], reason="not granted")
-        abuser.refused(ipc.Seal.TYPE, [_seal_notice(10_000 + round_, mine[0], hostile_topic, 10)],
-                       reason="seal refused")
-        abuser.refused(ipc.Seal.TYPE, [_seal_notice(20_000 + round_, max(mine) + 1, hostile_topic, 10)],
-                       reason="seal refused")
-        # A valid batch of its own, sealed twice.
-        record = encode_record(0, 0, None, f"hostile-{round_}".encode(), ())
-        abuser.segment.blocks(mine[1])[:len(record)] = record
-        abuser.send(ipc.Seal.TYPE, [_seal_notice(round_, mine[1], hostile_topic, len(record))])
+        # Valid batches in the slots of blocks it does not hold (one it gave back, one never granted to it):
+        # never read, never claimed, never sent.
+        not_mine = [mine[0], abuser.block_count - 1 - round_]
+        for n, block in enumerate(not_mine):
+            length = abuser.write_record(block, f"unread-{round_}-{n}".encode())
+            abuser.publish(block, batch_id=20_000 + 2 * round_ + n, topic_index=index, length=length)
+        # A valid batch of its own, published full: claimed at its WAKEUP, and delivered.
+        valid_length = abuser.write_record(mine[1], f"hostile-{round_}".encode())
+        abuser.publish(mine[1], batch_id=round_, topic_index=index, length=valid_length)
         sealed += 1
-        abuser.refused(ipc.Seal.TYPE, [_seal_notice(round_, mine[1], hostile_topic, len(record))],
-                       reason="seal refused")
-        abuser.refused(ipc.Release.TYPE, [mine[1]], reason="not granted")
+        # Garbage in the slots of its own blocks, each claimed when the daemon next looks (at its WAKEUP at the
+        # latest) and refused alone, with its report. A refused batch's blocks, as many as it names, go back to the
+        # pool: the huge block count is published last, below the batch of any words (whose count may be negative).
+        first_id = 1_000_000 + 10 * round_
+        anything = {"batch_id": words.getrandbits(64), "topic_index": words.getrandbits(32),
+                    "partition": words.getrandbits(32), "length": words.getrandbits(32),
+                    "records": words.getrandbits(31) | 1, "block_count": words.getrandbits(64),
+                    "opened_ns": words.getrandbits(64), "timestamp_ms": words.getrandbits(63)}
+        garbage = [  # (what is wrong, why the daemon refuses it: None if it finds out only as it reads the records)
+            ({"length": abuser.segment.layout.block_size + 1}, "length must be an integer in [1, "),
+            ({"topic_index": 12345}, "no topic is number 12345 of this session: it follows 1"),
+            ({"partition": 7}, f"partition 7 of topic {hostile_topic} does not exist: it has 1"),
+            ({"records": 5}, None),  # a count that lies: one record is there
+            # Any 64-bit words at all (but for its claim, which is the daemon's to write, and a record at least).
+            (anything, f"no topic is number {anything['topic_index']} of this session"),
+            ({"block_count": 2**63 - 1}, "block_count must be an integer in [1, "),
+        ]
+        for n, (block, (fields, reason)) in enumerate(zip([*mine[3:7], mine[8], mine[7]], garbage, strict=True)):
+            length = abuser.write_record(block, f"garbage-{round_}".encode())
+            batch = {"batch_id": first_id + n, "topic_index": index, "length": length, **fields}
+            abuser.publish(block, **batch)
+            (corrupt if reason is None else refused).append(_int64(batch["batch_id"]))
+        abuser.wakeup()
+        errors = [abuser.expect(ipc.Error.TYPE)[2] for _ in range(5)]
+        assert all(error.startswith("batch refused: ") for error in errors), errors
+        assert all(sum(reason in error for error in errors) == 1 for _, reason in garbage if reason), errors
+        # Each of its blocks that the daemon claimed, or freed as it refused their batch, is not the client's any
+        # more: it counts a failed batch as finished.
+        for block in [mine[1], *mine[3:]]:
+            abuser.refused(ipc.Release.TYPE, [block], reason="not granted")
+        assert abuser.control.claim_word(mine[1]) == batch_slots.CLAIMED | 1
+        # Its claimed batch published again: not read again (it is delivered once).
+        abuser.control.publish(mine[1], 1, valid_length, TIMESTAMP_MS, full=True)
+        abuser.wakeup()
+        # The old SEAL (type 3) naming a batch written in its block: an unknown message; the block stays its own.
+        length = abuser.write_record(mine[2], f"unsealed-{round_}".encode())
+        abuser.refused(3, [[round_, mine[2], 1, hostile_topic, 0, 1, length, TIMESTAMP_MS, TIMESTAMP_MS, 0]],
+                       reason="unknown message type 3")
+        abuser.refused(ipc.Wakeup.TYPE, "now", reason="WAKEUP has 0 fields, got 1")
+        abuser.refused(ipc.LastSeal.TYPE, [], reason="LASTSEAL has 0 fields, got 1")
         # The sequence that once crashed the daemon: a block released thrice, then more requests.
         abuser.refused(ipc.Release.TYPE, [mine[2], mine[2], mine[2]], reason="named more than once")
-        abuser.send(ipc.Release.TYPE, mine[2:])
+        abuser.send(ipc.Release.TYPE, [mine[2]])
         other.send(ipc.Release.TYPE, theirs)
+        # What it published where it held no block was never claimed; cleared before it may be granted again.
+        assert [abuser.control.claim_word(block) for block in not_mine] == [0, 0]
+        for block in not_mine:
+            abuser.clear(block)
     rng = random.Random(1)
     hostile = [context.socket(zmq.DEALER) for _ in range(4)]
     for sock in hostile:
@@ -428,9 +424,13 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
         elif choice == 1:
             payload = msgpack.packb([rng.randrange(-5, 300)] + [rng.random() for _ in range(rng.randrange(5))])
         elif choice == 2:
-            payload = ipc.pack(ipc.Seal.TYPE, [[i, rng.randrange(0, 5000), rng.randrange(-3, 9), topic,
-                                           rng.randrange(-1, 4), rng.randrange(-1, 9), rng.randrange(-1, 99999),
-                                           0, 0, 0]])
+            # The old SEAL, WAKEUP and LASTSEAL with fields they do not have, and WAKEUPs.
+            payload = rng.choice([
+                ipc.pack(3, [[i, rng.randrange(0, 5000), rng.randrange(-3, 9), topic, rng.randrange(-1, 4),
+                              rng.randrange(-1, 9), rng.randrange(-1, 99999), 0, 0, 0]]),
+                ipc.pack(ipc.Wakeup.TYPE, *[rng.randrange(-1, 9) for _ in range(rng.randrange(1, 4))]),
+                ipc.pack(ipc.LastSeal.TYPE, [rng.randrange(-1, 5000)]),
+                ipc.pack(ipc.Wakeup.TYPE)])
         elif choice == 3:
             payload = ipc.pack(ipc.Blocks.TYPE, i, rng.choice([-1, 0, 10**9, "x"]), True, 10)
         elif choice == 4:
@@ -444,11 +444,14 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
             continue
         sock.send(payload)
     worker.join(180)
-    # The abuser's own valid batches were delivered, each once.
-    deadline = time.monotonic() + 60
-    while sum(r[3] >= 0 for r in abuser.reports) < sealed and time.monotonic() < deadline:
+    # Every batch of the abuser's has its report: its valid ones delivered, each once; its garbage failed, each
+    # once, the records read as records refused as corrupt; nothing of what it published in blocks not its own.
+    expected = Counter([*range(sealed), *refused, *corrupt])
+    while expected - Counter(r[0] for r in abuser.reports):
         abuser.reports += abuser.expect(ipc.Delivery.TYPE)[1]
-    delivered = sorted(r[0] for r in abuser.reports if r[3] >= 0)
+    assert Counter(r[0] for r in abuser.reports) == expected
+    delivered = sorted(r[0] for r in abuser.reports if r[5] is None)
+    failed = {r[0]: ipc.error_from_wire(r[5]) for r in abuser.reports if r[5] is not None}
     abuser.close()
     other.close()
     for sock in hostile:
@@ -456,9 +459,13 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
     context.term()
     assert not worker.is_alive()
     assert delivered == list(range(sealed))
+    assert sorted(failed) == sorted(refused + corrupt)
+    assert all(failed[batch_id].message.startswith("the daemon refused the batch: ") for batch_id in refused)
+    assert all(failed[batch_id].name == "CORRUPT_MESSAGE" for batch_id in corrupt)
     assert len(results) == 10_000 and all(r.offset >= 0 for r in results)
     assert daemon.is_running()
     assert "refused a client message" in daemon.log_tail(400)
+    assert "Traceback" not in daemon.log_path.read_text(errors="replace")
     values = [r.value for r in read_topic(broker.bootstrap, topic, expected=10_000)]
     assert sorted(values) == sorted(f"good-{n}".encode() for n in range(10_000))
     hostile_values = [r.value for r in read_topic(broker.bootstrap, hostile_topic, expected=sealed)]
