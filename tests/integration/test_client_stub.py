@@ -177,7 +177,7 @@ def test_records_the_parent_holds_at_fork_stay_the_parents(broker, topic_factory
     topic = topic_factory(4)
     daemon = sidecar(broker.bootstrap)
     with Producer(daemon.endpoint, linger_ms=600_000) as producer:
-        # Written into the parent's open blocks, not sealed, not reported when the children are forked.
+        # Published in the parent's open batches, not claimed (linger_ms), not reported when the children fork.
         held = [producer.send(topic, f"parent-{n}".encode(), partition=n % 4) for n in range(100)]
         assert len(producer) == 100
         queue = FORK.Queue()
@@ -203,7 +203,7 @@ def wait_for_held(daemon: SidecarProcess, done, timeout: float = HANG_S) -> dict
     return held
 
 
-def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_factory, sidecar) -> None:
+def test_killed_client_records_delivered_blocks_reclaimed(broker, topic_factory, sidecar) -> None:
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap)
     victim = subprocess.Popen([sys.executable, "-m", "tests.support.workers", daemon.endpoint, topic, "7", "3000"],
@@ -212,11 +212,12 @@ def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_f
         with Producer(daemon.endpoint) as survivor:
             first = [survivor.send(topic, f"survivor-{n}".encode(), headers={"id": f"9:{n}"}) for n in range(2000)]
             assert victim.stdout.readline().strip() == f"PID {victim.pid}"
-            assert victim.stdout.readline().strip() == "SEALED 3000"
-            # Its seal notices reached the daemon: of the records sealed, the survivor's are 2000 at most.
+            assert victim.stdout.readline().strip() == "FLUSHED 3000"
+            # Its WAKEUP reached the daemon, which claimed the batches it published full: of the records sealed, the
+            # survivor's are 2000 at most.
             assert wait_until(lambda: daemon.stats()["sidecar"]["records-sealed-total"] >= 3000 + 2000)
             victim_client = daemon.client_id_of(victim.pid)
-            # It is writing records now: it holds blocks, open ones and full ones sealed on the way.
+            # It is writing records now: it holds blocks, of its open batches and of those claimed on the way.
             assert wait_for_held(daemon, lambda held: held.get(victim_client, 0) > 0).get(victim_client, 0) > 0
             victim.send_signal(signal.SIGKILL)
             victim.wait()
@@ -224,7 +225,8 @@ def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_f
                       for n in range(2000, 4000)]
             assert survivor.flush(60) == 0
             assert all(f.result(30).offset >= 0 for f in first + second)
-        # Its unsealed blocks are reclaimed, its sealed ones come back once delivered: nothing is the victim's.
+        # Its end claimed what it published; its spare blocks are reclaimed, the others come back once their
+        # batches are delivered: nothing is the victim's.
         assert victim_client not in wait_for_held(daemon, lambda held: victim_client not in held)
         # Nobody is connected any more: the whole pool is free.
         assert wait_for_held(daemon, lambda held: not held) == {}
@@ -235,8 +237,9 @@ def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_f
         victim.wait()
     read = by_id(read_topic(broker.bootstrap, topic, expected=3000 + 4000))
     victims = {int(i.split(":")[1]) for i in read if i.startswith("7:")}
-    # What it sealed before it said so arrived; later full blocks were sealed too and may have.
-    assert set(range(3000)) <= victims
+    # Every record it wrote arrived, once: those it flushed, and those it published in its open batches until it
+    # was killed (claimed at its end); the one it was writing as it was killed, or not.
+    assert len(victims) >= 3000 and victims == set(range(len(victims)))
     assert sorted(int(i.split(":")[1]) for i in read if i.startswith("9:")) == list(range(4000))
     assert daemon.is_running()
 
@@ -266,9 +269,9 @@ def test_exhausted_pool_raises_after_max_block_ms_and_recovers(proxied_broker, s
 
 
 def test_a_slow_broker_makes_batches_bigger_not_more_numerous(proxied_broker, sidecar) -> None:
-    # As in the Java producer, a batch that has lingered but cannot be sent yet keeps filling: while
-    # reports are slow (here 600 ms, linger.ms 5), a client does not seal a batch every linger_ms
-    # while the partition's previous one awaits its report.
+    # As in the Java producer, what has lingered but cannot be sent yet grows: while reports are slow
+    # (here 600 ms, linger.ms 5), the daemon claims a client's batch every linger_ms, and those queued
+    # behind the partition's requests in flight go coalesced, not a request each.
     tansu, proxy = proxied_broker
     tansu.create_topic("slow", 1)
     daemon = sidecar(proxy.address, settings={"linger.ms": 5})
@@ -280,7 +283,7 @@ def test_a_slow_broker_makes_batches_bigger_not_more_numerous(proxied_broker, si
         started = time.monotonic()
         for n in range(200):
             futures.append(producer.send("slow", b"%d" % n))
-            time.sleep(0.005)  # 200 records over about 1 s: a batch per record if each sealed at linger
+            time.sleep(0.005)  # 200 records over about 1 s: a request per record if each claimed batch went alone
         sending_s = time.monotonic() - started
         offsets = [f.result(60).offset for f in futures]
         produce_requests = proxy.requests_forwarded.get(0, 0) - before
@@ -303,9 +306,9 @@ def test_a_partition_pipelines_its_batches_while_reports_come_back_in_time(proxi
         producer.send("quick", b"warm").result(30)
         proxy.delay(500)
         first = producer.send("quick", b"first")
-        # Its batch is sealed at 600 ms and reaches the proxy; its response comes back 1 s later.
+        # The daemon claims its batch at 600 ms, and it reaches the proxy; its response comes back 1 s later.
         assert wait_until(lambda: proxy.produce_requests_outstanding == 1)
-        second = producer.send("quick", b"second")  # a new batch, sealed 600 ms later, before that response
+        second = producer.send("quick", b"second")  # a new batch, claimed 600 ms later, before that response
         offsets = [first.result(30).offset, second.result(30).offset]
     assert offsets == [1, 2]
     assert proxy.most_produce_requests_outstanding == 2
@@ -616,7 +619,7 @@ def test_a_restarted_daemon_takes_back_what_the_client_held(broker, topic_factor
     with Producer(daemon.endpoint, linger_ms=600_000) as producer:
 
         def stream() -> None:
-            # Before, during and after the restart: full batches are sealed on the way, the last one stays open.
+            # Before, during and after the restart: full batches are claimed on the way, the last one stays open.
             n = 0
             while not stop.is_set():
                 value = f"streamed-{n}-".encode().ljust(100, b".")
@@ -629,14 +632,14 @@ def test_a_restarted_daemon_takes_back_what_the_client_held(broker, topic_factor
         streamer = threading.Thread(target=stream)
         streamer.start()
         try:
-            assert wait_until(lambda: streamed and streamed[0][1].done()), "a sealed batch was delivered"
+            assert wait_until(lambda: streamed and streamed[0][1].done()), "a claimed batch was delivered"
             daemon.kill()
             killed = len(streamed)
             # Sends go on into the segment, which outlives the daemon (while its blocks last).
             assert wait_until(lambda: len(streamed) > killed + 10)
             daemon.start()
             # The client sees the daemon go and offers its session to the next one, which sends what it held:
-            # the sealed batches not reported, and the open ones (sealed when the daemon went).
+            # the batches not reported, those the daemon claimed and the open ones (closed when the daemon went).
             assert [f.result(30).partition for f in held] == [1] * 10
             restarted = len(streamed)
             assert wait_until(lambda: len(streamed) > restarted + 1000)
