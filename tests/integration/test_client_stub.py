@@ -25,12 +25,11 @@ import zmq
 
 import client_stub.producer
 from client_stub import Producer, RecordMetadata
-from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
-from client_stub.contract.shared_memory import Layout, Segment
+from client_stub.contract import PROTOCOL_VERSION, batch_slots, ipc
 from client_stub.errors import BufferExhaustedError, KafkaTimeoutError, RecordTooLargeError, SidecarUnavailableError
-from client_stub.fastpath import encode_record
 from service.tools.readback import ConsumedRecord, read_topic
 from tests.support import workers
+from tests.support.raw_session import TIMESTAMP_MS, RawSession
 from tests.support.sidecar import SidecarProcess
 from tests.support.waiting import HANG_S, wait_until
 
@@ -178,7 +177,7 @@ def test_records_the_parent_holds_at_fork_stay_the_parents(broker, topic_factory
     topic = topic_factory(4)
     daemon = sidecar(broker.bootstrap)
     with Producer(daemon.endpoint, linger_ms=600_000) as producer:
-        # Written into the parent's open blocks, not sealed, not reported when the children are forked.
+        # Published in the parent's open batches, not claimed (linger_ms), not reported when the children fork.
         held = [producer.send(topic, f"parent-{n}".encode(), partition=n % 4) for n in range(100)]
         assert len(producer) == 100
         queue = FORK.Queue()
@@ -204,7 +203,7 @@ def wait_for_held(daemon: SidecarProcess, done, timeout: float = HANG_S) -> dict
     return held
 
 
-def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_factory, sidecar) -> None:
+def test_killed_client_records_delivered_blocks_reclaimed(broker, topic_factory, sidecar) -> None:
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap)
     victim = subprocess.Popen([sys.executable, "-m", "tests.support.workers", daemon.endpoint, topic, "7", "3000"],
@@ -213,11 +212,12 @@ def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_f
         with Producer(daemon.endpoint) as survivor:
             first = [survivor.send(topic, f"survivor-{n}".encode(), headers={"id": f"9:{n}"}) for n in range(2000)]
             assert victim.stdout.readline().strip() == f"PID {victim.pid}"
-            assert victim.stdout.readline().strip() == "SEALED 3000"
-            # Its seal notices reached the daemon: of the records sealed, the survivor's are 2000 at most.
+            assert victim.stdout.readline().strip() == "FLUSHED 3000"
+            # Its WAKEUP reached the daemon, which claimed the batches it published full: of the records sealed, the
+            # survivor's are 2000 at most.
             assert wait_until(lambda: daemon.stats()["sidecar"]["records-sealed-total"] >= 3000 + 2000)
             victim_client = daemon.client_id_of(victim.pid)
-            # It is writing records now: it holds blocks, open ones and full ones sealed on the way.
+            # It is writing records now: it holds blocks, of its open batches and of those claimed on the way.
             assert wait_for_held(daemon, lambda held: held.get(victim_client, 0) > 0).get(victim_client, 0) > 0
             victim.send_signal(signal.SIGKILL)
             victim.wait()
@@ -225,7 +225,8 @@ def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_f
                       for n in range(2000, 4000)]
             assert survivor.flush(60) == 0
             assert all(f.result(30).offset >= 0 for f in first + second)
-        # Its unsealed blocks are reclaimed, its sealed ones come back once delivered: nothing is the victim's.
+        # Its end claimed what it published; its spare blocks are reclaimed, the others come back once their
+        # batches are delivered: nothing is the victim's.
         assert victim_client not in wait_for_held(daemon, lambda held: victim_client not in held)
         # Nobody is connected any more: the whole pool is free.
         assert wait_for_held(daemon, lambda held: not held) == {}
@@ -236,8 +237,9 @@ def test_killed_client_sealed_batches_delivered_blocks_reclaimed(broker, topic_f
         victim.wait()
     read = by_id(read_topic(broker.bootstrap, topic, expected=3000 + 4000))
     victims = {int(i.split(":")[1]) for i in read if i.startswith("7:")}
-    # What it sealed before it said so arrived; later full blocks were sealed too and may have.
-    assert set(range(3000)) <= victims
+    # Every record it wrote arrived, once: those it flushed, and those it published in its open batches until it
+    # was killed (claimed at its end); the one it was writing as it was killed, or not.
+    assert len(victims) >= 3000 and victims == set(range(len(victims)))
     assert sorted(int(i.split(":")[1]) for i in read if i.startswith("9:")) == list(range(4000))
     assert daemon.is_running()
 
@@ -267,9 +269,9 @@ def test_exhausted_pool_raises_after_max_block_ms_and_recovers(proxied_broker, s
 
 
 def test_a_slow_broker_makes_batches_bigger_not_more_numerous(proxied_broker, sidecar) -> None:
-    # As in the Java producer, a batch that has lingered but cannot be sent yet keeps filling: while
-    # reports are slow (here 600 ms, linger.ms 5), a client does not seal a batch every linger_ms
-    # while the partition's previous one awaits its report.
+    # As in the Java producer, what has lingered but cannot be sent yet grows: while reports are slow
+    # (here 600 ms, linger.ms 5), the daemon claims a client's batch every linger_ms, and those queued
+    # behind the partition's requests in flight go coalesced, not a request each.
     tansu, proxy = proxied_broker
     tansu.create_topic("slow", 1)
     daemon = sidecar(proxy.address, settings={"linger.ms": 5})
@@ -281,7 +283,7 @@ def test_a_slow_broker_makes_batches_bigger_not_more_numerous(proxied_broker, si
         started = time.monotonic()
         for n in range(200):
             futures.append(producer.send("slow", b"%d" % n))
-            time.sleep(0.005)  # 200 records over about 1 s: a batch per record if each sealed at linger
+            time.sleep(0.005)  # 200 records over about 1 s: a request per record if each claimed batch went alone
         sending_s = time.monotonic() - started
         offsets = [f.result(60).offset for f in futures]
         produce_requests = proxy.requests_forwarded.get(0, 0) - before
@@ -304,70 +306,18 @@ def test_a_partition_pipelines_its_batches_while_reports_come_back_in_time(proxi
         producer.send("quick", b"warm").result(30)
         proxy.delay(500)
         first = producer.send("quick", b"first")
-        # Its batch is sealed at 600 ms and reaches the proxy; its response comes back 1 s later.
+        # The daemon claims its batch at 600 ms, and it reaches the proxy; its response comes back 1 s later.
         assert wait_until(lambda: proxy.produce_requests_outstanding == 1)
-        second = producer.send("quick", b"second")  # a new batch, sealed 600 ms later, before that response
+        second = producer.send("quick", b"second")  # a new batch, claimed 600 ms later, before that response
         offsets = [first.result(30).offset, second.result(30).offset]
     assert offsets == [1, 2]
     assert proxy.most_produce_requests_outstanding == 2
     assert [r.value for r in read_topic(proxy.address, "quick", expected=3)] == [b"warm", b"first", b"second"]
 
 
-class HostileSession:
-    """A client that says HELLO properly, gets blocks, and then abuses them (a DEALER socket)."""
-
-    def __init__(self, context: zmq.Context, endpoint: str) -> None:
-        self.sock = context.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.reports: list[list] = []
-        self.next_request = 1
-        self.send(ipc.Hello.TYPE, PROTOCOL_VERSION, os.getpid(), "hostile-owner", {})
-        welcome = ipc.Welcome._make(self.expect(ipc.Welcome.TYPE)[1:])
-        path = shared_memory.memory_socket_path(endpoint, welcome.daemon_id)
-        self.memory, fd = shared_memory.connect(path, welcome.memory_token, 10)
-        self.client_id, self.segment = welcome.client_id, Segment(fd, Layout(welcome.block_size, welcome.block_count))
-        os.close(fd)
-
-    def send(self, *message) -> None:
-        self.sock.send(ipc.pack(*message))
-
-    def expect(self, kind: int) -> list:
-        """The next message of this kind; DELIVERY reports met on the way are kept, SEAL_NOW and TOPIC skipped."""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if not self.sock.poll(100):
-                continue
-            message = ipc.unpack(self.sock.recv())
-            if message[0] == kind:
-                return message
-            if message[0] == ipc.Delivery.TYPE:
-                self.reports += message[1]
-            else:
-                assert message[0] in (ipc.SealNow.TYPE, ipc.Topic.TYPE), message
-        raise AssertionError(f"no message {kind} from the daemon")
-
-    def refused(self, *message, reason: str) -> None:
-        self.send(*message)
-        error = self.expect(ipc.Error.TYPE)
-        assert reason in error[2], error
-
-    def blocks(self, count: int) -> list[int]:
-        request_id, self.next_request = self.next_request, self.next_request + 1
-        self.send(ipc.Blocks.TYPE, request_id, count, False, 10_000)
-        grant = self.expect(ipc.Grant.TYPE)
-        assert grant[1] == request_id and len(grant[2]) == count, grant
-        return grant[2]
-
-    def close(self) -> None:
-        self.send(ipc.Goodbye.TYPE)
-        self.segment.close()
-        self.memory.close()
-        self.sock.close()
-
-
-def _seal_notice(batch_id: int, block: int, topic: str, length: int) -> list:
-    return [batch_id, block, 1, topic, 0, 1, length, 1_700_000_000_000, 1_700_000_000_000, 0]
+def _int64(word: int) -> int:
+    """A 64-bit word as the daemon reads a signed field of a slot."""
+    return word - (1 << 64) if word >= 1 << 63 else word
 
 
 def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_factory, sidecar) -> None:
@@ -384,35 +334,84 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
             producer.flush(120)
             results.extend(f.result() for f in futures)
 
+    context = zmq.Context()
+    # Sessions that own blocks abuse them: they name blocks not granted to them, and publish in their slots what
+    # no producer would (another client's blocks and slots are in its own segment: nothing of this one names them).
+    abuser = RawSession(daemon.endpoint, "hostile-owner", context=context)
+    other = RawSession(daemon.endpoint, "hostile-owner", context=context)
+    # Followed first: the daemon's metadata has its partitions from then on (Tansu answers a request for no topic
+    # with every topic, and the answer to a request made before a topic was followed would not have it).
+    index = abuser.follow(hostile_topic)
     worker = threading.Thread(target=well_behaved)
     worker.start()
-    context = zmq.Context()
-    # Sessions that own blocks abuse them, and name blocks of theirs they were not granted (another
-    # client's blocks are in its own segment: no number names them).
-    abuser, other = HostileSession(context, daemon.endpoint), HostileSession(context, daemon.endpoint)
+    words = random.Random(39)
     sealed = 0
+    refused: list[int] = []  # batch ids of the garbage the daemon must refuse, each with a failed report
+    corrupt: list[int] = []  # and of the garbage it finds out only when it reads the records
     for round_ in range(100):
-        mine, theirs = abuser.blocks(4), other.blocks(2)
+        mine, theirs = sorted(abuser.blocks(9)), other.blocks(2)
         abuser.refused(ipc.Release.TYPE, [mine[0], mine[0]], reason="named more than once")
         abuser.send(ipc.Release.TYPE, [mine[0]])
         abuser.refused(ipc.Release.TYPE, [mine[0]], reason="not granted")
         abuser.refused(ipc.Release.TYPE, [max(mine) + 1], reason="not granted")
-        abuser.refused(ipc.Seal.TYPE, [_seal_notice(10_000 + round_, mine[0], hostile_topic, 10)],
-                       reason="seal refused")
-        abuser.refused(ipc.Seal.TYPE, [_seal_notice(20_000 + round_, max(mine) + 1, hostile_topic, 10)],
-                       reason="seal refused")
-        # A valid batch of its own, sealed twice.
-        record = encode_record(0, 0, None, f"hostile-{round_}".encode(), ())
-        abuser.segment.blocks(mine[1])[:len(record)] = record
-        abuser.send(ipc.Seal.TYPE, [_seal_notice(round_, mine[1], hostile_topic, len(record))])
+        # Valid batches in the slots of blocks it does not hold (one it gave back, one never granted to it):
+        # never read, never claimed, never sent.
+        not_mine = [mine[0], abuser.block_count - 1 - round_]
+        for n, block in enumerate(not_mine):
+            length = abuser.write_record(block, f"unread-{round_}-{n}".encode())
+            abuser.publish(block, batch_id=20_000 + 2 * round_ + n, topic_index=index, length=length)
+        # A valid batch of its own, published full: claimed at its WAKEUP, and delivered.
+        valid_length = abuser.write_record(mine[1], f"hostile-{round_}".encode())
+        abuser.publish(mine[1], batch_id=round_, topic_index=index, length=valid_length)
         sealed += 1
-        abuser.refused(ipc.Seal.TYPE, [_seal_notice(round_, mine[1], hostile_topic, len(record))],
-                       reason="seal refused")
-        abuser.refused(ipc.Release.TYPE, [mine[1]], reason="not granted")
+        # Garbage in the slots of its own blocks, each claimed when the daemon next looks (at its WAKEUP at the
+        # latest) and refused alone, with its report. A refused batch's blocks, as many as it names, go back to the
+        # pool: the huge block count is published last, below the batch of any words (whose count may be negative).
+        first_id = 1_000_000 + 10 * round_
+        anything = {"batch_id": words.getrandbits(64), "topic_index": words.getrandbits(32),
+                    "partition": words.getrandbits(32), "length": words.getrandbits(32),
+                    "records": words.getrandbits(31) | 1, "block_count": words.getrandbits(64),
+                    "opened_ns": words.getrandbits(64), "timestamp_ms": words.getrandbits(63)}
+        garbage = [  # (what is wrong, why the daemon refuses it: None if it finds out only as it reads the records)
+            ({"length": abuser.segment.layout.block_size + 1}, "length must be an integer in [1, "),
+            ({"topic_index": 12345}, "no topic is number 12345 of this session: it follows 1"),
+            ({"partition": 7}, f"partition 7 of topic {hostile_topic} does not exist: it has 1"),
+            ({"records": 5}, None),  # a count that lies: one record is there
+            # Any 64-bit words at all (but for its claim, which is the daemon's to write, and a record at least).
+            (anything, f"no topic is number {anything['topic_index']} of this session"),
+            ({"block_count": 2**63 - 1}, "block_count must be an integer in [1, "),
+        ]
+        for n, (block, (fields, reason)) in enumerate(zip([*mine[3:7], mine[8], mine[7]], garbage, strict=True)):
+            length = abuser.write_record(block, f"garbage-{round_}".encode())
+            batch = {"batch_id": first_id + n, "topic_index": index, "length": length, **fields}
+            abuser.publish(block, **batch)
+            (corrupt if reason is None else refused).append(_int64(batch["batch_id"]))
+        abuser.wakeup()
+        errors = [abuser.expect(ipc.Error.TYPE)[2] for _ in range(5)]
+        assert all(error.startswith("batch refused: ") for error in errors), errors
+        assert all(sum(reason in error for error in errors) == 1 for _, reason in garbage if reason), errors
+        # Each of its blocks that the daemon claimed, or freed as it refused their batch, is not the client's any
+        # more: it counts a failed batch as finished.
+        for block in [mine[1], *mine[3:]]:
+            abuser.refused(ipc.Release.TYPE, [block], reason="not granted")
+        assert abuser.control.claim_word(mine[1]) == batch_slots.CLAIMED | 1
+        # Its claimed batch published again: not read again (it is delivered once).
+        abuser.control.publish(mine[1], 1, valid_length, TIMESTAMP_MS, full=True)
+        abuser.wakeup()
+        # The old SEAL (type 3) naming a batch written in its block: an unknown message; the block stays its own.
+        length = abuser.write_record(mine[2], f"unsealed-{round_}".encode())
+        abuser.refused(3, [[round_, mine[2], 1, hostile_topic, 0, 1, length, TIMESTAMP_MS, TIMESTAMP_MS, 0]],
+                       reason="unknown message type 3")
+        abuser.refused(ipc.Wakeup.TYPE, "now", reason="WAKEUP has 0 fields, got 1")
+        abuser.refused(ipc.LastSeal.TYPE, [], reason="LASTSEAL has 0 fields, got 1")
         # The sequence that once crashed the daemon: a block released thrice, then more requests.
         abuser.refused(ipc.Release.TYPE, [mine[2], mine[2], mine[2]], reason="named more than once")
-        abuser.send(ipc.Release.TYPE, mine[2:])
+        abuser.send(ipc.Release.TYPE, [mine[2]])
         other.send(ipc.Release.TYPE, theirs)
+        # What it published where it held no block was never claimed; cleared before it may be granted again.
+        assert [abuser.control.claim_word(block) for block in not_mine] == [0, 0]
+        for block in not_mine:
+            abuser.clear(block)
     rng = random.Random(1)
     hostile = [context.socket(zmq.DEALER) for _ in range(4)]
     for sock in hostile:
@@ -428,9 +427,13 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
         elif choice == 1:
             payload = msgpack.packb([rng.randrange(-5, 300)] + [rng.random() for _ in range(rng.randrange(5))])
         elif choice == 2:
-            payload = ipc.pack(ipc.Seal.TYPE, [[i, rng.randrange(0, 5000), rng.randrange(-3, 9), topic,
-                                           rng.randrange(-1, 4), rng.randrange(-1, 9), rng.randrange(-1, 99999),
-                                           0, 0, 0]])
+            # The old SEAL, WAKEUP and LASTSEAL with fields they do not have, and WAKEUPs.
+            payload = rng.choice([
+                ipc.pack(3, [[i, rng.randrange(0, 5000), rng.randrange(-3, 9), topic, rng.randrange(-1, 4),
+                              rng.randrange(-1, 9), rng.randrange(-1, 99999), 0, 0, 0]]),
+                ipc.pack(ipc.Wakeup.TYPE, *[rng.randrange(-1, 9) for _ in range(rng.randrange(1, 4))]),
+                ipc.pack(ipc.LastSeal.TYPE, [rng.randrange(-1, 5000)]),
+                ipc.pack(ipc.Wakeup.TYPE)])
         elif choice == 3:
             payload = ipc.pack(ipc.Blocks.TYPE, i, rng.choice([-1, 0, 10**9, "x"]), True, 10)
         elif choice == 4:
@@ -444,11 +447,14 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
             continue
         sock.send(payload)
     worker.join(180)
-    # The abuser's own valid batches were delivered, each once.
-    deadline = time.monotonic() + 60
-    while sum(r[3] >= 0 for r in abuser.reports) < sealed and time.monotonic() < deadline:
+    # Every batch of the abuser's has its report: its valid ones delivered, each once; its garbage failed, each
+    # once, the records read as records refused as corrupt; nothing of what it published in blocks not its own.
+    expected = Counter([*range(sealed), *refused, *corrupt])
+    while expected - Counter(r[0] for r in abuser.reports):
         abuser.reports += abuser.expect(ipc.Delivery.TYPE)[1]
-    delivered = sorted(r[0] for r in abuser.reports if r[3] >= 0)
+    assert Counter(r[0] for r in abuser.reports) == expected
+    delivered = sorted(r[0] for r in abuser.reports if r[5] is None)
+    failed = {r[0]: ipc.error_from_wire(r[5]) for r in abuser.reports if r[5] is not None}
     abuser.close()
     other.close()
     for sock in hostile:
@@ -456,9 +462,13 @@ def test_ten_thousand_hostile_messages_leave_the_daemon_serving(broker, topic_fa
     context.term()
     assert not worker.is_alive()
     assert delivered == list(range(sealed))
+    assert sorted(failed) == sorted(refused + corrupt)
+    assert all(failed[batch_id].message.startswith("the daemon refused the batch: ") for batch_id in refused)
+    assert all(failed[batch_id].name == "CORRUPT_MESSAGE" for batch_id in corrupt)
     assert len(results) == 10_000 and all(r.offset >= 0 for r in results)
     assert daemon.is_running()
     assert "refused a client message" in daemon.log_tail(400)
+    assert "Traceback" not in daemon.log_path.read_text(errors="replace")
     values = [r.value for r in read_topic(broker.bootstrap, topic, expected=10_000)]
     assert sorted(values) == sorted(f"good-{n}".encode() for n in range(10_000))
     hostile_values = [r.value for r in read_topic(broker.bootstrap, hostile_topic, expected=sealed)]
@@ -609,7 +619,7 @@ def test_a_restarted_daemon_takes_back_what_the_client_held(broker, topic_factor
     with Producer(daemon.endpoint, linger_ms=600_000) as producer:
 
         def stream() -> None:
-            # Before, during and after the restart: full batches are sealed on the way, the last one stays open.
+            # Before, during and after the restart: full batches are claimed on the way, the last one stays open.
             n = 0
             while not stop.is_set():
                 value = f"streamed-{n}-".encode().ljust(100, b".")
@@ -622,14 +632,14 @@ def test_a_restarted_daemon_takes_back_what_the_client_held(broker, topic_factor
         streamer = threading.Thread(target=stream)
         streamer.start()
         try:
-            assert wait_until(lambda: streamed and streamed[0][1].done()), "a sealed batch was delivered"
+            assert wait_until(lambda: streamed and streamed[0][1].done()), "a claimed batch was delivered"
             daemon.kill()
             killed = len(streamed)
             # Sends go on into the segment, which outlives the daemon (while its blocks last).
             assert wait_until(lambda: len(streamed) > killed + 10)
             daemon.start()
             # The client sees the daemon go and offers its session to the next one, which sends what it held:
-            # the sealed batches not reported, and the open ones (sealed when the daemon went).
+            # the batches not reported, those the daemon claimed and the open ones (closed when the daemon went).
             assert [f.result(30).partition for f in held] == [1] * 10
             restarted = len(streamed)
             assert wait_until(lambda: len(streamed) > restarted + 1000)

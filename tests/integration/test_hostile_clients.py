@@ -6,7 +6,6 @@ import multiprocessing
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,10 +19,11 @@ import zmq
 from confluent_kafka.admin import AdminClient
 
 from client_stub import Producer
-from client_stub.contract import PROTOCOL_VERSION, ipc, shared_memory
+from client_stub.contract import batch_slots, ipc
 from client_stub.errors import InvalidRecordError
 from service.tools.readback import read_topic
 from tests.support import workers
+from tests.support.raw_session import RawSession
 from tests.support.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.broker
@@ -76,23 +76,10 @@ class WellBehaved:
             n += 1000
 
     def check(self, bootstrap: str, *others: bytes) -> None:
-        """Every record it sent was delivered, and is in the topic (beside ``others``)."""
+        """Every record it sent was delivered, and is in the topic once (beside ``others``)."""
         assert self.delivered and all(offset >= 0 for offset in self.delivered)
-        values = {r.value for r in read_topic(bootstrap, self.topic, expected=len(self.delivered) + len(others))}
-        assert values == set(others) | {b"good-%d" % n for n in range(len(self.delivered))}
-
-
-def _session(sock: zmq.Socket, endpoint: str, name: str) -> socket.socket:
-    """A session of this process by hand (HELLO, WELCOME, the memory handshake); its memory connection."""
-    sock.send(ipc.encode(ipc.Hello(PROTOCOL_VERSION, os.getpid(), name, ipc.HelloOptions())))
-    assert sock.poll(10_000)
-    welcome = ipc.decode(sock.recv())
-    assert isinstance(welcome, ipc.Welcome)
-    memory, fd = shared_memory.connect(shared_memory.memory_socket_path(endpoint, welcome.daemon_id),
-                                       welcome.memory_token, 10.0)
-    assert fd is not None
-    os.close(fd)
-    return memory
+        values = [r.value for r in read_topic(bootstrap, self.topic, expected=len(self.delivered) + len(others))]
+        assert sorted(values) == sorted([*others, *(b"good-%d" % n for n in range(len(self.delivered)))])
 
 
 def test_a_300_mib_frame_is_dropped_before_it_is_read(broker, topic_factory, sidecar, hostile) -> None:
@@ -112,30 +99,27 @@ def test_a_300_mib_frame_is_dropped_before_it_is_read(broker, topic_factory, sid
     good.check(broker.bootstrap, b"warm")
 
 
-def test_a_client_that_never_reads_its_replies_costs_the_daemon_a_bounded_memory(broker, topic_factory, sidecar,
-                                                                                   hostile) -> None:
+def test_a_client_that_never_reads_its_replies_costs_the_daemon_a_bounded_memory(broker, topic_factory,
+                                                                                   sidecar) -> None:
     # 20 000 requests refused, each answered with an ERROR and a GRANT_FAILED quoting a 10 KB field, and not
     # one read: the replies ZeroMQ will not queue wait in the session up to sidecar.client.reply.buffer.bytes
     # (8 MiB), then the session ends, with a log line naming the process.
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap)
-    memory = None
+    unread = RawSession(daemon.endpoint, "never reads")
     try:
-        hostile.connect(daemon.endpoint)
-        memory = _session(hostile, daemon.endpoint, "never reads")
         with Producer(daemon.endpoint) as producer:
             producer.send(topic, b"warm").result(30)
             before = peak_resident_mb(daemon.pid)
             with WellBehaved(producer, topic) as good:
                 for request_id in range(20_000):
-                    hostile.send(ipc.pack(ipc.Blocks.TYPE, request_id, "x" * 10_000, False, 1000))
+                    unread.send(ipc.Blocks.TYPE, request_id, "x" * 10_000, False, 1000)
                 assert wait_until(lambda: daemon.stats()["sidecar"]["sessions-ended-unread-total"] == 1, timeout=60)
             after = peak_resident_mb(daemon.pid)
         stats = daemon.stats()
         assert daemon.is_running()
     finally:
-        if memory is not None:
-            memory.close()
+        unread.close()
     assert stats["sidecar"]["reply-buffer-bytes"] == 0 and stats["sidecar"]["messages-refused-total"] >= 10_000
     assert f"(pid {os.getpid()}, uid {os.getuid()}, 'never reads') does not read its replies" in daemon.log_tail(200)
     # Bounded by the reply buffer and what ZeroMQ queues each way (340 MB before the bounds).
@@ -186,17 +170,15 @@ def test_two_sessions_of_one_process_take_at_most_the_share_of_one(broker, topic
     good.check(broker.bootstrap)
 
 
-def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory, sidecar, hostile) -> None:
+def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory, sidecar) -> None:
     # 5 000 METADATA requests for names the cluster does not have, from one session that does not wait for
     # answers: a process waits for at most 100 such names at once, and the cluster creates 5 a minute.
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap, settings={"sidecar.auto.create.topics.per.minute": 5})
     prefix = f"flood-{uuid.uuid4().hex[:8]}"
-    memory = None
     refused = 0
+    flood = RawSession(daemon.endpoint, "flood")
     try:
-        hostile.connect(daemon.endpoint)
-        memory = _session(hostile, daemon.endpoint, "flood")
         with Producer(daemon.endpoint) as producer:
             # Its topic known to the daemon first: this process's other session shares its limits.
             producer.send(topic, b"warm").result(30)
@@ -204,22 +186,21 @@ def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory
             with good:
                 flooded = time.monotonic()
                 for n in range(5000):
-                    hostile.send(ipc.pack(ipc.Metadata.TYPE, f"{prefix}-{n}"))
+                    flood.send(ipc.Metadata.TYPE, f"{prefix}-{n}")
                 # Every refusal, however long the daemon takes (64 of one client's messages a loop turn),
                 # and a moment for any beyond the bound.
                 deadline = time.monotonic() + HANG_S
                 while time.monotonic() < deadline:
                     if refused >= 4900 - 5:
                         deadline = min(deadline, time.monotonic() + 0.5)
-                    if hostile.poll(100):
-                        message = ipc.decode(hostile.recv())
+                    if flood.sock.poll(100):
+                        message = ipc.decode(flood.sock.recv())
                         refused += isinstance(message, ipc.Topic) and message.error is not None and \
                             "sidecar.process.max.unknown.topics" in str(ipc.error_from_wire(message.error))
         stats = daemon.stats()
         assert daemon.is_running()
     finally:
-        if memory is not None:
-            memory.close()
+        flood.close()
     # The first 100 wait; the others are refused, but for as many as were created meanwhile (their places
     # among the 100 came free).
     assert 4900 - 5 <= refused <= 4900
@@ -231,36 +212,55 @@ def test_a_flood_of_new_topic_names_creates_a_few_a_minute(broker, topic_factory
     good.check(broker.bootstrap, b"warm")
 
 
-def test_garbage_at_full_speed_costs_the_others_nothing_but_a_share_of_the_loop(broker, topic_factory, sidecar,
-                                                                                 hostile) -> None:
+def test_garbage_and_wakeups_at_full_speed_cost_the_others_nothing_but_a_share_of_the_loop(broker, topic_factory,
+                                                                                           sidecar, hostile) -> None:
+    # As fast as the daemon takes them, beside a well-behaved client: garbage from a DEALER without a session (each
+    # message refused), and WAKEUPs from a session whose batches wait in its blocks, not due (its linger.ms: an
+    # hour): each WAKEUP has the daemon look at every block it holds, and claim nothing.
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap)
     rng = random.Random(25)
     garbage = [rng.randbytes(rng.randrange(1, 300)) for _ in range(64)] + [
-        ipc.pack(999), ipc.pack(ipc.Blocks.TYPE, "one", -1, "no", None), ipc.pack(ipc.Seal.TYPE, "notices")]
+        ipc.pack(999), ipc.pack(ipc.Blocks.TYPE, "one", -1, "no", None), ipc.pack(3, "notices"),  # 3: the old SEAL
+        ipc.pack(ipc.Wakeup.TYPE, "now"), ipc.pack(ipc.LastSeal.TYPE, [])]
     sent = 0
     hostile.connect(daemon.endpoint)
-    with Producer(daemon.endpoint) as producer:
-        producer.send(topic, b"warm").result(30)
-        before = peak_resident_mb(daemon.pid)
-        with WellBehaved(producer, topic) as good:
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                for message in garbage:
-                    hostile.send(message)
-                    sent += 1
-        after = peak_resident_mb(daemon.pid)
-    assert daemon.is_running()
-    # Each refused, however long the daemon takes to get through them.
+    waker = RawSession(daemon.endpoint, "waker")
+    try:
+        index = waker.follow(topic)
+        waker.control.set_header(batch_slots.LINGER_NS, 3600 * 10**9)
+        blocks = waker.blocks(64)
+        waiting = [b"waiting-%d" % n for n in range(len(blocks))]
+        for n, (block, value) in enumerate(zip(blocks, waiting, strict=True)):
+            waker.publish(block, batch_id=n, topic_index=index, partition=n % 3,
+                          length=waker.write_record(block, value), full=False)
+        with Producer(daemon.endpoint) as producer:
+            producer.send(topic, b"warm").result(30)
+            before = peak_resident_mb(daemon.pid)
+            with WellBehaved(producer, topic) as good:
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    for message in garbage:
+                        hostile.send(message)
+                        sent += 1
+                        waker.wakeup()
+            after = peak_resident_mb(daemon.pid)
+        # Every WAKEUP taken (a client's messages are taken in order), and not one of its batches claimed.
+        waker.refused(ipc.Wakeup.TYPE, "last", reason="WAKEUP has 0 fields, got 1")
+        assert [waker.control.claim_word(block) for block in blocks] == [0] * len(blocks)
+        assert daemon.is_running()
+    finally:
+        waker.close()  # its session ends: the daemon claims what it published
+    # Each message of garbage refused, however long the daemon takes to get through them.
     assert wait_until(lambda: daemon.stats()["sidecar"]["messages-refused-total"] >= sent)
     assert after - before < 40, (before, after)
-    good.check(broker.bootstrap, b"warm")
+    good.check(broker.bootstrap, b"warm", *waiting)
 
 
 def test_a_client_stopped_past_the_client_timeout_gets_every_report_when_it_continues(broker, topic_factory, sidecar,
                                                                                      tmp_path) -> None:
-    # SIGSTOP (a debugger, a paused container): the daemon takes it for silent and ends its session, keeping
-    # the reports of what it sealed; when it continues, it takes the session back. Each record once.
+    # SIGSTOP (a debugger, a paused container): the daemon takes it for silent and ends its session, claiming
+    # what it published and keeping the reports; when it continues, it takes the session back. Each record once.
     topic = topic_factory(3)
     daemon = sidecar(broker.bootstrap, settings={"sidecar.client.timeout.ms": 1000})
     results, client_log = tmp_path / "results.jsonl", tmp_path / "client.log"
@@ -290,19 +290,19 @@ def test_a_client_stopped_past_the_client_timeout_gets_every_report_when_it_cont
     assert daemon.stats()["sidecar"]["sessions-kept"] == 0 and daemon.is_running()
 
 
-def test_a_client_rewriting_its_sealed_blocks_hurts_only_its_own_records(broker, topic_factory, sidecar) -> None:
-    """A client keeps rewriting the records it sealed while the daemon coalesces, checksums and sends them,
-    beside a well-behaved client on the same partitions: the daemon stays up, logs no exception, and every
-    well-behaved record is delivered; a consumer that checks CRCs reads the whole topic (Tansu checks no CRC:
-    a batch sent unlike its CRC would be kept, and stop every reader of its partition there)."""
+def test_a_client_rewriting_its_claimed_batches_hurts_only_its_own_records(broker, topic_factory, sidecar) -> None:
+    """A client keeps rewriting the records of its batches the daemon claimed while it coalesces, checksums and
+    sends them, beside a well-behaved client on the same partitions: the daemon stays up, logs no exception, and
+    every well-behaved record is delivered; a consumer that checks CRCs reads the whole topic (Tansu checks no
+    CRC: a batch sent unlike its CRC would be kept, and stop every reader of its partition there)."""
     partitions, count = 3, 20_000
     topic = topic_factory(partitions)
     daemon = sidecar(broker.bootstrap)
     rewriting = SPAWN.Event()
-    hostile = SPAWN.Process(target=workers.rewrite_sealed_values, args=(daemon.endpoint, topic, partitions, rewriting))
+    hostile = SPAWN.Process(target=workers.rewrite_claimed_values, args=(daemon.endpoint, topic, partitions, rewriting))
     hostile.start()
     try:
-        assert rewriting.wait(HANG_S), "the hostile client never rewrote a sealed block"
+        assert rewriting.wait(HANG_S), "the hostile client never rewrote a claimed batch"
         with Producer(daemon.endpoint, linger_ms=1) as producer:
             futures = [producer.send(topic, b"good-%d" % n, partition=n % partitions) for n in range(count)]
             offsets = [f.result(60).offset for f in futures]
@@ -320,12 +320,13 @@ def test_a_client_rewriting_its_sealed_blocks_hurts_only_its_own_records(broker,
     assert len(values) > count and all(len(v) == len(workers.HOSTILE_VALUE) for v in values if v not in good)
 
 
-def test_a_client_sealing_garbage_fails_its_own_batches_alone(broker, topic_factory, sidecar) -> None:
-    """A client overwrites its records with bytes that are no records before it seals them, between the batches
-    of a well-behaved client on the same partitions. Each garbage batch fails alone, with CORRUPT_MESSAGE to its
-    client, before the daemon sends it: the well-behaved records are all delivered and read back with CRCs
-    checked (a broker refusing the garbage would have renumbered them; Tansu would have kept it, and stopped
-    every reader of its partition there), the daemon logs no exception, and every block comes back."""
+def test_a_client_publishing_garbage_fails_its_own_batches_alone(broker, topic_factory, sidecar) -> None:
+    """A client overwrites the records of its open batches with bytes that are no records before the daemon claims
+    them (at its flush: they linger an hour), between the batches of a well-behaved client on the same partitions.
+    Each garbage batch fails alone, with CORRUPT_MESSAGE to its client, before the daemon sends it: the
+    well-behaved records are all delivered and read back with CRCs checked (a broker refusing the garbage would
+    have renumbered them; Tansu would have kept it, and stopped every reader of its partition there), the daemon
+    logs no exception, and every block comes back."""
     partitions, count = 3, 6000
     topic = topic_factory(partitions)
     daemon = sidecar(broker.bootstrap)
@@ -337,7 +338,7 @@ def test_a_client_sealing_garbage_fails_its_own_batches_alone(broker, topic_fact
             for batch in batches:
                 segment.blocks(batch.first_block, batch.block_count)[:batch.pos] = b"\xaa" * batch.pos
         assert len(batches) == partitions
-        hostile.flush(timeout=0)  # seals them
+        hostile.flush(timeout=0)  # closes them and says WAKEUP: the daemon claims them
         futures += [good.send(topic, b"good-%d" % n, partition=n % partitions) for n in range(count // 2, count)]
         offsets = [f.result(60).offset for f in futures]
         errors = [f.exception(60) for f in garbage]

@@ -17,10 +17,13 @@ warm-up records are delivered until the measurement ends:
                   holding what it gets (a process may hold half the pool)
   metadata-flood  a session, then METADATA for 5 000 topics that do not exist (the broker
                   creates the topics the daemon asks it to)
-  garbage-loop    a DEALER sending garbage (random bytes, other msgpack, wrong types, extra
-                  frames) as fast as the daemon takes it
-  garbage-seal    a session sealing batches of random bytes (not Kafka records) into the
-                  well-behaved client's topic, 100 a second
+  garbage-loop    a DEALER sending garbage (random bytes, other msgpack, wrong types, the old
+                  SEAL, extra frames) as fast as the daemon takes it
+  garbage-seal    a session publishing batches of random bytes (not Kafka records) in its
+                  blocks' slots for the well-behaved client's topic, with a WAKEUP each, 100 a
+                  second: the daemon claims each and fails it
+  wakeup-flood    a session holding 64 batches published and not due (its linger.ms: an hour),
+                  saying WAKEUP as fast as the daemon takes it
 
 Per case: the well-behaved client's p50 and p99 and p99 / the baseline's p99, records
 delivered of those sent, failures; the daemon's peak and final resident memory (VmHWM,
@@ -84,6 +87,7 @@ UNREAD_FIELD_BYTES = 10 << 10
 FLOOD_TOPICS = 5_000
 GARBAGE_SEAL_INTERVAL_S = 0.01
 GARBAGE_SEAL_BYTES = 1000
+WAKEUP_FLOOD_BLOCKS = 64
 HEARTBEAT_S = 1.0  # hostile sessions stay alive (the daemon ends a session silent for 30 s)
 SNDTIMEO_MS = 100  # a hostile send that would block gives way this often, to see whether it should stop
 
@@ -198,6 +202,31 @@ class RawClient:
         path = shared_memory.memory_socket_path(self.endpoint, welcome.daemon_id)
         self.memory, fd = shared_memory.connect(path, welcome.memory_token, 10.0)
         return fd
+
+    def map(self, welcome: Any) -> tuple[Any, Any]:
+        """The memory handshake of ``welcome``'s session, and its segment mapped: the Segment and its
+        ControlArea (release the area, then close the segment)."""
+        from client_stub.contract.batch_slots import ControlArea
+        from client_stub.contract.shared_memory import Layout, Segment
+
+        fd = self.attach(welcome)
+        try:
+            segment = Segment(fd, Layout(welcome.block_size, welcome.block_count))
+        finally:
+            os.close(fd)
+        return segment, ControlArea(segment.control, welcome.block_count)
+
+    def follow(self, topic: str) -> int:
+        """The session's number for ``topic``, once the daemon knows its partitions (what comes before is dropped)."""
+        from client_stub.contract import ipc
+
+        self.send(ipc.Metadata.TYPE, topic)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            message = self.recv(100)
+            if isinstance(message, ipc.Topic) and message.topic == topic and message.partition_count is not None:
+                return message.index
+        raise TimeoutError(f"no partitions of {topic} from the daemon in 30 s")
 
     def close(self) -> None:
         self.sock.close(0)
@@ -327,25 +356,25 @@ def _garbage(rng: random.Random) -> list[list[bytes]]:
     messages += [[ipc.pack(*fields)] for fields in (
         [999], [True], ["HELLO"], [ipc.Hello.TYPE], _hello_fields(PROTOCOL_VERSION + 1000),
         [ipc.Hello.TYPE, PROTOCOL_VERSION, "pid", 5, []], [ipc.Blocks.TYPE, "one", -1, "no", None],
-        [ipc.Blocks.TYPE, 1, 2**40, False, -1], [ipc.Seal.TYPE, "notices"], [ipc.Seal.TYPE, [[1, 2], None, "x"]],
-        [ipc.Release.TYPE, [None, -1]], [ipc.Metadata.TYPE, ""], [ipc.Metadata.TYPE, 5], [ipc.Heartbeat.TYPE, 1],
-        [ipc.Welcome.TYPE], [ipc.Delivery.TYPE, []], [ipc.Stats.TYPE, "x"])]
+        [ipc.Blocks.TYPE, 1, 2**40, False, -1], [3, "notices"], [3, [[1, 2], None, "x"]],  # 3: the old SEAL
+        [ipc.Wakeup.TYPE, "now"], [ipc.LastSeal.TYPE, [[1, 2], None, "x"]], [ipc.Release.TYPE, [None, -1]],
+        [ipc.Metadata.TYPE, ""], [ipc.Metadata.TYPE, 5], [ipc.Heartbeat.TYPE, 1], [ipc.Welcome.TYPE],
+        [ipc.Delivery.TYPE, []], [ipc.Stats.TYPE, "x"])]
     messages += [[msgpack.packb({"type": 1})], [b"\xc1"], [b""], [ipc.pack(ipc.Heartbeat.TYPE), b"second frame"]]
     return messages
 
 
 def garbage_seal(endpoint: str, topic: str, stop: Any) -> dict[str, Any]:
-    """Batches whose record bytes are random, sealed into the well-behaved client's topic."""
+    """Batches whose record bytes are random, published full in the well-behaved client's topic, each with a
+    WAKEUP: the daemon claims each, and fails it when it reads its records."""
     from client_stub.contract import ipc
-    from client_stub.contract.shared_memory import Layout, Segment
 
     client = RawClient(endpoint, stop)
-    segment = None
+    segment = control = None
     try:
         welcome = client.hello()
-        fd = client.attach(welcome)
-        segment = Segment(fd, Layout(welcome.block_size, welcome.block_count))
-        os.close(fd)
+        segment, control = client.map(welcome)
+        index = client.follow(topic)
         rng = random.Random(25)
         outcomes: Counter[str] = Counter()
         sealed = 0
@@ -363,14 +392,61 @@ def garbage_seal(endpoint: str, topic: str, stop: Any) -> dict[str, Any]:
             for other in message.blocks[1:]:
                 client.send(ipc.Release.TYPE, [other])
             now_ms = int(time.time() * 1000)
-            client.send(ipc.Seal.TYPE, [[sealed, block, 1, topic, sealed % PARTITIONS, 10, GARBAGE_SEAL_BYTES,
-                                         now_ms, now_ms, 0]])
+            control.open(block, batch_id=sealed, topic_index=index, partition=sealed % PARTITIONS, block_count=1,
+                         base_timestamp=now_ms, opened_ns=time.monotonic_ns())
+            control.publish(block, 10, GARBAGE_SEAL_BYTES, now_ms, full=True)
+            client.send(ipc.Wakeup.TYPE)
             sealed += 1
             stop.wait(GARBAGE_SEAL_INTERVAL_S)
         while (message := client.recv(200)) is not None:
             _count_reports(message, outcomes)
         return {"batches_sealed": sealed, "outcomes": dict(outcomes)}
     finally:
+        if control is not None:
+            control.release()
+        if segment is not None:
+            segment.close()
+        client.close()
+
+
+def wakeup_flood(endpoint: str, topic: str, stop: Any) -> dict[str, Any]:
+    """A session whose batches wait in its blocks (one record each in the well-behaved client's topic, published,
+    not due: its linger.ms is an hour), saying WAKEUP as fast as the daemon takes it: each has the daemon look at
+    every block the session holds. The batches are claimed when the session ends, after the measurement."""
+    from client_stub.contract import batch_slots, ipc
+    from client_stub.fastpath import encode_record
+
+    client = RawClient(endpoint, stop)
+    segment = control = None
+    try:
+        welcome = client.hello()
+        segment, control = client.map(welcome)
+        index = client.follow(topic)
+        control.set_header(batch_slots.LINGER_NS, 3600 * 10**9)
+        client.send(ipc.Blocks.TYPE, 1, WAKEUP_FLOOD_BLOCKS, False, 10_000)
+        grant = client.recv(10_000)
+        while grant is not None and not isinstance(grant, ipc.Grant | ipc.GrantFailed):
+            grant = client.recv(10_000)
+        if not isinstance(grant, ipc.Grant):
+            return {"error": f"no blocks: {_kind(grant)}"}
+        now_ms = int(time.time() * 1000)
+        for n, block in enumerate(grant.blocks):
+            record = encode_record(0, 0, None, b"waiting-%d" % n, ())
+            segment.blocks(block)[:len(record)] = record
+            control.open(block, batch_id=n, topic_index=index, partition=n % PARTITIONS, block_count=1,
+                         base_timestamp=now_ms, opened_ns=time.monotonic_ns())
+            control.publish(block, 1, len(record), now_ms)
+        wakeups = replies = 0
+        while client.send(ipc.Wakeup.TYPE):
+            wakeups += 1
+            if wakeups % 1000 == 0:
+                replies += client.drain()
+        claimed = sum(bool(control.claim_word(block)) for block in grant.blocks)
+        return {"wakeups_sent": wakeups, "batches_waiting": len(grant.blocks), "claimed_by_the_flood": claimed,
+                "replies_read": replies}
+    finally:
+        if control is not None:
+            control.release()
         if segment is not None:
             segment.close()
         client.close()
@@ -397,6 +473,7 @@ def _kind(message: Any) -> str:
 HOSTILE: dict[str, Callable[[str, str, Any], dict[str, Any]]] = {
     "big-frame": big_frame, "unread-replies": unread_replies, "two-sockets": two_sockets,
     "metadata-flood": metadata_flood, "garbage-loop": garbage_loop, "garbage-seal": garbage_seal,
+    "wakeup-flood": wakeup_flood,
 }
 
 

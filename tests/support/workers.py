@@ -106,17 +106,18 @@ def run_children(children: list[multiprocessing.Process], queue: Queue, timeout:
                 child.join()
 
 
-def seal_then_keep_writing(endpoint: str, topic: str, client: int, sealed: int) -> None:
-    """Send ``sealed`` records and seal them, say so on stdout, then write unsealed records forever.
+def flush_then_keep_writing(endpoint: str, topic: str, client: int, flushed: int) -> None:
+    """Send ``flushed`` records and have the daemon claim them (flush), say so on stdout, then write records forever
+    (published in open batches, which linger an hour).
 
-    The test kills this process with SIGKILL once the daemon has the seal notices (its records-sealed-total).
+    The test kills this process with SIGKILL once the daemon has claimed the flushed ones (its records-sealed-total).
     """
     producer = Producer(endpoint, linger_ms=3_600_000)
-    for n in range(sealed):
+    for n in range(flushed):
         producer.send(topic, **record(client, n))
-    producer.flush(timeout=0)  # seals every open batch without waiting for the outcomes: the notices go at once
-    print(f"SEALED {sealed}", flush=True)
-    n = sealed
+    producer.flush(timeout=0)  # closes every open batch and says WAKEUP, without waiting for the outcomes
+    print(f"FLUSHED {flushed}", flush=True)
+    n = flushed
     while True:
         producer.send(topic, **record(client, n))
         n += 1
@@ -129,12 +130,12 @@ def seal_then_keep_writing(endpoint: str, topic: str, client: int, sealed: int) 
 HOSTILE_VALUE = b"\xaa" * 64
 
 
-def rewrite_sealed_values(endpoint: str, topic: str, partitions: int, rewriting: Any) -> None:
-    """Send records to every partition and, from a second thread, keep rewriting the values of those sealed
-    and not yet reported with other bytes, in a tight loop, until killed (SIGKILL). Every record stays
-    well-formed at every instant (no length changes), but no two reads of a sealed block need agree.
+def rewrite_claimed_values(endpoint: str, topic: str, partitions: int, rewriting: Any) -> None:
+    """Send records to every partition and, from a second thread, keep rewriting the values of those the daemon
+    claimed and did not report yet with other bytes, in a tight loop, until killed (SIGKILL). Every record stays
+    well-formed at every instant (no length changes), but no two reads of a claimed batch need agree.
 
-    Sets ``rewriting`` (a multiprocessing Event) once the first sealed block has been rewritten.
+    Sets ``rewriting`` (a multiprocessing Event) once the first claimed batch has been rewritten.
     """
     producer = Producer(endpoint, linger_ms=1)
     noise = [os.urandom(len(HOSTILE_VALUE)) for _ in range(64)]
@@ -144,19 +145,23 @@ def rewrite_sealed_values(endpoint: str, topic: str, partitions: int, rewriting:
         turn = 0
         while True:
             try:
-                # The producer's own state, read without its lock: what changes meanwhile is read next turn.
-                segment, sealed = producer._io.segment, list(producer._accumulator.sealed.values())
-                for batch in sealed:
+                # The producer's own state, read without its lock: what changes meanwhile is read next turn. A
+                # batch takes no record once claimed (or closed: the daemon claims it at its next look).
+                segment, batches = producer._io.segment, list(producer._accumulator.unreported.values())
+                for batch in batches:
+                    if not batch.claimed():
+                        continue
                     blocks = segment.blocks(batch.first_block, batch.block_count)
                     if batch.batch_id not in values:
-                        values[batch.batch_id] = [m.start() for m in re.finditer(HOSTILE_VALUE, bytes(blocks))]
+                        written = bytes(blocks[:batch.pos])
+                        values[batch.batch_id] = [m.start() for m in re.finditer(HOSTILE_VALUE, written)]
                     for start in values[batch.batch_id]:
                         blocks[start:start + len(HOSTILE_VALUE)] = noise[turn % len(noise)]
                         turn += 1
                 if turn and not rewriting.is_set():
                     rewriting.set()
             except (AttributeError, RuntimeError, ValueError):
-                pass  # no segment yet or any more, the sealed batches changed as they were listed
+                pass  # no segment yet or any more, the batches changed as they were listed
 
     threading.Thread(target=rewrite, daemon=True).start()
     n = 0
@@ -175,9 +180,9 @@ def default_sigint() -> None:
 
 
 if __name__ == "__main__":
-    endpoint, topic, client, sealed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    endpoint, topic, client, flushed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     sys.stdout.write(f"PID {os.getpid()}\n")
-    seal_then_keep_writing(endpoint, topic, client, sealed)
+    flush_then_keep_writing(endpoint, topic, client, flushed)
 
 
 def send_then_wait_to_be_killed(endpoint: str, topic: str, client: int, count: int, sent: Any) -> None:
