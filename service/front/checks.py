@@ -15,8 +15,8 @@ from ..client_error import ClientError
 # The characters of an error's text a client gets back (the text quotes what was refused, which may be as large
 # as a message).
 MAX_ERROR_TEXT = 400
-# The largest message a client has reason to send is a SEAL or a resumed HELLO naming every block it may
-# hold, a notice (its topic name of at most 249 characters, nine integers) for each; ZeroMQ drops the
+# The largest message a client has reason to send is a resumed HELLO naming every block it may hold, a
+# notice (its topic name of at most 249 characters, nine integers) for each; ZeroMQ drops the
 # connection of a peer that sends a larger one before it is read into memory.
 _MESSAGE_OVERHEAD = 4096
 _NOTICE_SIZE = 400

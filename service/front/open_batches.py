@@ -44,15 +44,17 @@ class OpenBatches:
         self._next_scan_ms = 0
         # The earliest linger deadline of the batches seen open.
         self._next_due_ms: int | None = None
+        # The clients that said WAKEUP (or BLOCKS) since the last scan.
+        self._woken: set[ClientSession] = set()
 
     def wakeup(self, session: ClientSession, now: int) -> None:
-        """The client asks to be looked at now (WAKEUP; BLOCKS too, which often follows a full batch)."""
+        """The client asks to be looked at now (WAKEUP; BLOCKS too, which often follows a full batch): it is, once
+        this turn of the loop has read the clients' messages (however many it sent)."""
         if not self._watched:
             # The first client watched, looked at now: the next look is a scan interval away, not due at once.
             self._next_scan_ms = now + self.scan_interval_ms
         self._watched[session] = now + WATCH_MS
-        self._scan(session, now, claim_all=False)
-        self._tell_watch(session)
+        self._woken.add(session)
 
     def attached(self, session: ClientSession) -> None:
         """The session has its segment: its header says it is not watched (one taken back says what the daemon
@@ -60,8 +62,15 @@ class OpenBatches:
         self._tell_watch(session)
 
     def scan(self, now: int) -> None:
-        """Claim the watched clients' batches that are ready, if it is time to look (after each poll)."""
+        """Claim the batches that are ready of the clients woken, and of every client watched if it is time to look
+        (after each poll)."""
+        woken, self._woken = self._woken, set()
         if not self._watched or (now < self._next_scan_ms and (self._next_due_ms is None or now < self._next_due_ms)):
+            for session in woken:
+                if self.sessions.is_live(session) and session.attached and session in self._watched:
+                    self._scan(session, now, claim_all=False)
+                    if self.sessions.is_live(session):
+                        self._tell_watch(session)
             return
         self._next_due_ms = None
         found_full = False
@@ -88,12 +97,15 @@ class OpenBatches:
     def forget(self, session: ClientSession) -> None:
         """The session is over: it is watched no more."""
         self._watched.pop(session, None)
+        self._woken.discard(session)
         client_id = session.client_id
         for key in [key for key in self._first_seen if key[0] == client_id]:
             del self._first_seen[key]
 
     def due_in_ms(self, now: int) -> list[int]:
         """When the loop must next look at the open batches."""
+        if self._woken:
+            return [0]
         if not self._watched:
             return []
         due = self._next_scan_ms if self._next_due_ms is None else min(self._next_scan_ms, self._next_due_ms)

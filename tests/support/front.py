@@ -136,6 +136,7 @@ class Client:
         self.next_request += 1
         self.send(ipc.Blocks.TYPE, request_id, count, contiguous, timeout_ms)
         self.env.pump()
+        self.env.look()
         grant = self.recv()
         assert grant[:2] == [ipc.Grant.TYPE, request_id], grant
         return grant[2]
@@ -155,6 +156,7 @@ class Client:
         if wakeup:
             self.send(ipc.Wakeup.TYPE)
             self.env.pump()
+            self.env.look()
 
     @contextmanager
     def control(self) -> Iterator[ControlArea]:
@@ -255,6 +257,10 @@ class Env:
         """Let the front handle what the clients sent."""
         assert self.front.endpoint.socket.poll(HANG_S * 1000), "nothing reached the daemon"
         self.front.handle_readable()
+
+    def look(self) -> None:
+        """The turn's look at the open batches of the clients that said WAKEUP (or BLOCKS), as serve_due() begins."""
+        self.front.open_batches.scan(self.clock())
 
     def serve(self, timeout_ms: int = 0) -> None:
         """One poll of the loop's poller, as the daemon's loop turns it: each client socket ready is served by its

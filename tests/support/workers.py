@@ -179,12 +179,6 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-if __name__ == "__main__":
-    endpoint, topic, client, flushed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    sys.stdout.write(f"PID {os.getpid()}\n")
-    flush_then_keep_writing(endpoint, topic, client, flushed)
-
-
 def send_then_wait_to_be_killed(endpoint: str, topic: str, client: int, count: int, sent: Any) -> None:
     """Send ``count`` records with a linger of an hour (nothing is claimed for lingering), say so on the ``sent``
     connection once the last send() has returned, and wait (the test kills this process)."""
@@ -193,3 +187,10 @@ def send_then_wait_to_be_killed(endpoint: str, topic: str, client: int, count: i
         producer.send(topic, **record(client, n))
     sent.send(count)
     time.sleep(HANG_S)
+
+
+if __name__ == "__main__":
+    endpoint, topic, client, flushed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    sys.stdout.write(f"PID {os.getpid()}\n")
+    flush_then_keep_writing(endpoint, topic, client, flushed)
+

@@ -159,6 +159,7 @@ def test_the_header_of_a_watched_client_says_until_when_and_how_often_the_daemon
     assert origins(env) == [(client_id, 1)]
     client.send(ipc.Wakeup.TYPE)
     env.pump()
+    env.look()
     assert origins(env) == [(client_id, 1), (client_id, 2)]  # opened long ago: due at once
 
 
@@ -297,7 +298,7 @@ def test_a_client_at_its_limit_has_its_own_batches_claimed() -> None:
         env.close()
 
 
-def test_blocks_claims_the_clients_full_batches_before_its_grant(env: Env) -> None:
+def test_blocks_has_the_clients_full_batches_claimed_in_the_same_turn(env: Env) -> None:
     # A client asks for blocks when it filled those it had.
     client = env.client()
     client_id = client.hello()
@@ -399,3 +400,27 @@ def test_a_clients_slots_never_affect_another_clients_batches(env: Env, caplog: 
     [batch] = [b for b in env.queued() if b.origin[0] == good_id]
     assert (batch.origin, batch.record_count, bytes(batch.records)) == ((good_id, 1), 3, written)
     assert [(b.origin, bytes(b.records)) for b in env.queued() if b is not batch] == [((hostile_id, 9), b"h" * 100)]
+
+
+def test_a_flood_of_wakeups_is_one_look_at_the_client_a_turn(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each look reads every slot of the blocks the client holds: a client that says WAKEUP as fast as it can costs
+    # the daemon one look a turn, whatever the number of its messages.
+    client = env.client()
+    client_id = client.hello()
+    lingering(client, 3_600_000)
+    client.blocks(BLOCKS)
+    looks: list[int] = []
+    look = env.front.open_batches._scan
+
+    def counted(session: Any, now: int, *, claim_all: bool) -> tuple[bool, bool]:
+        looks.append(session.client_id)
+        return look(session, now, claim_all=claim_all)
+
+    monkeypatch.setattr(env.front.open_batches, "_scan", counted)
+    for _ in range(50):
+        client.send(ipc.Wakeup.TYPE)
+    client.publish(notice(batch_id=1), full=False, wakeup=False)
+    env.pump()
+    env.look()
+    assert looks == [client_id]
+    assert origins(env) == []  # lingering for an hour: WAKEUP asks for a look, not for a claim

@@ -176,6 +176,8 @@ def test_next_timer_follows_sessions_and_waiters() -> None:
         assert env.front.next_timer_ms() == 100  # its BLOCKS made it watched: the next look at its open batches
         client.send(ipc.Blocks.TYPE, 9, 1, False, 30)
         env.pump()
+        assert env.front.next_timer_ms() == 0  # its BLOCKS asks for a look at its open batches in this turn
+        env.look()
         assert env.front.next_timer_ms() == 30  # the waiter's deadline comes before the SEAL_NOW repeat
         env.clock.advance(40)
         assert env.front.next_timer_ms() == 0
