@@ -416,10 +416,10 @@ def test_a_flood_of_wakeups_is_one_look_at_the_client_a_turn(env: Env, monkeypat
         looks.append(session.client_id)
         return look(session, now, claim_all=claim_all)
 
+    client.publish(notice(batch_id=1), full=False, wakeup=False)
     monkeypatch.setattr(env.front.open_batches, "_scan", counted)
     for _ in range(50):
         client.send(ipc.Wakeup.TYPE)
-    client.publish(notice(batch_id=1), full=False, wakeup=False)
     env.pump()
     env.look()
     assert looks == [client_id]
