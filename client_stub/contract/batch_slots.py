@@ -189,6 +189,15 @@ class ControlArea:
     def published(self, block: int) -> int:
         return self.words[self._at(block, PUBLISHED)]
 
+    def open_slots(self, blocks: list[int]) -> list[tuple[int, int]]:
+        """Those of ``blocks`` whose slot holds a batch open to the client with records, each with its
+        ``published`` word: every slot's claim read first, then every slot's ``published`` (a client opening a
+        batch clears its published before its claim), each column in one read."""
+        claims = self.words[_HEADER_WORDS + CLAIM::_WORDS_PER_SLOT].tolist()
+        published = self.words[_HEADER_WORDS + PUBLISHED::_WORDS_PER_SLOT].tolist()
+        return [(block, published[block]) for block in blocks
+                if not claims[block] and (published[block] >> 32) & _COUNT_MASK]
+
     def opened_ns(self, block: int) -> int:
         return _int64(self.words[self._at(block, OPENED_NS)])
 

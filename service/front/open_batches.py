@@ -121,13 +121,10 @@ class OpenBatches:
         linger_ms = min(control.header(batch_slots.LINGER_NS) // 1_000_000, _MAX_LINGER_MS)
         still_open = found_full = False
         ready: list[int] = []
-        for block in self.pool.owned_blocks(client_id):
-            # The claim first: a client opening a batch on a block clears its published before its claim.
-            if control.claim_word(block):
-                continue  # a block granted again whose client has not opened a batch on it yet
-            record_count, _, full = batch_slots.unpack_published(control.published(block))
-            if not record_count:
-                continue  # a spare block, or a batch without records yet
+        # Spare blocks, blocks granted again whose client has not opened a batch there yet, batches without
+        # records yet: none is open. A client may hold hundreds of blocks: its slots are read a column at a time.
+        for block, published in control.open_slots(self.pool.owned_blocks(client_id)):
+            full = bool(published & batch_slots.FULL)
             key = (client_id, block)
             first_seen = self._first_seen.setdefault(key, now)
             due = min(control.opened_ns(block) // 1_000_000, first_seen) + linger_ms
