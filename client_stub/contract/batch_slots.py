@@ -79,6 +79,8 @@ CLAIMED = 1 << 62
 _COUNT_MASK = (1 << 31) - 1
 _LENGTH_MASK = (1 << 32) - 1
 _INT64_LIMIT = 1 << 63
+# Up to this many blocks, open_slots() reads each slot's two words; past it, the two columns they span.
+_FEW_BLOCKS = 16
 
 # The pure-Python twin's full fence: acquiring a lock is an atomic read-modify-write (lock cmpxchg on x86-64).
 _fence_lock = threading.Lock()
@@ -190,13 +192,28 @@ class ControlArea:
         return self.words[self._at(block, PUBLISHED)]
 
     def open_slots(self, blocks: list[int]) -> list[tuple[int, int]]:
-        """Those of ``blocks`` whose slot holds a batch open to the client with records, each with its
-        ``published`` word: every slot's claim read first, then every slot's ``published`` (a client opening a
-        batch clears its published before its claim), each column in one read."""
-        claims = self.words[_HEADER_WORDS + CLAIM::_WORDS_PER_SLOT].tolist()
-        published = self.words[_HEADER_WORDS + PUBLISHED::_WORDS_PER_SLOT].tolist()
-        return [(block, published[block]) for block in blocks
-                if not claims[block] and (published[block] >> 32) & _COUNT_MASK]
+        """Those of ``blocks`` (in increasing order) whose slot holds a batch open to the client with records, each
+        with its ``published`` word. A slot's claim is read before its ``published`` (a client opening a batch
+        clears its published before its claim); past a few blocks, the claims of the slots they span in one read,
+        then their published words in another."""
+        if not blocks:
+            return []
+        words = self.words
+        if len(blocks) <= _FEW_BLOCKS:
+            found = []
+            for block in blocks:
+                at = self._at(block, 0)
+                if not words[at + CLAIM]:
+                    published = words[at + PUBLISHED]
+                    if (published >> 32) & _COUNT_MASK:
+                        found.append((block, published))
+            return found
+        first, end = self._at(blocks[0], 0), self._at(blocks[-1] + 1, 0)
+        claims = words[first + CLAIM:end:_WORDS_PER_SLOT].tolist()
+        published = words[first + PUBLISHED:end:_WORDS_PER_SLOT].tolist()
+        base = blocks[0]
+        return [(block, published[block - base]) for block in blocks
+                if not claims[block - base] and (published[block - base] >> 32) & _COUNT_MASK]
 
     def opened_ns(self, block: int) -> int:
         return _int64(self.words[self._at(block, OPENED_NS)])
