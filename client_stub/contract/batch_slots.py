@@ -210,10 +210,10 @@ class ControlArea:
             return found
         first, end = self._at(blocks[0], 0), self._at(blocks[-1] + 1, 0)
         claims = words[first + CLAIM:end:_WORDS_PER_SLOT].tolist()
-        published = words[first + PUBLISHED:end:_WORDS_PER_SLOT].tolist()
+        publishes = words[first + PUBLISHED:end:_WORDS_PER_SLOT].tolist()
         base = blocks[0]
-        return [(block, published[block - base]) for block in blocks
-                if not claims[block - base] and (published[block - base] >> 32) & _COUNT_MASK]
+        return [(block, publishes[block - base]) for block in blocks
+                if not claims[block - base] and (publishes[block - base] >> 32) & _COUNT_MASK]
 
     def opened_ns(self, block: int) -> int:
         return _int64(self.words[self._at(block, OPENED_NS)])
