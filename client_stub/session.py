@@ -122,7 +122,7 @@ class Forget:
 
 @dataclass(frozen=True, slots=True)
 class SayGoodbye:
-    """The producer closes: send what is queued, the last seal notices among it, then GOODBYE, whatever the
+    """The producer closes: send what is queued, then GOODBYE (the daemon claims what it published), whatever the
     session's state."""
 
 

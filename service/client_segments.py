@@ -61,7 +61,7 @@ class ClientMemory:
 
     @property
     def held(self) -> int:
-        """Blocks granted to or sealed by the client and not back in the pool."""
+        """Blocks granted to the client, or holding its batches the daemon claimed, and not back in the pool."""
         return len(self.state) - self.state.count(FREE)
 
     @property

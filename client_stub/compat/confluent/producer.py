@@ -280,7 +280,7 @@ class Producer:
             with self._lock:
                 queue = self._waiting[topic]
                 if not queue:
-                    self._cond.notify_all()  # for flush(), which seals what was handed off meanwhile
+                    self._cond.notify_all()  # for flush(), which has the daemon claim what was handed off meanwhile
                     return
                 record = queue.popleft()
                 self._waiting_count -= 1
