@@ -84,8 +84,9 @@ class RecordAccumulator:
             if any(first <= block < first + batch.block_count for block in blocks):
                 self.seal(batch)
 
-    def seal_filled(self, batch: OpenBatch[RecordFuture]) -> None:
-        """Close a batch the fast path filled, unless another thread closed it meanwhile."""
+    def seal_if_open(self, batch: OpenBatch[RecordFuture]) -> None:
+        """Close a batch unless it is closed already (the fast path filled it while another thread closed it; its
+        report or its block's next grant came after a claim this side had not seen)."""
         if self.open.get((batch.topic, batch.partition)) is batch:
             self.seal(batch)
 
@@ -121,8 +122,7 @@ class RecordAccumulator:
             batch = self.unreported.get(report.batch_id)
             if batch is None:
                 continue  # of a batch given up on, or of another session
-            if self.open.get((batch.topic, batch.partition)) is batch:
-                self.seal(batch)  # the daemon claimed it: it takes no more records
+            self.seal_if_open(batch)  # the daemon claimed it: it takes no more records
             # WHOLE_BATCH, and anything past the batch's end, count up to the batch's end.
             span = max(min(report.record_count, batch.record_count - report.first_record), 0)
             if batch.reported:
@@ -142,8 +142,7 @@ class RecordAccumulator:
         """Forget and return the batches unreported ``limit_s`` after they opened."""
         overdue = [b for b in self.unreported.values() if now - b.created > limit_s]
         for batch in overdue:
-            if self.open.get((batch.topic, batch.partition)) is batch:
-                self.seal(batch)
+            self.seal_if_open(batch)
             self.unreported.pop(batch.batch_id, None)
         return overdue
 

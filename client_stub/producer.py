@@ -113,7 +113,7 @@ class Producer:
         self._grants = BlockGrants(self._outbox.post)
         self._metadata = ProducerMetadata()
         self._appender = Appender(self._lock, self._accumulator.open, self._metadata.partition_counts, RecordFuture,
-                                  self._accumulator.seal_filled, self._send,
+                                  self._accumulator.seal_if_open, self._send,
                                   None if self._partitioner_name == "random" else self._partitioner.sticky,
                                   self._partitioner_name == "murmur2_random")
         # Each instance's send() is its Appender's: no Python frame per record (see Producer.send). It takes the
