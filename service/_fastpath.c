@@ -5,9 +5,11 @@
  * (ProducerBatch.coalesce in service/producer/batch.py): the records a client wrote, re-encoded with
  * the offset and timestamp deltas of the batch that holds them all. copy_records(), with which it
  * reads every other batch before its first send (ProducerBatch.read_records): one private copy,
- * checked as rebase_records checks, so that no malformed batch reaches a broker. Its pure-Python twin is
- * service/_fastpath_py.py; service.fastpath chooses between the two at import, as
- * client_stub.fastpath chooses the client's.
+ * checked as rebase_records checks, so that no malformed batch reaches a broker. claim_ready(), with
+ * which it claims the batches of a client's segment that are due (OpenBatches in
+ * service/front/open_batches.py): one pass over the client's slots, every few milliseconds per client.
+ * Its pure-Python twin is service/_fastpath_py.py; service.fastpath chooses between the two at import,
+ * as client_stub.fastpath chooses the client's.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -222,18 +224,197 @@ static PyObject *copy_records(PyObject *module, PyObject *args) {
     return result;
 }
 
+/* -- the daemon's claims of a client's open batches (client_stub/contract/batch_slots.py) ------------ */
+
+/* The control area's layout and words, as client_stub/contract/batch_slots.py defines them (its docstring is
+   the protocol; the client's side is client_stub/_fastpath.c). */
+#define HEADER_WORDS 8
+#define SLOT_WORDS 8
+enum { PUBLISHED, CLAIM, BASE_TIMESTAMP, MAX_TIMESTAMP, BATCH_ID, TOPIC_PARTITION, BLOCK_COUNT, OPENED_NS };
+enum { HEADER_LINGER_NS = 2 };
+#define PUBLISHED_FULL (1ULL << 63)
+#define CLAIM_CLAIMING (1ULL << 63)
+#define CLAIM_CLAIMED (1ULL << 62)
+#define COUNT_MASK ((1ULL << 31) - 1)
+#define LENGTH_MASK ((1ULL << 32) - 1)
+/* The longest linger.ms a client's header may ask for: a day (a lingering batch still expires at
+   delivery.timeout.ms from its claim). */
+#define MAX_LINGER_MS 86400000LL
+/* first_seen's word of a block where no open batch was seen since its last claim. */
+#define UNSEEN INT64_MIN
+
+/* A batch claimed: what its slot said, with the records and length of the claim. */
+typedef struct {
+    Py_ssize_t block;
+    uint64_t record_count, length;
+    int64_t base_timestamp, max_timestamp, batch_id, partition, block_count, opened_ns;
+    uint64_t topic_index;
+} ClaimedBatch;
+
+static inline int64_t floor_div(int64_t value, int64_t divisor) {
+    int64_t quotient = value / divisor;
+    return (value % divisor != 0 && value < 0) ? quotient - 1 : quotient;
+}
+
+/* A partition's batches go in the order the client opened them (its batch ids), then by block, as the
+   pure-Python twin's stable sort of the blocks in increasing order puts them. */
+static int by_batch_id(const void *a, const void *b) {
+    const ClaimedBatch *x = a, *y = b;
+    if (x->batch_id != y->batch_id) {
+        return x->batch_id < y->batch_id ? -1 : 1;
+    }
+    return x->block < y->block ? -1 : (x->block > y->block);
+}
+
+PyDoc_STRVAR(claim_ready_doc,
+"claim_ready($module, control, state, owned, first_seen, now_ms, claim_all, /)\n--\n\n"
+"Claim the batches of a client's segment that are ready, as OpenBatches decides (see\n"
+"client_stub/contract/batch_slots.py): of the blocks whose byte in ``state`` is ``owned``, those whose slot\n"
+"holds a batch open with records, due linger.ms (the header's) after the earlier of its opened_ns and when\n"
+"the daemon first saw it (``first_seen``: an int64 per block, in ``now_ms``'s clock), full, or any with\n"
+"``claim_all``. Returns (claimed, next_due_ms, still_open, found_full): each batch claimed with records as\n"
+"(block, record_count, length, base_timestamp, max_timestamp, batch_id, topic_index, partition,\n"
+"block_count, opened_ns), in batch-id order; the earliest due of those left open (None if none); whether\n"
+"some are left open; whether some were claimed full.");
+
+static PyObject *claim_ready(PyObject *module, PyObject *args) {
+    PyObject *control;
+    Py_buffer state, first_seen, words = {0};
+    unsigned char owned;
+    long long now_ms;
+    int claim_all;
+    if (!PyArg_ParseTuple(args, "Oy*bw*Lp:claim_ready", &control, &state, &owned, &first_seen, &now_ms,
+                          &claim_all)) {
+        return NULL;
+    }
+    PyObject *result = NULL, *claimed_list = NULL;
+    ClaimedBatch *claimed = NULL;
+    PyObject *words_object = PyObject_GetAttrString(control, "words");
+    if (words_object == NULL || PyObject_GetBuffer(words_object, &words, PyBUF_WRITABLE) < 0) {
+        goto done;
+    }
+    Py_ssize_t block_count = state.len;
+    if (first_seen.len != block_count * (Py_ssize_t)sizeof(int64_t) ||
+        words.len < (HEADER_WORDS + block_count * SLOT_WORDS) * (Py_ssize_t)sizeof(uint64_t)) {
+        PyErr_SetString(PyExc_ValueError, "state, first_seen and the control area are of different block counts");
+        goto done;
+    }
+    const unsigned char *states = state.buf;
+    int64_t *seen = first_seen.buf;
+    uint64_t *area = words.buf;
+    uint64_t linger_ns = __atomic_load_n(&area[HEADER_LINGER_NS], __ATOMIC_RELAXED);
+    int64_t linger_ms = (int64_t)(linger_ns / 1000000) < MAX_LINGER_MS ? (int64_t)(linger_ns / 1000000) : MAX_LINGER_MS;
+    Py_ssize_t count = 0, capacity = 0;
+    int64_t next_due = INT64_MAX;
+    int still_open = 0, found_full = 0;
+    for (Py_ssize_t block = 0; block < block_count; block++) {
+        if (states[block] != owned) {
+            continue;
+        }
+        uint64_t *slot = area + HEADER_WORDS + block * SLOT_WORDS;
+        /* The claim before published: a client opening a batch clears its published before its claim. */
+        if (__atomic_load_n(&slot[CLAIM], __ATOMIC_ACQUIRE) != 0) {
+            continue;
+        }
+        uint64_t published = __atomic_load_n(&slot[PUBLISHED], __ATOMIC_ACQUIRE);
+        if (!((published >> 32) & COUNT_MASK)) {
+            continue;
+        }
+        int full = (published & PUBLISHED_FULL) != 0;
+        if (seen[block] == UNSEEN) {
+            seen[block] = now_ms;
+        }
+        int64_t opened_ms = floor_div((int64_t)__atomic_load_n(&slot[OPENED_NS], __ATOMIC_RELAXED), 1000000);
+        int64_t due = (opened_ms < seen[block] ? opened_ms : seen[block]) + linger_ms;
+        if (!(claim_all || full || now_ms >= due)) {
+            still_open = 1;
+            next_due = due < next_due ? due : next_due;
+            continue;
+        }
+        seen[block] = UNSEEN;
+        found_full |= full;
+        /* Dekker's protocol, the daemon's side: CLAIMING, a full fence, what is published is the batch. */
+        __atomic_store_n(&slot[CLAIM], CLAIM_CLAIMING, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        published = __atomic_load_n(&slot[PUBLISHED], __ATOMIC_ACQUIRE);
+        uint64_t record_count = (published >> 32) & COUNT_MASK;
+        __atomic_store_n(&slot[CLAIM], CLAIM_CLAIMED | record_count, __ATOMIC_RELEASE);
+        if (!record_count) {
+            continue;  /* a client's own slot, rewritten: nothing of it is sent */
+        }
+        if (count == capacity) {
+            capacity = capacity ? 2 * capacity : 16;
+            ClaimedBatch *grown = PyMem_Realloc(claimed, (size_t)capacity * sizeof(ClaimedBatch));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            claimed = grown;
+        }
+        uint64_t topic_partition = __atomic_load_n(&slot[TOPIC_PARTITION], __ATOMIC_RELAXED);
+        claimed[count++] = (ClaimedBatch){
+            .block = block,
+            .record_count = record_count,
+            .length = published & LENGTH_MASK,
+            .base_timestamp = (int64_t)__atomic_load_n(&slot[BASE_TIMESTAMP], __ATOMIC_RELAXED),
+            .max_timestamp = (int64_t)__atomic_load_n(&slot[MAX_TIMESTAMP], __ATOMIC_RELAXED),
+            .batch_id = (int64_t)__atomic_load_n(&slot[BATCH_ID], __ATOMIC_RELAXED),
+            .topic_index = topic_partition & LENGTH_MASK,
+            .partition = (int64_t)topic_partition >> 32,
+            .block_count = (int64_t)__atomic_load_n(&slot[BLOCK_COUNT], __ATOMIC_RELAXED),
+            .opened_ns = (int64_t)__atomic_load_n(&slot[OPENED_NS], __ATOMIC_RELAXED),
+        };
+    }
+    if (count > 1) {
+        qsort(claimed, (size_t)count, sizeof(ClaimedBatch), by_batch_id);
+    }
+    claimed_list = PyList_New(count);
+    if (claimed_list == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        ClaimedBatch *c = &claimed[i];
+        PyObject *item = Py_BuildValue("(nKKLLLKLLL)", c->block, (unsigned long long)c->record_count,
+                                       (unsigned long long)c->length, (long long)c->base_timestamp,
+                                       (long long)c->max_timestamp, (long long)c->batch_id,
+                                       (unsigned long long)c->topic_index, (long long)c->partition,
+                                       (long long)c->block_count, (long long)c->opened_ns);
+        if (item == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(claimed_list, i, item);
+    }
+    if (still_open) {
+        result = Py_BuildValue("(OLOO)", claimed_list, (long long)next_due, Py_True,
+                               found_full ? Py_True : Py_False);
+    } else {
+        result = Py_BuildValue("(OOOO)", claimed_list, Py_None, Py_False, found_full ? Py_True : Py_False);
+    }
+done:
+    Py_XDECREF(claimed_list);
+    PyMem_Free(claimed);
+    if (words.obj != NULL) {
+        PyBuffer_Release(&words);
+    }
+    Py_XDECREF(words_object);
+    PyBuffer_Release(&first_seen);
+    PyBuffer_Release(&state);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"rebase_records", (PyCFunction)rebase_records, METH_VARARGS, rebase_records_doc},
     {"copy_records", (PyCFunction)copy_records, METH_VARARGS, copy_records_doc},
+    {"claim_ready", (PyCFunction)claim_ready, METH_VARARGS, claim_ready_doc},
     {NULL},
 };
 
 static struct PyModuleDef fastpath_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "service._fastpath",
-    .m_doc = "The daemon's per-record work in C: rebase_records(), for coalescing batches, and\n"
-             "copy_records(), for reading the others (its pure-Python twin: service._fastpath_py;\n"
-             "service.fastpath chooses).",
+    .m_doc = "The daemon's per-record work in C: rebase_records(), for coalescing batches,\n"
+             "copy_records(), for reading the others, and claim_ready(), for claiming the batches of a\n"
+             "client's segment (its pure-Python twin: service._fastpath_py; service.fastpath chooses).",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -241,7 +422,8 @@ static struct PyModuleDef fastpath_module = {
 PyMODINIT_FUNC PyInit__fastpath(void) {
     PyObject *module = PyModule_Create(&fastpath_module);
 #ifdef Py_GIL_DISABLED
-    /* rebase_records() and copy_records() keep no state, and read their argument once, into a copy of their own. */
+    /* rebase_records() and copy_records() keep no state, and read their argument once, into a copy of their own;
+       claim_ready() writes only the buffers it is given, which the daemon's loop alone uses. */
     if (module != NULL && PyUnstable_Module_SetGIL(module, Py_MOD_GIL_NOT_USED) < 0) {
         Py_CLEAR(module);
     }

@@ -4,8 +4,12 @@ Its pure-Python twin, service/_fastpath_py.py, has the same names and signatures
 checks both against this stub).
 """
 
-from _typeshed import ReadableBuffer
+from _typeshed import ReadableBuffer, WriteableBuffer
+
+from client_stub.contract.batch_slots import ControlArea
 
 def rebase_records(records: ReadableBuffer, record_count: int, first_offset_delta: int, timestamp_shift: int,
                    /) -> bytes: ...
 def copy_records(records: ReadableBuffer, record_count: int, /) -> bytes: ...
+def claim_ready(control: ControlArea, state: ReadableBuffer, owned: int, first_seen: WriteableBuffer, now_ms: int,
+                claim_all: bool, /) -> tuple[list[tuple[int, ...]], int | None, bool, bool]: ...

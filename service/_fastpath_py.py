@@ -1,8 +1,9 @@
 """The daemon's per-record work in pure Python: the twin of the C extension ``service._fastpath``.
 
-rebase_records(), with which the daemon coalesces small batches of one partition into one, and
-copy_records(), with which it reads every other batch before its first send, as ``service/_fastpath.c``
-does them (its comments are the specification), with the same errors. The
+rebase_records(), with which the daemon coalesces small batches of one partition into one,
+copy_records(), with which it reads every other batch before its first send, and claim_ready(), with which
+it claims the batches of a client's segment that are due, as ``service/_fastpath.c`` does them (its
+comments are the specification), with the same errors. The
 reference for the C code, and the daemon of machines where the extension could not be built;
 ``service.fastpath`` chooses between the two when first imported.
 """
@@ -13,12 +14,13 @@ import operator
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from client_stub.contract import batch_slots
 from client_stub.contract.records import varint
 
 if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
-__all__ = ["copy_records", "rebase_records"]
+__all__ = ["claim_ready", "copy_records", "rebase_records"]
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -149,3 +151,47 @@ def copy_records(records: ReadableBuffer, record_count: int, /) -> bytes:
     for _ in _records(data, _int64(record_count)):
         pass
     return data
+
+
+# The longest linger.ms a client's header may ask for: a day (a lingering batch still expires at
+# delivery.timeout.ms from its claim).
+_MAX_LINGER_MS = 86_400_000
+# first_seen's word of a block where no open batch was seen since its last claim.
+_UNSEEN = _INT64_MIN
+
+
+def claim_ready(control: batch_slots.ControlArea, state: ReadableBuffer, owned: int, first_seen: WriteableBuffer,
+                now_ms: int, claim_all: bool, /) -> tuple[list[tuple[int, ...]], int | None, bool, bool]:
+    """Claim the batches of a client's segment that are ready (``service/_fastpath.c`` says which, and what it
+    returns)."""
+    states = memoryview(state).cast("B")
+    seen = memoryview(first_seen).cast("B").cast("q")
+    if len(seen) != len(states) or control.block_count < len(states):
+        raise ValueError("state, first_seen and the control area are of different block counts")
+    linger_ms = min(control.header(batch_slots.LINGER_NS) // 1_000_000, _MAX_LINGER_MS)
+    owned_blocks = [block for block, value in enumerate(states) if value == owned]
+    still_open = found_full = False
+    next_due: int | None = None
+    ready: list[int] = []
+    for block, published in control.open_slots(owned_blocks):
+        full = bool(published & batch_slots.FULL)
+        if seen[block] == _UNSEEN:
+            seen[block] = now_ms
+        due = min(control.opened_ns(block) // 1_000_000, seen[block]) + linger_ms
+        if claim_all or full or now_ms >= due:
+            seen[block] = _UNSEEN
+            found_full |= full
+            ready.append(block)
+        else:
+            still_open = True
+            next_due = due if next_due is None else min(next_due, due)
+    claimed = []
+    for block in ready:
+        record_count, length = control.claim(block)
+        if record_count:  # else a client's own slot, rewritten: nothing of it is sent
+            slot = control.snapshot(block)
+            claimed.append((block, record_count, length, slot.base_timestamp, slot.max_timestamp, slot.batch_id,
+                            slot.topic_index, slot.partition, slot.block_count, slot.opened_ns))
+    # A partition's batches go in the order the client opened them (its batch ids).
+    claimed.sort(key=lambda batch: batch[5])
+    return claimed, next_due, still_open, found_full

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from client_stub.contract.batch_slots import ControlArea
 from client_stub.contract.shared_memory import Layout
 
+from . import fastpath
 from .client_error import ClientError
 from .client_segments import FREE, FREE_BYTE, OWNED, OWNED_BYTE, SEALED, ClientMemory, ClientSegments
 from .queue_limit import QueueLimit
@@ -353,6 +354,15 @@ class BufferPool:
             blocks.append(block)
             block = state.find(OWNED_BYTE, block + 1)
         return blocks
+
+    def claim_ready(self, client_id: int, now_ms: int, claim_all: bool) -> tuple[list[tuple[int, ...]], int | None,
+                                                                                  bool, bool]:
+        """Claim the batches a client published on its blocks that are ready, as
+        :func:`service.fastpath.claim_ready` says (its blocks granted and not sealed are where they are)."""
+        memory = self._memory.get(client_id)
+        if memory is None:
+            return [], None, False, False
+        return fastpath.claim_ready(memory.control, memory.state, OWNED, memory.first_seen, now_ms, claim_all)
 
     def control(self, client_id: int) -> ControlArea | None:
         """The control area of a client's segment, if it has one."""

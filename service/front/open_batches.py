@@ -15,6 +15,8 @@ batch comes with a WAKEUP.
 
 from __future__ import annotations
 
+from collections import deque
+
 from client_stub.contract import batch_slots
 
 from ..buffer_pool import BufferPool
@@ -23,9 +25,6 @@ from .sessions import ClientSession, SessionTable
 
 # How long a client stays watched once it has no open batch.
 WATCH_MS = 1000
-# The longest linger.ms a client's header may ask for (a day: a lingering batch still expires at
-# delivery.timeout.ms from its claim).
-_MAX_LINGER_MS = 86_400_000
 
 
 class OpenBatches:
@@ -38,14 +37,13 @@ class OpenBatches:
         self.scan_interval_ms = max(scan_interval_ms, 1)
         # Each client watched, and until when (ms, the front's clock).
         self._watched: dict[ClientSession, int] = {}
-        # When each open batch was first seen, by client and first block: a client's word on when it opened the
-        # batch is taken, but never later than that.
-        self._first_seen: dict[tuple[int, int], int] = {}
         self._next_scan_ms = 0
         # The earliest linger deadline of the batches seen open.
         self._next_due_ms: int | None = None
         # The clients that said WAKEUP (or BLOCKS) since the last scan.
         self._woken: set[ClientSession] = set()
+        # By client, the batches claimed and not handed over yet.
+        self._claims: dict[ClientSession, deque[tuple[int, ...]]] = {}
 
     def wakeup(self, session: ClientSession, now: int) -> None:
         """The client asks to be looked at now (WAKEUP; BLOCKS too, which often follows a full batch): it is, once
@@ -98,9 +96,7 @@ class OpenBatches:
         """The session is over: it is watched no more."""
         self._watched.pop(session, None)
         self._woken.discard(session)
-        client_id = session.client_id
-        for key in [key for key in self._first_seen if key[0] == client_id]:
-            del self._first_seen[key]
+        self._claims.pop(session, None)
 
     def due_in_ms(self, now: int) -> list[int]:
         """When the loop must next look at the open batches."""
@@ -112,36 +108,17 @@ class OpenBatches:
         return [due - now]
 
     def _scan(self, session: ClientSession, now: int, *, claim_all: bool) -> tuple[bool, bool]:
-        """Claim the client's batches that are ready (all that hold records, with ``claim_all``); whether some stay
-        open, and whether some were full."""
-        client_id = session.client_id
-        control = self.pool.control(client_id)
-        if control is None:
-            return False, False
-        linger_ms = min(control.header(batch_slots.LINGER_NS) // 1_000_000, _MAX_LINGER_MS)
-        still_open = found_full = False
-        ready: list[int] = []
-        # Spare blocks, blocks granted again whose client has not opened a batch there yet, batches without
-        # records yet: none is open. A client may hold hundreds of blocks: its slots are read a column at a time.
-        for block, published in control.open_slots(self.pool.owned_blocks(client_id)):
-            full = bool(published & batch_slots.FULL)
-            key = (client_id, block)
-            first_seen = self._first_seen.setdefault(key, now)
-            due = min(control.opened_ns(block) // 1_000_000, first_seen) + linger_ms
-            if claim_all or full or now >= due:
-                del self._first_seen[key]
-                found_full |= full
-                ready.append(block)
-            else:
-                still_open = True
-                self._next_due_ms = due if self._next_due_ms is None else min(self._next_due_ms, due)
-        if len(ready) > 1:
-            # A partition's batches go in the order the client opened them (its batch ids), not its blocks'.
-            ready.sort(key=lambda block: control.snapshot(block).batch_id)
-        for block in ready:
-            self.seals.claim(session, block, now)
-            if not self.sessions.is_live(session):
-                break  # ended by a reply it did not take
+        """Claim the client's batches that are ready (all that hold records, with ``claim_all``) and hand them over;
+        whether some stay open, and whether some were full."""
+        claimed, next_due, still_open, found_full = self.pool.claim_ready(session.client_id, now, claim_all)
+        if next_due is not None:
+            self._next_due_ms = next_due if self._next_due_ms is None else min(self._next_due_ms, next_due)
+        # A batch refused may end the session (a reply it does not take), which claims and hands over what is left
+        # of the client's batches before its blocks go back: those claimed here first, in the same order.
+        claims = self._claims.setdefault(session, deque())
+        claims.extend(claimed)
+        while claims and self.sessions.is_live(session):
+            self.seals.claim(session, claims.popleft(), now)
         return still_open, found_full
 
     def _tell_watch(self, session: ClientSession) -> None:

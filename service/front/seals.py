@@ -1,7 +1,7 @@
 """Seals: the batches of a client made ProducerBatches, over the records in its blocks.
 
 A batch comes as a seal notice: one the daemon read from the batch's slot as it claimed it
-(:meth:`Seals.claim`), or one of those a client hands back with the session of a daemon
+(:meth:`Seals.claim`, from :func:`service.fastpath.claim_ready`), or one of those a client hands back with the session of a daemon
 that is gone (:meth:`Seals.seal`). Each is checked on its own (a bad one, or one past the
 client's limits, fails its batch only, with a report, and the blocks it named that the
 client still held go back to the pool); the batch's view is of the client's own segment,
@@ -62,24 +62,20 @@ class Seals:
                 # block is granted again, it must not look like a batch until the client opens one there.
                 control.mark_claimed(first)
 
-    def claim(self, session: ClientSession, block: int, now: int) -> None:
-        """Claim the batch the client published in ``block``'s slot and hand it over (nothing if it published no
-        record): its records and length as the claim read them, the rest as the slot says, checked as a notice."""
-        control = self.pool.control(session.client_id)
-        assert control is not None, "a client with blocks has a segment"
-        record_count, length = control.claim(block)
-        if not record_count:
-            return  # a client's own slot, rewritten: nothing of it is sent, its blocks stay its own
-        slot = control.snapshot(block)
+    def claim(self, session: ClientSession, claimed: tuple[int, ...], now: int) -> None:
+        """Hand over a batch the daemon claimed (as :func:`service.fastpath.claim_ready` returns it): its records
+        and length as the claim read them, the rest as its slot says, checked as a notice."""
+        (block, record_count, length, base_timestamp, max_timestamp, batch_id, topic_index, partition, block_count,
+         opened_ns) = claimed
         names = session.topic_names
-        created_ms_ago = min(max(now - slot.opened_ns // 1_000_000, 0), 2**40)
-        notice = [slot.batch_id, block, slot.block_count, None, slot.partition, record_count, length,
-                  slot.base_timestamp, slot.max_timestamp, created_ms_ago]
-        if slot.topic_index >= len(names):
-            self._refused(session, notice, ClientError(f"no topic is number {slot.topic_index} of this session: "
+        created_ms_ago = min(max(now - opened_ns // 1_000_000, 0), 2**40)
+        notice = [batch_id, block, block_count, None, partition, record_count, length, base_timestamp, max_timestamp,
+                  created_ms_ago]
+        if topic_index >= len(names):
+            self._refused(session, notice, ClientError(f"no topic is number {topic_index} of this session: "
                                                        f"it follows {len(names)}"))
             return
-        notice[3] = names[slot.topic_index]
+        notice[3] = names[topic_index]
         self._hand_over(session, notice, now)
 
     def _hand_over(self, session: ClientSession, notice: Any, now: int) -> None:

@@ -1,0 +1,145 @@
+"""claim_ready: the daemon's claims of the batches a client publishes in its segment's control area.
+
+Every test runs against both twins (``fastpath``), the C extension ``service._fastpath`` and its pure-Python
+twin ``service._fastpath_py``; the last one gives both the same segments, whatever a client wrote in them, and
+checks that they claim the same batches, answer the same and leave the same words behind.
+"""
+
+from __future__ import annotations
+
+from array import array
+from types import ModuleType
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from client_stub.contract import batch_slots
+from client_stub.contract.shared_memory import Layout
+from service import _fastpath_py
+from service.fastpath import UNSEEN
+from tests.support.fastpath import DAEMON, c_extension, mapped_segment
+
+BLOCKS = 16
+OWNED, FREE, SEALED = 1, 0, 2
+LINGER_MS = 5
+NOW_MS = 1_000_000
+
+
+@pytest.fixture(params=DAEMON)
+def fastpath(request: pytest.FixtureRequest) -> ModuleType:
+    module: ModuleType = request.param
+    return module
+
+
+def unseen() -> array[int]:
+    return array("q", [UNSEEN]) * BLOCKS
+
+
+def open_batch(control: batch_slots.ControlArea, block: int, records: int, *, batch_id: int, opened_ms: int,
+               full: bool = False, partition: int = 0, topic_index: int = 0, block_count: int = 1) -> None:
+    """A client's batch on ``block`` with ``records`` published (100 bytes each)."""
+    control.open(block, batch_id=batch_id, topic_index=topic_index, partition=partition, block_count=block_count,
+                 base_timestamp=1_700_000_000_000, opened_ns=opened_ms * 1_000_000)
+    if records:
+        control.publish(block, records, 100 * records, 1_700_000_000_000 + records, full=full)
+
+
+def test_claims_what_is_due_full_or_lingered_in_batch_id_order_and_leaves_the_rest(fastpath: ModuleType) -> None:
+    with mapped_segment(Layout(4096, BLOCKS)) as shared:
+        control = shared.daemon
+        control.set_header(batch_slots.LINGER_NS, LINGER_MS * 1_000_000)
+        state = bytearray([OWNED] * BLOCKS)
+        state[9] = FREE
+        open_batch(control, 2, 3, batch_id=12, opened_ms=NOW_MS - LINGER_MS, partition=1, topic_index=1)  # lingered
+        open_batch(control, 4, 1, batch_id=11, opened_ms=NOW_MS, full=True, block_count=2)  # full
+        open_batch(control, 6, 2, batch_id=13, opened_ms=NOW_MS - 1)  # due in 4 ms
+        open_batch(control, 7, 0, batch_id=14, opened_ms=NOW_MS - 100)  # no record yet: not a batch
+        open_batch(control, 9, 5, batch_id=15, opened_ms=NOW_MS - 100)  # on a block not the client's
+        seen = unseen()
+        claimed, next_due, still_open, found_full = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False)
+        assert claimed == [
+            (4, 1, 100, 1_700_000_000_000, 1_700_000_000_001, 11, 0, 0, 2, NOW_MS * 1_000_000),
+            (2, 3, 300, 1_700_000_000_000, 1_700_000_000_003, 12, 1, 1, 1, (NOW_MS - LINGER_MS) * 1_000_000),
+        ]
+        assert (next_due, still_open, found_full) == (NOW_MS + LINGER_MS - 1, True, True)
+        assert control.claim_word(2) == batch_slots.CLAIMED | 3 and control.claim_word(4) == batch_slots.CLAIMED | 1
+        assert control.claim_word(6) == control.claim_word(9) == 0
+        # The batch left open was seen now; the others are not watched.
+        assert seen[6] == NOW_MS and [block for block in range(BLOCKS) if seen[block] != UNSEEN] == [6]
+        # Claimed once: a second look finds only the batch left open, claimed when due, and nothing after.
+        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + 3, False) == ([], NOW_MS + 4, True, False)
+        claimed, next_due, still_open, _ = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + 4, False)
+        assert [batch[0] for batch in claimed] == [6] and (next_due, still_open) == (None, False)
+        assert seen[6] == UNSEEN
+        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + 4, False) == ([], None, False, False)
+
+
+def test_a_client_that_says_its_batch_opened_later_waits_no_longer_than_linger_ms_from_first_seen(
+        fastpath: ModuleType) -> None:
+    with mapped_segment(Layout(4096, BLOCKS)) as shared:
+        control = shared.daemon
+        control.set_header(batch_slots.LINGER_NS, LINGER_MS * 1_000_000)
+        state = bytearray([OWNED] * BLOCKS)
+        open_batch(control, 0, 1, batch_id=1, opened_ms=NOW_MS + 10**9)
+        seen = unseen()
+        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False) == ([], NOW_MS + LINGER_MS, True,
+                                                                                   False)
+        claimed, *_ = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + LINGER_MS, False)
+        assert [batch[0] for batch in claimed] == [0]
+
+
+def test_claim_all_takes_every_batch_with_records_and_a_linger_of_years_is_a_day(fastpath: ModuleType) -> None:
+    with mapped_segment(Layout(4096, BLOCKS)) as shared:
+        control = shared.daemon
+        control.set_header(batch_slots.LINGER_NS, 2**64 - 1)
+        state = bytearray([OWNED] * BLOCKS)
+        for block in (1, 3, 5):
+            open_batch(control, block, block, batch_id=10 - block, opened_ms=NOW_MS)
+        seen = unseen()
+        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False)[1] == NOW_MS + 86_400_000
+        claimed, next_due, still_open, found_full = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, True)
+        assert [(batch[0], batch[1]) for batch in claimed] == [(5, 5), (3, 3), (1, 1)]
+        assert (next_due, still_open, found_full) == (None, False, False)
+
+
+def test_buffers_of_other_block_counts_are_refused(fastpath: ModuleType) -> None:
+    with mapped_segment(Layout(4096, BLOCKS)) as shared:
+        with pytest.raises(ValueError, match="block counts"):
+            fastpath.claim_ready(shared.daemon, bytearray(BLOCKS), OWNED, array("q", [0]) * (BLOCKS - 1), 0, False)
+        with pytest.raises(ValueError, match="block counts"):
+            fastpath.claim_ready(shared.daemon, bytearray(BLOCKS + 1), OWNED, array("q", [0]) * (BLOCKS + 1), 0,
+                                 False)
+
+
+WORD = st.integers(0, 2**64 - 1)
+SLOT = st.one_of(
+    st.lists(WORD, min_size=8, max_size=8),
+    # Slots of batches open with records, as clients write them (their batch ids anything, some equal).
+    st.tuples(st.integers(1, 50), st.integers(0, 4096), st.booleans(), st.integers(-5, 5), WORD,
+              st.integers(NOW_MS - 20, NOW_MS + 20)).map(
+        lambda s: [batch_slots.pack_published(s[0], s[1], s[2]), 0, 1_700_000_000_000, s[4], s[3],
+                   s[0] | (s[0] << 32), 1, s[5] * 1_000_000]),
+)
+
+
+@pytest.mark.skipif(c_extension("service._fastpath") is None, reason="service._fastpath is not built")
+@settings(max_examples=200, deadline=None)
+@given(slots=st.lists(SLOT, min_size=BLOCKS, max_size=BLOCKS), state=st.lists(st.sampled_from([FREE, OWNED, SEALED]),
+       min_size=BLOCKS, max_size=BLOCKS), linger=WORD, seen=st.lists(st.sampled_from([UNSEEN, NOW_MS - 10, NOW_MS]),
+       min_size=BLOCKS, max_size=BLOCKS), claim_all=st.booleans())
+def test_both_twins_claim_the_same_from_whatever_a_client_wrote(slots: list[list[int]], state: list[int],
+                                                                 linger: int, seen: list[int],
+                                                                 claim_all: bool) -> None:
+    c_fastpath = c_extension("service._fastpath")
+    results = []
+    with mapped_segment(Layout(4096, BLOCKS)) as c_shared, mapped_segment(Layout(4096, BLOCKS)) as py_shared:
+        for module, control in ((c_fastpath, c_shared.daemon), (_fastpath_py, py_shared.daemon)):
+            control.set_header(batch_slots.LINGER_NS, linger)
+            for block, words in enumerate(slots):
+                for word, value in enumerate(words):
+                    control.words[batch_slots.HEADER_SIZE // 8 + block * 8 + word] = value % 2**64
+            first_seen = array("q", seen)
+            answer = module.claim_ready(control, bytearray(state), OWNED, first_seen, NOW_MS, claim_all)
+            results.append((answer, first_seen.tolist(), control.words.tolist()))
+    assert results[0] == results[1]
