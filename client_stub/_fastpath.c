@@ -514,6 +514,7 @@ static inline long long now_ms(void) {
 #define SLOT_HEADER_BYTES 64
 #define SLOT_BYTES 64
 enum { PUBLISHED, CLAIM, BASE_TIMESTAMP, MAX_TIMESTAMP, BATCH_ID, TOPIC_PARTITION, BLOCK_COUNT, OPENED_NS };
+enum { HEADER_REPORTS_WANTED = 3 };
 #define PUBLISHED_FULL (1ULL << 63)
 #define CLAIM_CLAIMING (1ULL << 63)
 #define CLAIM_COUNT_MASK ((1ULL << 31) - 1)
@@ -541,6 +542,15 @@ typedef struct {
 } OpenBatch;
 
 static PyTypeObject OpenBatchType;
+
+/* A record with a callback is in flight: the segment's header says this process waits on its report (the
+   daemon then reports to it at once, not after a while; the I/O thread says when nothing is in flight). */
+static inline void want_reports(OpenBatch *batch) {
+    uint64_t *header = (uint64_t *)batch->control.buf;
+    if (__atomic_load_n(&header[HEADER_REPORTS_WANTED], __ATOMIC_RELAXED) == 0) {
+        __atomic_store_n(&header[HEADER_REPORTS_WANTED], 1, __ATOMIC_RELAXED);
+    }
+}
 
 static int OpenBatch_init(OpenBatch *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"batch_id", "topic", "partition", "first_block", "block_count", "view",
@@ -1077,6 +1087,9 @@ static PyObject *try_append(Appender *self, PyObject *topic, PyObject *value, Py
         Py_RETURN_NONE; /* or no room: the Python path seals the batch and opens another */
     }
     self->outstanding++;
+    if (on_delivery != Py_None) {
+        want_reports(batch);
+    }
     hide_callback(on_delivery);
     /* Full, or nearly: the next record like this one would not fit. */
     if (batch->buffer.len - batch->pos < batch->pos - before) {

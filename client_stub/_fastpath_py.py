@@ -441,6 +441,13 @@ class OpenBatch:
             return False
         return True
 
+    def _want_reports(self) -> None:
+        """A record with a callback is in flight: the segment's header says this process waits on its report (as
+        the C twin's want_reports())."""
+        control = self._control
+        if control is not None and not control.header(batch_slots.REPORTS_WANTED):
+            control.set_header(batch_slots.REPORTS_WANTED, 1)
+
     def _holds(self, claim: int, index: int) -> bool:
         """Whether the batch holds its record ``index`` (as the C twin's holds())."""
         held = batch_slots.holds(claim, index)
@@ -605,6 +612,8 @@ class Appender:
             if batch._view is None or not batch._write(fields, timestamp, future):
                 return None  # sealed, or no room: the Python path seals it and opens another
             self._outstanding += 1
+            if on_delivery is not None:
+                batch._want_reports()
             # Full, or nearly: the next record like this one would not fit.
             if batch.capacity - batch._pos < batch._pos - before:
                 self._seal(batch)

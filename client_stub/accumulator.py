@@ -67,6 +67,27 @@ class RecordAccumulator:
         if not self._watched_until(time.monotonic() + self.linger_s):
             self._post(ipc.Wakeup())
 
+    def want_reports(self, *, wakeup: bool) -> None:
+        """Say in the segment's header that this process waits on its reports (a callback, a future waited on):
+        the daemon then reports at once. With ``wakeup``, a daemon holding back reports of this process is told
+        to send them now. Safe without the producer's lock: only a report with nothing left in flight clears the
+        word (:meth:`reports_settled`)."""
+        if self._turn_reports_on() and wakeup and self.unreported:
+            self._post(ipc.Wakeup())
+
+    def _turn_reports_on(self) -> bool:
+        """Set the header's ``reports_wanted``; whether it was 0."""
+        control = self.control
+        if control is None or control.header(batch_slots.REPORTS_WANTED):
+            return False
+        control.set_header(batch_slots.REPORTS_WANTED, 1)
+        return True
+
+    def reports_settled(self) -> None:
+        """Nothing is in flight (every record reported): the process waits on no report any more."""
+        if self.control is not None:
+            self.control.set_header(batch_slots.REPORTS_WANTED, 0)
+
     def _watched_until(self, deadline: float) -> bool:
         """Whether the daemon looks at this segment's open batches often enough until ``deadline``
         (time.monotonic()), as its header says."""
@@ -101,12 +122,14 @@ class RecordAccumulator:
             self._post(ipc.Release(list(range(batch.first_block, batch.first_block + batch.block_count))))
 
     def seal_all(self) -> None:
-        """Close every open batch, and have the daemon claim them now (flush, close, the session's end)."""
-        if self.open:
-            for batch in list(self.open.values()):
-                self.seal(batch)
-            if self.control is not None:
-                self._post(ipc.Wakeup())
+        """Close every open batch, and have the daemon claim them now and report them at once (flush, close, the
+        session's end)."""
+        sealed = bool(self.open)
+        for batch in list(self.open.values()):
+            self.seal(batch)
+        turned_on = self._turn_reports_on()
+        if self.control is not None and (sealed or turned_on and self.unreported):
+            self._post(ipc.Wakeup())
 
     def resume_notices(self, now: float) -> list[ipc.SealNotice]:
         """Notices of every batch not reported yet, in the order opened: for the daemon that takes back the

@@ -47,6 +47,16 @@ class RecordMetadata(NamedTuple):
 _CONDITION_LOCK = threading.Lock()
 
 
+def _nobody_to_tell() -> None:
+    pass
+
+
+# Called when a record future is first waited on or watched (result(), wait(), add_done_callback() ...), from
+# whatever thread, the producer's lock held or not: client_stub.producer sets it to have its producers' reports
+# sent at once (a process that waits on no report gets them later).
+on_watch: Callable[[], None] = _nobody_to_tell
+
+
 class RecordFuture(Future[RecordMetadata]):
     """The Future of one record, with what its RecordMetadata needs.
 
@@ -88,6 +98,7 @@ class RecordFuture(Future[RecordMetadata]):
                 cond = self._cond
                 if cond is None:
                     cond = self._cond = threading.Condition()
+            on_watch()
         return cond
 
     @property

@@ -306,6 +306,9 @@ class IoThread:
             with self._cond:
                 self.count_done(delivered=sum(newly for _, report, newly in reported if report.error is None),
                                 failed=sum(newly for _, report, newly in reported if report.error is not None))
+                if not self._appender.outstanding:
+                    # Under the lock, which send() holds (or finds free, in the fast path) to add one.
+                    self._accumulator.reports_settled()
                 self._cond.notify_all()
 
     def _granted(self, grant: ipc.Grant) -> None:

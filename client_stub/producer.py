@@ -68,6 +68,17 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _future_watched() -> None:
+    """A record future is waited on or watched: this process's producers want their reports at once."""
+    pid = os.getpid()
+    for producer in list(_producers):
+        if producer._pid == pid:
+            producer._accumulator.want_reports(wakeup=True)
+
+
+futures.on_watch = _future_watched
+
+
 class Producer:
     """Sends records to Kafka through the kafka-sidecar daemon at ``endpoint``.
 
@@ -298,6 +309,8 @@ class Producer:
                     accumulator.seal(batch)
                     continue
                 self._appender.count_appended()
+                if future.on_delivery is not None:
+                    accumulator.want_reports(wakeup=False)
                 if batch.record_count == 1:
                     accumulator.first_published()
                 # Full, or nearly: the next record like this one would not fit.

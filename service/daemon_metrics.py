@@ -74,7 +74,8 @@ def process_metrics(pool: BufferPool, front: SidecarFront) -> list[dict[str, Any
         entry = processes.setdefault(session.pid, {"pid": session.pid, "uid": session.uid, "name": session.name,
                                                    "sessions": 0, "blocks-held": 0,
                                                    "records-delivered-total": delivered,
-                                                   "record-error-total": failed})
+                                                   "record-error-total": failed,
+                                                   "delivery-messages-total": front.reports.messages_to(session.pid)})
         entry["sessions"] += 1
         entry["blocks-held"] += pool.held_by(session.client_id)
     return [processes[pid] for pid in sorted(processes)]
@@ -159,4 +160,5 @@ DESCRIPTIONS: dict[str, str] = {
     "batches-corrupt-total": "Batches failed unsent because their records did not parse.",
     "blocks-held": "Blocks a client process holds, granted or sealed.",
     "records-delivered-total": "Records of a client process the brokers acknowledged.",
+    "delivery-messages-total": "DELIVERY messages (delivery reports) sent to a client process: each wakes its producer.",
 }

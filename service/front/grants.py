@@ -16,6 +16,7 @@ from ..buffer_pool import BufferPool
 from ..client_error import ClientError
 from .checks import check_block_list, check_int, clip
 from .replies import Replies
+from .reports import DeliveryReports
 from .sessions import ClientSession, SessionTable
 
 # A client asks for at most this long for blocks (its max_block_ms is capped by it).
@@ -28,11 +29,12 @@ class Grants:
     """Blocks granted to the clients, now or when the pool has them."""
 
     def __init__(self, pool: BufferPool, sessions: SessionTable, replies: Replies,
-                 claim_all: Callable[[ClientSession, int], None]) -> None:
+                 claim_all: Callable[[ClientSession, int], None], reports: DeliveryReports) -> None:
         """``claim_all`` claims every batch a client published."""
         self.pool = pool
         self.sessions = sessions
         self.replies = replies
+        self.reports = reports
         self._claim_all = claim_all
         self._seal_now_sent_ms = 0
         # Why no more blocks are granted (the daemon is shutting down), once none are.
@@ -55,7 +57,7 @@ class Grants:
             exc.answer = ipc.GrantFailed(request_id, clip(f"the daemon refused the request: {exc}"))
             raise
         if blocks is not None:
-            self.replies.send(session, ipc.Grant(request_id, blocks))
+            self._grant(session, ipc.Grant(request_id, blocks), now)
 
     def release(self, session: ClientSession, message: ipc.Release) -> None:
         """RELEASE: blocks granted and not used go back to the pool."""
@@ -70,8 +72,9 @@ class Grants:
                                                            f"no {waiter.count} free block(s) of the BufferPool in "
                                                            "time"))
         for waiter, blocks in self.pool.serve_waiters():
-            # None if its session ended in this turn of the loop: its blocks went back with it.
-            self._answer(waiter.client_id, ipc.Grant(waiter.request_id, blocks))
+            session = self.sessions.owner(waiter.client_id)
+            if session is not None:  # None if its session ended in this turn of the loop: its blocks went with it
+                self._grant(session, ipc.Grant(waiter.request_id, blocks), now)
         if self.pool.waiters and now - self._seal_now_sent_ms >= SEAL_NOW_INTERVAL_MS:
             self._seal_now_sent_ms = now
             # Everyone holds what the pool lacks; a client at its limit waits only for its own blocks. When the
@@ -95,6 +98,11 @@ class Grants:
         if not self.pool.waiters:
             return []
         return [SEAL_NOW_INTERVAL_MS, *(waiter.deadline_ms - now for waiter in self.pool.waiters)]
+
+    def _grant(self, session: ClientSession, grant: ipc.Grant, now: int) -> None:
+        """Grant blocks, after the reports held for the client: they may be the blocks of the batches reported."""
+        self.reports.send_now(session, now)
+        self.replies.send(session, grant)
 
     def _answer(self, client_id: int, message: ipc.Message) -> None:
         session = self.sessions.owner(client_id)

@@ -83,12 +83,12 @@ class SidecarFront:
         self.replies = Replies(self.endpoint.socket, self.sessions, settings.reply_buffer_bytes,
                                lambda session: self.end_session(session, keep=True))
         self.quotas = ProcessQuotas(self.sessions, topics, settings)
-        self.reports = DeliveryReports(self.sessions, self.replies)
+        self.reports = DeliveryReports(self.sessions, self.replies, pool)
         self.topic_updates = TopicUpdates(topics, self.sessions, self.quotas, self.replies)
         self.seals = Seals(pool, self.sessions, topics, self.quotas, self.reports, append, settings,
                            lambda session, exc: self._refuse(session.identity, exc))
         self.open_batches = OpenBatches(pool, self.sessions, self.seals, settings.welcome.linger_ms)
-        self.grants = Grants(pool, self.sessions, self.replies, self.open_batches.claim_all)
+        self.grants = Grants(pool, self.sessions, self.replies, self.open_batches.claim_all, self.reports)
         # The ROUTER first: in a turn where a client's last message and the end of its memory connection are both
         # ready (it said GOODBYE, then exited), its message is read first, and its session ends as it asked.
         poller.register(self.endpoint.socket, POLLIN, lambda events: self.handle_readable(), later=True)
@@ -332,6 +332,7 @@ class SidecarFront:
         """Take no new session, grant no more blocks (the requests waiting fail), and tell each client to seal
         what it holds: what it sealed is still taken, sent and reported until :meth:`close`."""
         self.shutting_down = reason
+        self.reports.hurry = True
         # SHUTDOWN before the refusals: a client that knows it looks for blocks of the next daemon instead of
         # failing the send() that waited for them.
         for session in self.sessions:

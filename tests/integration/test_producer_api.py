@@ -12,6 +12,7 @@ import concurrent.futures
 import gc
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import threading
@@ -38,6 +39,7 @@ from service.protocol.messages import PRODUCE
 from service.tools.readback import read_topic
 from tests.support.fake_broker import produce_response, record_count
 from tests.support.record_batches import decode_batches
+from tests.support.waiting import HANG_S, wait_until
 from tests.support.workers import run_children
 
 ROOT = Path(__file__).parents[2]
@@ -99,6 +101,40 @@ def test_flush_returns_after_the_on_delivery_callbacks_have_run(broker, topic_fa
         assert producer.flush(60) == 0
         # As with the Java producer: what flush() waited for includes the callbacks.
         assert len(done) == 2000
+
+
+def test_a_process_that_waits_on_no_report_is_woken_for_them_far_less_often(broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap)
+
+    def reported() -> tuple[int, int]:
+        """The records of this process the daemon reported delivered, and the DELIVERY messages it sent it."""
+        [process] = [p for p in daemon.stats()["processes"] if p["pid"] == os.getpid()]
+        return process["records-delivered-total"], process["delivery-messages-total"]
+
+    def delivery_messages(producer: Producer, on_delivery: Deliveries | None) -> int:
+        """The DELIVERY messages the daemon sends this process while it sends a record every 10 ms (a batch of its
+        own, at linger.ms 1), with ``on_delivery`` or none, until the last is acknowledged."""
+        delivered, messages = reported()
+        for n in range(100):
+            producer.send(topic, b"%d" % n, on_delivery=on_delivery)
+            time.sleep(0.01)
+        assert wait_until(lambda: reported()[0] == delivered + 100, HANG_S)
+        return reported()[1] - messages
+
+    with Producer(daemon.endpoint, linger_ms=1) as producer:
+        producer.send(topic, b"first").result(HANG_S)
+        called_back = Deliveries()
+        woken_for_callbacks = delivery_messages(producer, called_back)
+        assert producer.flush(HANG_S) == 0 and len(called_back.calls) == 100
+        sent_and_forgotten = delivery_messages(producer, None)
+        # Its reports come with the blocks it is granted (a grant every few batches here), not each alone.
+        assert sent_and_forgotten * 2 <= woken_for_callbacks, (sent_and_forgotten, woken_for_callbacks)
+        futures = [producer.send(topic, b"last %d" % n) for n in range(3)]
+        # Waited on, a record's report comes without flush(), which gets the rest.
+        assert futures[-1].result(HANG_S).offset >= 0
+        assert producer.flush(HANG_S) == 0 and all(f.done() for f in futures)
+    assert len(read_topic(broker.bootstrap, topic, expected=204)) == 204
 
 
 def test_on_delivery_gets_the_error_and_no_metadata(proxied_broker, sidecar) -> None:

@@ -108,6 +108,11 @@ class FakeDaemon:
         """Send ``message`` to the client of the last HELLO."""
         self._do(lambda: self._send(message))
 
+    def reports_wanted(self) -> int:
+        """What the client's segment's header says of its reports: not 0 while its process waits on one."""
+        control = self._control
+        return 0 if control is None else control.header(batch_slots.REPORTS_WANTED)
+
     def hang_up(self) -> None:
         """Close the memory connections, as a daemon that dies."""
         self._do(self._close_memory)

@@ -77,6 +77,33 @@ def test_records_go_by_the_segment_with_a_wakeup_for_the_batch_opened_and_none_f
     assert len(daemon.block_requests) == 1
 
 
+def test_the_header_says_whether_the_process_waits_on_a_report_and_a_future_waited_on_asks_for_them_now(
+        daemon: FakeDaemon) -> None:
+    # The daemon claims the batches when flush() publishes them full and says so, not at their linger.ms.
+    producer = Producer(daemon.endpoint, linger_ms=60_000, max_block_ms=int(HANG_S * 1000))
+    try:
+        producer.send("orders", b"fire and forget", partition=0)
+        assert daemon.reports_wanted() == 0
+        called = threading.Event()
+        producer.send("orders", b"called back", partition=0, on_delivery=lambda error, metadata: called.set())
+        assert daemon.reports_wanted() == 1
+        assert producer.flush(HANG_S) == 0 and called.is_set()
+        # Nothing in flight: nothing waited on.
+        assert wait_until(lambda: daemon.reports_wanted() == 0, HANG_S)
+        daemon.reports_batches = False
+        future = producer.send("orders", b"waited on", partition=0)
+        assert wait_until(lambda: daemon.wakeups == 3, HANG_S)  # the batch opened (the fake never watches)
+        assert daemon.reports_wanted() == 0
+        with pytest.raises(TimeoutError):
+            future.result(0)
+        # Waited on: the header says so, and the daemon is told to report now.
+        assert daemon.reports_wanted() == 1
+        assert wait_until(lambda: daemon.wakeups == 4, HANG_S)
+        daemon.reports_batches = True
+    finally:
+        producer.close(HANG_S)
+
+
 # -- a memory handshake that fails is said again, whatever failed -----------------------------------
 
 

@@ -13,7 +13,7 @@ import pytest
 from client_stub.contract import batch_slots, ipc
 from service.buffer_pool import FREE, OWNED, SEALED
 from service.front.open_batches import WATCH_MS
-from tests.support.front import BLOCKS, T0, TIMEOUT_MS, Client, Env, notice
+from tests.support.front import BLOCKS, T0, TIMEOUT_MS, Client, Env, deliveries, notice
 
 LINGER_MS = 20  # the clients' linger.ms; the daemon's (its scan interval) is 5, unless a test says otherwise
 _DAY_MS = 86_400_000
@@ -319,8 +319,12 @@ def test_a_block_granted_again_keeps_its_claim_until_a_batch_opens_there(env: En
     [batch] = env.queued()
     batch.done(5, -1, None)
     assert env.state(client_id, 0) == FREE
-    # The slot still says what was claimed: granted again, the block is not read as a batch again.
-    assert client.blocks(1) == [0]
+    # The slot still says what was claimed: granted again (after the batch's report), the block is not read as a
+    # batch again.
+    client.send(ipc.Blocks.TYPE, 99, 1, False, 1000)
+    env.pump()
+    assert [report[0] for report in deliveries(client)] == [1]
+    assert client.recv() == [ipc.Grant.TYPE, 99, [0]]
     client.send(ipc.Wakeup.TYPE)
     env.pump()
     advance(env, 5)

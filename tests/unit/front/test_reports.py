@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from client_stub import errors
-from client_stub.contract import ipc
+from client_stub.contract import batch_slots, ipc
 from service.buffer_pool import FREE, SEALED
+from service.daemon_metrics import process_metrics
+from service.front.reports import IDLE_REPORT_INTERVAL_MS, REPORT_INTERVAL_MS, REPORTS_PER_DELIVERY
 from tests.support.front import (
     BLOCKS,
     Env,
@@ -57,3 +59,77 @@ def test_reports_are_batched_per_client_and_carry_errors(env: Env) -> None:
     env.front.serve_due()
     assert a.quiet()  # each report goes once
     assert env.pool.free_blocks == BLOCKS - 1  # b's batch is still queued
+
+
+def test_a_process_that_waits_on_no_report_gets_them_a_second_apart_and_at_once_when_it_waits(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    pid = env.session(client.client_id).pid
+    blocks = client.blocks(4)
+
+    def finish(batch_id: int) -> None:
+        client.publish(notice(batch_id=batch_id, first=blocks[batch_id - 1]))
+        env.queued()[-1].done(batch_id, -1, None)
+        env.front.serve_due()
+
+    def wants_reports(wanted: int) -> None:
+        with client.control() as control:
+            control.set_header(batch_slots.REPORTS_WANTED, wanted)
+
+    finish(1)
+    assert [report[0] for report in deliveries(client)] == [1]  # the first after a quiet while, at once
+    finish(2)
+    finish(3)
+    assert client.quiet() and env.front.reports.due_in_ms(env.clock()) == [IDLE_REPORT_INTERVAL_MS]
+    env.clock.advance(IDLE_REPORT_INTERVAL_MS - 1)
+    env.front.serve_due()
+    assert client.quiet()
+    env.clock.advance(1)
+    env.front.serve_due()
+    assert [report[0] for report in deliveries(client)] == [2, 3]
+    # Its process waits on a report (a callback, a future, a flush): reports go REPORT_INTERVAL_MS apart.
+    wants_reports(1)
+    finish(4)
+    assert client.quiet() and env.front.reports.due_in_ms(env.clock()) == [REPORT_INTERVAL_MS]
+    env.clock.advance(REPORT_INTERVAL_MS)
+    env.front.serve_due()
+    assert [report[0] for report in deliveries(client)] == [4]
+    [process] = process_metrics(env.pool, env.front)
+    assert (process["pid"], process["delivery-messages-total"]) == (pid, 3)
+
+
+def test_reports_of_a_process_that_waits_on_none_go_once_a_delivery_is_full(env: Env) -> None:
+    client = env.client()
+    client.hello()
+    [block] = client.blocks(1)
+    client.publish(notice(batch_id=1, first=block))
+    [batch] = env.queued()
+    batch.done(1, -1, None)
+    env.front.serve_due()
+    deliveries(client)
+    session = env.session(client.client_id)
+    session.reports.extend([[n, 0, 1, n, -1, None] for n in range(2, 2 + REPORTS_PER_DELIVERY - 1)])
+    env.clock.advance(REPORT_INTERVAL_MS)
+    env.front.serve_due()
+    assert client.quiet()
+    session.reports.append([REPORTS_PER_DELIVERY + 1, 0, 1, 0, -1, None])
+    env.front.serve_due()
+    assert len(deliveries(client)) == REPORTS_PER_DELIVERY
+
+
+def test_the_reports_held_for_a_client_go_before_blocks_granted_to_it(env: Env) -> None:
+    # A batch's blocks may be granted again once it is sent: its client must know it finished before it writes
+    # there, however long its reports would be held otherwise.
+    client = env.client()
+    client.hello()
+    blocks = client.blocks(2)
+    for batch_id in (1, 2):
+        client.publish(notice(batch_id=batch_id, first=blocks[batch_id - 1]))
+        env.queued()[-1].done(batch_id, -1, None)
+        env.front.serve_due()
+    assert [report[0] for report in deliveries(client)] == [1]
+    assert client.quiet()  # held: its process waits on none
+    client.send(ipc.Blocks.TYPE, 7, 1, False, 1000)
+    env.pump()
+    assert [report[0] for report in deliveries(client)] == [2]
+    assert client.recv()[:2] == [ipc.Grant.TYPE, 7]
