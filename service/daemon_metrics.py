@@ -160,5 +160,5 @@ DESCRIPTIONS: dict[str, str] = {
     "batches-corrupt-total": "Batches failed unsent because their records did not parse.",
     "blocks-held": "Blocks a client process holds, granted or sealed.",
     "records-delivered-total": "Records of a client process the brokers acknowledged.",
-    "delivery-messages-total": "DELIVERY messages (delivery reports) sent to a client process: each wakes its producer.",
+    "delivery-messages-total": "Messages of delivery reports sent to a client process: each wakes its producer.",
 }

@@ -1,11 +1,11 @@
 """Seals: the batches of a client made ProducerBatches, over the records in its blocks.
 
 A batch comes as a seal notice: one the daemon read from the batch's slot as it claimed it
-(:meth:`Seals.claim`, from :func:`service.fastpath.claim_ready`), or one of those a client hands back with the session of a daemon
-that is gone (:meth:`Seals.seal`). Each is checked on its own (a bad one, or one past the
-client's limits, fails its batch only, with a report, and the blocks it named that the
-client still held go back to the pool); the batch's view is of the client's own segment,
-which the daemon reads once when it sends the batch.
+(:meth:`Seals.claim`, from :func:`service.fastpath.claim_ready`), or one of those a client hands
+back with the session of a daemon that is gone (:meth:`Seals.seal`). Each is checked on its own
+(a bad one, or one past the client's limits, fails its batch only, with a report, and the blocks
+it named that the client still held go back to the pool); the batch's view is of the client's own
+segment, which the daemon reads once when it sends the batch.
 """
 
 from __future__ import annotations
