@@ -145,6 +145,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="records/s in total (default: as fast as possible)")
     perf.add_argument("--key-size", type=int, default=0, help="key size in bytes (default 0: no keys)")
     perf.add_argument("--key-count", type=int, default=1000, help="distinct keys (default 1000)")
+    perf.add_argument("--no-callbacks", dest="callbacks", action="store_false",
+                      help="send without delivery callbacks, as a process that sends and forgets (latency is "
+                           "not measured)")
     perf.add_argument("--endpoint", default=None, help="a running daemon's endpoint")
     perf.add_argument("--bootstrap-servers", default=None, help="start a daemon for this cluster")
     perf.add_argument("-X", dest="settings", action="append", default=[], metavar="KEY=VALUE",

@@ -555,7 +555,7 @@ def main(args: Any) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     settings = parse_settings(args.settings)
     workload = Workload(args.topic, args.num_records, args.record_size, args.processes, args.throughput,
-                        args.key_size, args.key_count)
+                        args.key_size, args.key_count, callbacks=args.callbacks)
     daemon = None
     endpoint = args.endpoint
     with tempfile.TemporaryDirectory(prefix="kafka-sidecar-perf-") as workdir:

@@ -68,6 +68,20 @@ def test_perf_test_through_a_running_daemon_keeps_to_the_throughput(broker, topi
     assert len(read_topic(broker.bootstrap, topic, expected=1500)) == 1500
 
 
+def test_perf_test_without_callbacks_sends_every_record_and_measures_no_latency(broker, topic_factory, tmp_path):
+    topic = topic_factory()
+    out = tmp_path / "result.json"
+    done = perf_test("--topic", topic, "--num-records", "2000", "--record-size", "50", "--processes", "2",
+                     "--throughput", "2000", "--no-callbacks", "--bootstrap-servers", broker.bootstrap,
+                     "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1].endswith("latency not measured (no delivery callbacks).")
+    result = json.loads(out.read_text())["result"]
+    assert (result["records"], result["errors"], result["latency_p99_ms"]) == (2000, 0, None)
+    assert result["cpu_s"] > 0
+    assert len(read_topic(broker.bootstrap, topic, expected=2000)) == 2000
+
+
 def test_run_prints_a_progress_line_while_it_sends(broker, topic_factory, sidecar):
     topic = topic_factory()
     daemon = sidecar(broker.bootstrap)
