@@ -271,7 +271,8 @@ PyDoc_STRVAR(claim_ready_doc,
 "Claim the batches of a client's segment that are ready, as OpenBatches decides (see\n"
 "client_stub/contract/batch_slots.py): of the blocks whose byte in ``state`` is ``owned``, those whose slot\n"
 "holds a batch open with records, due linger.ms (the header's) after the earlier of its opened_ns and when\n"
-"the daemon first saw it (``first_seen``: an int64 per block, in ``now_ms``'s clock), full, or any with\n"
+"the daemon first saw it (``first_seen``: an int64 per block, in ``now_ms``'s clock; only the blocks it\n"
+"covers are looked at, so it covers every block the client owns), full, or any with\n"
 "``claim_all``. Returns (claimed, next_due_ms, still_open, found_full): each batch claimed with records as\n"
 "(block, record_count, length, base_timestamp, max_timestamp, batch_id, topic_index, partition,\n"
 "block_count, opened_ns), in batch-id order; the earliest due of those left open (None if none); whether\n"
@@ -293,10 +294,11 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
     if (words_object == NULL || PyObject_GetBuffer(words_object, &words, PyBUF_WRITABLE) < 0) {
         goto done;
     }
-    Py_ssize_t block_count = state.len;
-    if (first_seen.len != block_count * (Py_ssize_t)sizeof(int64_t) ||
+    /* The blocks that first_seen covers: the caller sizes it past the last block the client owns. */
+    Py_ssize_t block_count = first_seen.len / (Py_ssize_t)sizeof(int64_t);
+    if (first_seen.len % (Py_ssize_t)sizeof(int64_t) || block_count > state.len ||
         words.len < (HEADER_WORDS + block_count * SLOT_WORDS) * (Py_ssize_t)sizeof(uint64_t)) {
-        PyErr_SetString(PyExc_ValueError, "state, first_seen and the control area are of different block counts");
+        PyErr_SetString(PyExc_ValueError, "first_seen covers more blocks than state or the control area");
         goto done;
     }
     const unsigned char *states = state.buf;

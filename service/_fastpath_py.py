@@ -165,11 +165,14 @@ def claim_ready(control: batch_slots.ControlArea, state: ReadableBuffer, owned: 
     """Claim the batches of a client's segment that are ready (``service/_fastpath.c`` says which, and what it
     returns)."""
     states = memoryview(state).cast("B")
-    seen = memoryview(first_seen).cast("B").cast("q")
-    if len(seen) != len(states) or control.block_count < len(states):
-        raise ValueError("state, first_seen and the control area are of different block counts")
+    raw_seen = memoryview(first_seen).cast("B")
+    if raw_seen.nbytes % 8:
+        raise ValueError("first_seen covers more blocks than state or the control area")
+    seen = raw_seen.cast("q")
+    if len(seen) > len(states) or len(seen) > control.block_count:
+        raise ValueError("first_seen covers more blocks than state or the control area")
     linger_ms = min(control.header(batch_slots.LINGER_NS) // 1_000_000, _MAX_LINGER_MS)
-    owned_blocks = [block for block, value in enumerate(states) if value == owned]
+    owned_blocks = [block for block, value in enumerate(states[:len(seen)]) if value == owned]
     still_open = found_full = False
     next_due: int | None = None
     ready: list[int] = []

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from array import array
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -360,9 +361,14 @@ class BufferPool:
         """Claim the batches a client published on its blocks that are ready, as
         :func:`service.fastpath.claim_ready` says (its blocks granted and not sealed are where they are)."""
         memory = self._memory.get(client_id)
-        if memory is None:
+        last = -1 if memory is None else memory.state.rfind(OWNED_BYTE)
+        if last < 0:
             return [], None, False, False
-        return fastpath.claim_ready(memory.control, memory.state, OWNED, memory.first_seen, now_ms, claim_all)
+        first_seen = memory.first_seen
+        if len(first_seen) <= last:
+            # Sized to the client's last block, not the pool: the pool grants the lowest blocks first.
+            first_seen.extend(array("q", [fastpath.UNSEEN]) * (last + 1 - len(first_seen)))
+        return fastpath.claim_ready(memory.control, memory.state, OWNED, first_seen, now_ms, claim_all)
 
     def control(self, client_id: int) -> ControlArea | None:
         """The control area of a client's segment, if it has one."""

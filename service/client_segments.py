@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from client_stub.contract.batch_slots import ControlArea
 from client_stub.contract.shared_memory import Layout, Segment, check_segment, create_segment
 
-from . import fastpath
 from .client_error import ClientError
 
 log = logging.getLogger(__name__)
@@ -51,8 +50,9 @@ class ClientMemory:
     state: bytearray
     # Blocks whose pages may be resident: granted since their pages were last given back.
     touched: bytearray
-    # When the daemon first saw an open batch on each block (ms; fastpath.UNSEEN since its last claim): a client's
-    # word on when it opened a batch is taken, but never later than that.
+    # When the daemon first saw an open batch on each block (ms; fastpath.UNSEEN since its last claim), up to the
+    # last block the client has owned: a client's word on when it opened a batch is taken, but never later than
+    # that.
     first_seen: array[int] = field(default_factory=lambda: array("q"))
     # Blocks freed, most recently freed last: reusing those keeps the pages the client touched few and
     # warm. Entries of blocks since taken by a contiguous run may linger; ``state`` is the truth.
@@ -160,7 +160,7 @@ class ClientSegments:
         control = ControlArea(segment.control, self.layout.block_count)
         block_count = self.layout.block_count
         return ClientMemory(segment, control, process, bytearray(block_count), bytearray(block_count),
-                            array("q", [fastpath.UNSEEN]) * block_count, file_id=(stat.st_dev, stat.st_ino))
+                            file_id=(stat.st_dev, stat.st_ino))
 
     def detach(self, client_id: int, *, keep: bool) -> ClientMemory | None:
         """The client's session ended: its segment goes once it holds nothing (:attr:`ClientMemory.unused`) and,

@@ -103,13 +103,23 @@ def test_claim_all_takes_every_batch_with_records_and_a_linger_of_years_is_a_day
         assert (next_due, still_open, found_full) == (None, False, False)
 
 
-def test_buffers_of_other_block_counts_are_refused(fastpath: ModuleType) -> None:
+def test_only_the_blocks_first_seen_covers_are_looked_at(fastpath: ModuleType) -> None:
     with mapped_segment(Layout(4096, BLOCKS)) as shared:
-        with pytest.raises(ValueError, match="block counts"):
-            fastpath.claim_ready(shared.daemon, bytearray(BLOCKS), OWNED, array("q", [0]) * (BLOCKS - 1), 0, False)
-        with pytest.raises(ValueError, match="block counts"):
-            fastpath.claim_ready(shared.daemon, bytearray(BLOCKS + 1), OWNED, array("q", [0]) * (BLOCKS + 1), 0,
-                                 False)
+        control = shared.daemon
+        state = bytearray([OWNED] * BLOCKS)
+        for block in (1, 5):
+            open_batch(control, block, 1, batch_id=block, opened_ms=NOW_MS, full=True)
+        seen = array("q", [UNSEEN]) * 4
+        assert [batch[0] for batch in fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False)[0]] == [1]
+        assert control.claim_word(5) == 0
+
+
+def test_a_first_seen_larger_than_the_segment_is_refused(fastpath: ModuleType) -> None:
+    with mapped_segment(Layout(4096, BLOCKS)) as shared:
+        for state, first_seen in ((bytearray(BLOCKS), unseen() + array("q", [UNSEEN])),
+                                  (bytearray(BLOCKS - 1), unseen()), (bytearray(BLOCKS), bytearray(8 * BLOCKS - 4))):
+            with pytest.raises(ValueError, match="first_seen covers more blocks"):
+                fastpath.claim_ready(shared.daemon, state, OWNED, first_seen, 0, False)
 
 
 WORD = st.integers(0, 2**64 - 1)
@@ -127,7 +137,7 @@ SLOT = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(slots=st.lists(SLOT, min_size=BLOCKS, max_size=BLOCKS), state=st.lists(st.sampled_from([FREE, OWNED, SEALED]),
        min_size=BLOCKS, max_size=BLOCKS), linger=WORD, seen=st.lists(st.sampled_from([UNSEEN, NOW_MS - 10, NOW_MS]),
-       min_size=BLOCKS, max_size=BLOCKS), claim_all=st.booleans())
+       max_size=BLOCKS), claim_all=st.booleans())
 def test_both_twins_claim_the_same_from_whatever_a_client_wrote(slots: list[list[int]], state: list[int],
                                                                  linger: int, seen: list[int],
                                                                  claim_all: bool) -> None:
