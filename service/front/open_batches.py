@@ -6,8 +6,9 @@ ready, as the Java producer's ``RecordAccumulator.ready()`` finds a batch sendab
 after the batch opened, published full (the block is, or the client flushes or ends), the pool exhausted,
 the client's session over (whatever its process published is delivered, dead or alive).
 
-The daemon looks at the open batches of the clients it watches at least every ``scan_interval_ms`` (its
-linger.ms), sooner while it finds full ones, and writes in each watched client's segment until when it will:
+The daemon looks at the open batches of each client it watches at least every ``scan_interval_ms`` (its
+linger.ms) or the client's linger.ms if shorter, sooner while it finds full ones or a batch is due, and
+writes in each watched client's segment until when it will, and how often:
 a client that opens a batch it would see in time tells it nothing. A client is watched from its WAKEUP, for as
 long as it has open batches and :data:`WATCH_MS` after; then its header says the watch is over, and its next
 batch comes with a WAKEUP.
@@ -37,9 +38,9 @@ class OpenBatches:
         self.scan_interval_ms = max(scan_interval_ms, 1)
         # Each client watched, and until when (ms, the front's clock).
         self._watched: dict[ClientSession, int] = {}
-        self._next_scan_ms = 0
-        # The earliest linger deadline of the batches seen open.
-        self._next_due_ms: int | None = None
+        # When to look next at each client watched, and the earliest of those.
+        self._next_look: dict[ClientSession, int] = {}
+        self._earliest_look_ms = 0
         # The clients that said WAKEUP (or BLOCKS) since the last scan.
         self._woken: set[ClientSession] = set()
         # By client, the batches claimed and not handed over yet.
@@ -48,9 +49,6 @@ class OpenBatches:
     def wakeup(self, session: ClientSession, now: int) -> None:
         """The client asks to be looked at now (WAKEUP; BLOCKS too, which often follows a full batch): it is, once
         this turn of the loop has read the clients' messages (however many it sent)."""
-        if not self._watched:
-            # The first client watched, looked at now: the next look is a scan interval away, not due at once.
-            self._next_scan_ms = now + self.scan_interval_ms
         self._watched[session] = now + WATCH_MS
         self._woken.add(session)
 
@@ -60,33 +58,31 @@ class OpenBatches:
         self._tell_watch(session)
 
     def scan(self, now: int) -> None:
-        """Claim the batches that are ready of the clients woken, and of every client watched if it is time to look
+        """Claim the batches that are ready of the clients woken, and of every client watched that is due a look
         (after each poll)."""
         woken, self._woken = self._woken, set()
-        if not self._watched or (now < self._next_scan_ms and (self._next_due_ms is None or now < self._next_due_ms)):
-            for session in woken:
-                if self.sessions.is_live(session) and session.attached and session in self._watched:
-                    self._scan(session, now, claim_all=False)
-                    if self.sessions.is_live(session):
-                        self._tell_watch(session)
+        if not woken and (not self._watched or now < self._earliest_look_ms):
             return
-        self._next_due_ms = None
-        found_full = False
         for session in list(self._watched):
-            if not self.sessions.is_live(session) or not session.attached:
-                del self._watched[session]
+            if session not in woken and now < self._next_look.get(session, now):
                 continue
-            still_open, claimed_full = self._scan(session, now, claim_all=False)
-            found_full |= claimed_full
+            if not self.sessions.is_live(session) or not session.attached:
+                self._unwatch(session)
+                continue
+            still_open, found_full, next_due = self._scan(session, now, claim_all=False)
             if not self.sessions.is_live(session):
                 continue  # ended by a reply it did not take, as its batches were claimed: forgotten already
             if still_open:
                 self._watched[session] = now + WATCH_MS
             elif now >= self._watched[session]:
-                del self._watched[session]  # its header says so: its next batch comes with a WAKEUP
+                self._unwatch(session)  # its header says so: its next batch comes with a WAKEUP
+                self._tell_watch(session)
+                continue
+            # A client that fills blocks fills more: look again at the next turn.
+            look = now + (1 if found_full else self._interval_ms(session))
+            self._next_look[session] = look if next_due is None else min(look, next_due)
             self._tell_watch(session)
-        # A client that fills blocks fills more: look again at the next turn.
-        self._next_scan_ms = now + (1 if found_full else self.scan_interval_ms)
+        self._earliest_look_ms = min(self._next_look.values(), default=0)
 
     def claim_all(self, session: ClientSession, now: int) -> None:
         """Claim every batch the client has published records in (its session ends, or the pool is exhausted)."""
@@ -94,7 +90,7 @@ class OpenBatches:
 
     def forget(self, session: ClientSession) -> None:
         """The session is over: it is watched no more."""
-        self._watched.pop(session, None)
+        self._unwatch(session)
         self._woken.discard(session)
         self._claims.pop(session, None)
 
@@ -104,26 +100,35 @@ class OpenBatches:
             return [0]
         if not self._watched:
             return []
-        due = self._next_scan_ms if self._next_due_ms is None else min(self._next_scan_ms, self._next_due_ms)
-        return [due - now]
+        return [self._earliest_look_ms - now]
 
-    def _scan(self, session: ClientSession, now: int, *, claim_all: bool) -> tuple[bool, bool]:
+    def _unwatch(self, session: ClientSession) -> None:
+        self._watched.pop(session, None)
+        self._next_look.pop(session, None)
+
+    def _interval_ms(self, session: ClientSession) -> int:
+        """How often the daemon looks at a client's open batches: every linger.ms of its own, or of the client's
+        if shorter (whose batches would otherwise each come with a WAKEUP). A client that lingers less than a
+        millisecond says WAKEUP for each batch whatever the daemon does."""
+        control = self.pool.control(session.client_id)
+        linger_ms = 0 if control is None else control.header(batch_slots.LINGER_NS) // 1_000_000
+        return linger_ms if 0 < linger_ms < self.scan_interval_ms else self.scan_interval_ms
+
+    def _scan(self, session: ClientSession, now: int, *, claim_all: bool) -> tuple[bool, bool, int | None]:
         """Claim the client's batches that are ready (all that hold records, with ``claim_all``) and hand them over;
-        whether some stay open, and whether some were full."""
+        whether some stay open, whether some were full, and when the first of those open is due."""
         claimed, next_due, still_open, found_full = self.pool.claim_ready(session.client_id, now, claim_all)
-        if next_due is not None:
-            self._next_due_ms = next_due if self._next_due_ms is None else min(self._next_due_ms, next_due)
         # A batch refused may end the session (a reply it does not take), which claims and hands over what is left
         # of the client's batches before its blocks go back: those claimed here first, in the same order.
         claims = self._claims.setdefault(session, deque())
         claims.extend(claimed)
         while claims and self.sessions.is_live(session):
             self.seals.claim(session, claims.popleft(), now)
-        return still_open, found_full
+        return still_open, found_full, next_due
 
     def _tell_watch(self, session: ClientSession) -> None:
         """Write in the client's header until when it is watched, and how often."""
         control = self.pool.control(session.client_id)
         if control is not None and self.sessions.is_live(session):
             control.set_header(batch_slots.WATCHED_UNTIL_NS, self._watched.get(session, 0) * 1_000_000)
-            control.set_header(batch_slots.SCAN_INTERVAL_NS, self.scan_interval_ms * 1_000_000)
+            control.set_header(batch_slots.SCAN_INTERVAL_NS, self._interval_ms(session) * 1_000_000)

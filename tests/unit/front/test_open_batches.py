@@ -163,23 +163,49 @@ def test_the_header_of_a_watched_client_says_until_when_and_how_often_the_daemon
     assert origins(env) == [(client_id, 1), (client_id, 2)]  # opened long ago: due at once
 
 
-def test_the_next_timer_has_the_scan_only_while_clients_are_watched() -> None:
-    env = Env(linger_ms=100)  # the daemon looks every 100 ms
+def test_the_next_timer_has_the_looks_only_while_clients_are_watched() -> None:
+    env = Env(linger_ms=100)  # the daemon looks every 100 ms, or at the linger.ms of a client lingering less
     try:
         client = env.client()
         client_id = client.hello()
-        lingering(client)
+        lingering(client, 500)
         assert env.front.next_timer_ms() == TIMEOUT_MS  # nobody watched
         client.blocks(1)
-        assert env.front.next_timer_ms() == 100
+        assert env.front.next_timer_ms() == 100 and header(client)[1] == 100_000_000
         # A batch lingering less than the daemon's scan interval: the loop wakes when it is due.
+        lingering(client, LINGER_MS)
         client.publish(notice(batch_id=1), full=False)
         assert env.front.next_timer_ms() == LINGER_MS
         advance(env, LINGER_MS)
-        assert origins(env) == [(client_id, 1)] and env.front.next_timer_ms() == 100
-        for _ in range(WATCH_MS // 100):
-            advance(env, 100)
+        assert origins(env) == [(client_id, 1)]
+        # Its client lingers less than the daemon: it is looked at every linger.ms of its own, and its header
+        # says so (its next batch needs no WAKEUP).
+        assert env.front.next_timer_ms() == LINGER_MS and header(client)[1] == LINGER_MS * 1_000_000
+        for _ in range(WATCH_MS // LINGER_MS):
+            advance(env, LINGER_MS)
         assert env.front.next_timer_ms() == TIMEOUT_MS - (env.clock() - T0)  # the watch is over: the silence timeout
+    finally:
+        env.close()
+
+
+def test_each_client_is_looked_at_at_its_own_pace() -> None:
+    env = Env(linger_ms=100)
+    try:
+        quick, slow = env.client(), env.client()
+        quick_id, slow_id = quick.hello(), slow.hello()
+        lingering(quick, 10)
+        lingering(slow, 500)
+        quick_blocks, slow_blocks = quick.blocks(2), slow.blocks(2)
+        # Both publish a batch without a WAKEUP, as a client the daemon watches often enough does.
+        quick.publish(notice(batch_id=1, first=quick_blocks[0]), full=False, wakeup=False)
+        slow.publish(notice(batch_id=1, first=slow_blocks[0], partition=1), full=False, wakeup=False)
+        advance(env, 10)
+        assert origins(env) == [(quick_id, 1)] and origins(env, partition=1) == []
+        advance(env, 90)
+        assert origins(env, partition=1) == []  # looked at every 100 ms: due 500 ms after it opened
+        for _ in range(5):
+            advance(env, 100)
+        assert origins(env, partition=1) == [(slow_id, 1)]
     finally:
         env.close()
 
