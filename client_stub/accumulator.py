@@ -72,7 +72,11 @@ class RecordAccumulator:
         the daemon then reports at once. With ``wakeup``, a daemon holding back reports of this process is told
         to send them now. Safe without the producer's lock: only a report with nothing left in flight clears the
         word (:meth:`reports_settled`)."""
-        if self._turn_reports_on() and wakeup and self.unreported:
+        try:
+            turned_on = self._turn_reports_on()
+        except ValueError:
+            return  # the segment was let go meanwhile (the producer closes, or lost its session)
+        if turned_on and wakeup and self.unreported:
             self._post(ipc.Wakeup())
 
     def _turn_reports_on(self) -> bool:
@@ -151,7 +155,7 @@ class RecordAccumulator:
             if batch.reported:
                 # Part of it was reported before (a batch the daemon split, sent again whole by the daemon
                 # that took the session back): only records whose futures are not done count now.
-                fresh = sum(not f.done() for f in batch.futures[report.first_record:report.first_record + span])
+                fresh = sum(not f.completed() for f in batch.futures[report.first_record:report.first_record + span])
             else:
                 fresh = span
             fresh = min(fresh, batch.record_count - batch.reported)

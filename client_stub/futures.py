@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from concurrent.futures._base import RUNNING
+from concurrent.futures._base import FINISHED, RUNNING
 from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import KafkaError
@@ -116,6 +116,10 @@ class RecordFuture(Future[RecordMetadata]):
         except AttributeError:
             self._callback_list: list[Callable[[Future[RecordMetadata]], object]] = []
             return self._callback_list
+
+    def completed(self) -> bool:
+        """done(), without making the Condition (which counts as waiting on the future: see ``on_watch``)."""
+        return self._state == FINISHED
 
     def _notify(self, result: RecordMetadata | None, error: KafkaError | None) -> None:
         """Complete a watched future (its Condition exists), then run its callback."""

@@ -499,6 +499,9 @@ class IoThread:
             self._accumulator.control.release()  # the lost session's, on the segment this one takes back
         control = self._accumulator.control = ControlArea(self.segment.control, welcome.block_count)
         control.set_header(batch_slots.LINGER_NS, linger_ms * 1_000_000)
+        # Records in flight from the lost session may be waited on (a flush, their callbacks): their reports come
+        # at once, until nothing is in flight.
+        control.set_header(batch_slots.REPORTS_WANTED, 1 if self._appender.outstanding else 0)
         self._metadata.new_session()
         if self._fast_path_allowed():
             self._appender.enable()
@@ -512,7 +515,7 @@ class IoThread:
         with self._cond:
             lost, self._lost = self._lost, []
             error = self._lost_error
-            pending = sum(1 for future in lost if not future.done())
+            pending = sum(1 for future in lost if not future.completed())
         assert error is not None, "_forget() sets it with the records it loses"
         log.error("%d record(s) handed to the lost session are failed as unknown", len(lost))
         fail(lost, error)

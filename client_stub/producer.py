@@ -71,7 +71,13 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def _future_watched() -> None:
     """A record future is waited on or watched: this process's producers want their reports at once."""
     pid = os.getpid()
-    for producer in list(_producers):
+    while True:
+        try:
+            producers = list(_producers)
+            break
+        except RuntimeError:
+            continue  # another thread made or closed a producer while this one walked the set: walk it again
+    for producer in producers:
         if producer._pid == pid:
             producer._accumulator.want_reports(wakeup=True)
 

@@ -333,6 +333,16 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
             next_due = due < next_due ? due : next_due;
             continue;
         }
+        /* Room for the batch before it is claimed: one claimed must be handed over. */
+        if (count == capacity) {
+            capacity = capacity ? 2 * capacity : 16;
+            ClaimedBatch *grown = PyMem_Realloc(claimed, (size_t)capacity * sizeof(ClaimedBatch));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            claimed = grown;
+        }
         seen[block] = UNSEEN;
         found_full |= full;
         /* Dekker's protocol, the daemon's side: CLAIMING, a full fence, what is published is the batch. */
@@ -343,15 +353,6 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
         __atomic_store_n(&slot[CLAIM], CLAIM_CLAIMED | record_count, __ATOMIC_RELEASE);
         if (!record_count) {
             continue;  /* a client's own slot, rewritten: nothing of it is sent */
-        }
-        if (count == capacity) {
-            capacity = capacity ? 2 * capacity : 16;
-            ClaimedBatch *grown = PyMem_Realloc(claimed, (size_t)capacity * sizeof(ClaimedBatch));
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                goto done;
-            }
-            claimed = grown;
         }
         uint64_t topic_partition = __atomic_load_n(&slot[TOPIC_PARTITION], __ATOMIC_RELAXED);
         claimed[count++] = (ClaimedBatch){

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from client_stub import futures
 from client_stub.accumulator import RecordAccumulator
 from client_stub.block_grants import BlockGrants
 from client_stub.contract import batch_slots, ipc
@@ -206,3 +207,17 @@ def test_batches_unreported_past_the_limit_are_forgotten_an_open_one_closed(accu
     assert accumulator.overdue(still_open.created + 1.0, 1.5) == []
     assert accumulator.overdue(still_open.created + 2.0, 1.5) == [closed, still_open]
     assert accumulator.open == {} and accumulator.unreported == {} and still_open.capacity == 0
+
+
+def test_a_future_first_waited_on_or_watched_says_so_and_completed_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    watched = []
+    monkeypatch.setattr(futures, "on_watch", lambda: watched.append(1))
+    future = RecordFuture(None, BASE_TS, 1, 2)
+    # The producer's own look (a report counted again) is no waiting: the future stays settled in place.
+    assert not future.completed() and watched == [] and future._cond is None
+    future.add_done_callback(lambda f: None)
+    assert watched == [1]
+    future.done()  # once: the Condition is made once
+    assert watched == [1]
+    completer.complete([future], 0, 1, "t", 0, 7, -1, None)
+    assert future.completed() and future.result(0).offset == 7
