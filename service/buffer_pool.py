@@ -154,9 +154,12 @@ class BufferPool:
         return sum(m.state.count(OWNED) for m in memories), sum(m.state.count(SEALED) for m in memories)
 
     def clients_at_limit(self) -> set[int]:
-        """Clients with a request waiting for their own blocks: their process holds as many as it may, or
-        theirs are in the way of the run they asked for."""
-        return {w.client_id for w in self.waiters if self._waits_for_own(w)}
+        """Clients whose blocks a request waits for: every client of a process that holds as many as it may
+        and has a request waiting (any of them may hold the blocks it waits for), and a client whose own
+        blocks are in the way of the run it asked for."""
+        at_limit = {w.client_id for w in self.waiters if self._waits_for_own(w)}
+        processes = {self._memory[w.client_id].process for w in self.waiters if self._waits_for_process(w)}
+        return at_limit | {client_id for client_id, memory in self._memory.items() if memory.process in processes}
 
     # -- segments --------------------------------------------------------------------------------
 
@@ -288,12 +291,16 @@ class BufferPool:
         """Whether the request waits for blocks of its process's to come back, not for the pool's: the process
         holds as many as it may, or its client's blocks break every run of its segment that the request could
         use."""
-        memory = self._memory[waiter.client_id]
-        needed = waiter.count if waiter.contiguous else 1
-        if self.held_by_process(memory.process) + needed > self.max_blocks_per_process:
+        if self._waits_for_process(waiter):
             return True
         return (waiter.contiguous and self._free_count >= waiter.count
-                and memory.state.find(bytes(waiter.count)) < 0)
+                and self._memory[waiter.client_id].state.find(bytes(waiter.count)) < 0)
+
+    def _waits_for_process(self, waiter: Waiter) -> bool:
+        """Whether the request's process holds as many blocks as it may: those of any of its clients must come
+        back first."""
+        needed = waiter.count if waiter.contiguous else 1
+        return self.held_by_process(self._memory[waiter.client_id].process) + needed > self.max_blocks_per_process
 
     def _grant(self, waiter: Waiter) -> list[int] | None:
         """Blocks for a request within its client's limit, or None if the pool has too few free."""

@@ -3,7 +3,7 @@
 A request the pool cannot serve at once waits in its FIFO until blocks come back or its
 timeout (the client's max_block_ms, capped) passes; while anyone waits for the pool, the
 batches every client published are claimed and each is asked to give back its spare blocks
-(SEAL_NOW), and so are a client's at its process's limit.
+(SEAL_NOW), and so are those of every client of a process at its limit.
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ class Grants:
                 self._grant(session, ipc.Grant(waiter.request_id, blocks), now)
         if self.pool.waiters and now - self._seal_now_sent_ms >= SEAL_NOW_INTERVAL_MS:
             self._seal_now_sent_ms = now
-            # Everyone holds what the pool lacks; a client at its limit waits only for its own blocks. When the
-            # queue is what is full, the blocks that come back are the sealed ones, as they are sent.
+            # Everyone holds what the pool lacks; a client at its process's limit waits only for the blocks of
+            # its process, which any client of it may hold. When the queue is what is full, the blocks that come
+            # back are the sealed ones, as they are sent.
             exhausted = self.pool.exhausted and not self.pool.queue_full
             at_limit = self.pool.clients_at_limit()
             for session in list(self.sessions):

@@ -486,8 +486,9 @@ def test_the_clients_of_one_process_share_its_limit() -> None:
             os.close(pool.attach(client, process))
         assert len(pool.request(A, 1, 3, False, 0) or []) == 3
         assert len(pool.request(B, 1, 3, False, 0) or []) == 1  # its process's share is taken
-        # B waits for its process's blocks, without holding back another process.
-        assert pool.request(B, 2, 1, False, 1000) is None and pool.clients_at_limit() == {B}
+        # B waits for its process's blocks, without holding back another process: A, of its process, holds
+        # them, and is asked to seal with B.
+        assert pool.request(B, 2, 1, False, 1000) is None and pool.clients_at_limit() == {A, B}
         assert len(pool.request(C, 1, 4, False, 0) or []) == 4
         assert (pool.held_by_process(100), pool.held_by_process(200)) == (4, 4)
         pool.give_back(A, [pool._memory[A].state.find(bytes([OWNED]))])

@@ -324,6 +324,29 @@ def test_a_client_at_its_limit_has_its_own_batches_claimed() -> None:
         env.close()
 
 
+def test_a_client_waiting_at_its_processs_limit_has_the_batches_of_the_process_claimed() -> None:
+    # The blocks it waits for may be any client's of its process: one lingering for an hour holds them all.
+    env = Env(max_blocks_per_process=4)
+    try:
+        lingerer, waiter, elsewhere = env.client(own_process=False), env.client(own_process=False), env.client()
+        lingerer_id, waiter_id, elsewhere_id = lingerer.hello(), waiter.hello(), elsewhere.hello()
+        for client in (lingerer, elsewhere):
+            lingering(client, 3_600_000)
+            client.blocks(4, contiguous=True)
+            client.publish(notice(batch_id=1), full=False)
+        waiter.send(ipc.Blocks.TYPE, 9, 1, False, 1000)
+        env.pump()
+        env.front.serve_due()
+        assert origins(env) == [(lingerer_id, 1)]
+        assert lingerer.recv() == waiter.recv() == [ipc.SealNow.TYPE]
+        assert elsewhere.quiet() and env.state(elsewhere_id, 0) == OWNED
+        env.queued()[0].done(1, -1, None)
+        env.front.serve_due()
+        assert waiter.recv() == [ipc.Grant.TYPE, 9, [0]] and env.pool.held_by(waiter_id) == 1
+    finally:
+        env.close()
+
+
 def test_blocks_has_the_clients_full_batches_claimed_in_the_same_turn(env: Env) -> None:
     # A client asks for blocks when it filled those it had.
     client = env.client()
