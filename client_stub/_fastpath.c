@@ -12,7 +12,8 @@
  *     segment's control area for the daemon to claim (client_stub/contract/batch_slots.py: the protocol);
  *   - Appender.send(), which is Producer.send(): it appends the record itself in
  *     the common case (a known topic, bytes or None for key and value, no
- *     headers, a batch with room), and hands anything else to Producer's Python path;
+ *     headers, a batch with room or a spare block to open one on, which the
+ *     producer's open_batch() hands it), and hands anything else to Producer's Python path;
  *   - Completer.complete(), the delivery reports: each record's RecordMetadata
  *     or error, its future and its on_delivery callback.
  *
@@ -826,6 +827,10 @@ typedef struct {
     PyObject *seal;             /* seal(batch), called with the lock held when a batch is full, and
                                    sealing it unless another thread has meanwhile */
     PyObject *slow_send;        /* the producer's Python path, for what the fast path does not take */
+    PyObject *open_batch;       /* open_batch(topic, partition, timestamp_ms, size): a batch for a record of size
+                                   bytes on a spare block, or None; called with the lock held */
+    PyObject *first_published;  /* first_published(): a batch opened by open_batch() has its first record,
+                                   called with the lock held */
     FutureSlots slots;          /* of RecordFuture */
     int enabled;                /* off until the session is up, and when the producer cannot take this path */
     int murmur2_keys;           /* keyed records go by murmur2 (murmur2_random) */
@@ -835,12 +840,12 @@ typedef struct {
 
 static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"lock", "open", "partition_counts", "future_type", "seal", "slow_send", "sticky",
-                               "murmur2_keys", NULL};
-    PyObject *lock, *open, *partition_counts, *future_type, *seal, *slow_send, *sticky;
+                               "murmur2_keys", "open_batch", "first_published", NULL};
+    PyObject *lock, *open, *partition_counts, *future_type, *seal, *slow_send, *sticky, *open_batch, *first_published;
     int murmur2_keys;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OOOOp:Appender", keywords, &lock, &PyDict_Type, &open,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OOOOpOO:Appender", keywords, &lock, &PyDict_Type, &open,
                                      &PyDict_Type, &partition_counts, &future_type, &seal, &slow_send, &sticky,
-                                     &murmur2_keys)) {
+                                     &murmur2_keys, &open_batch, &first_published)) {
         return -1;
     }
     if (sticky != Py_None && !PyDict_CheckExact(sticky)) {
@@ -864,6 +869,10 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
     Py_XSETREF(self->seal, seal);
     Py_INCREF(slow_send);
     Py_XSETREF(self->slow_send, slow_send);
+    Py_INCREF(open_batch);
+    Py_XSETREF(self->open_batch, open_batch);
+    Py_INCREF(first_published);
+    Py_XSETREF(self->first_published, first_published);
     Py_INCREF(sticky);
     Py_XSETREF(self->sticky, sticky);
     self->murmur2_keys = murmur2_keys;
@@ -883,6 +892,8 @@ static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
     Py_VISIT(self->sticky);
     Py_VISIT(self->seal);
     Py_VISIT(self->slow_send);
+    Py_VISIT(self->open_batch);
+    Py_VISIT(self->first_published);
     Py_VISIT(self->slots.type);
     return 0;
 }
@@ -896,6 +907,8 @@ static int Appender_clear(Appender *self) {
     Py_CLEAR(self->sticky);
     Py_CLEAR(self->seal);
     Py_CLEAR(self->slow_send);
+    Py_CLEAR(self->open_batch);
+    Py_CLEAR(self->first_published);
     Py_CLEAR(self->slots.type);
     return 0;
 }
@@ -982,6 +995,17 @@ static PyObject *open_key(PyObject *topic, long partition) {
     return key;
 }
 
+/* Release the producer's lock, keeping the error being raised (``failed``) if any; -1 if either failed. */
+static int release_lock(Appender *self, int failed) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    int released = call_truth(self->lock_release);
+    if (type != NULL) {
+        PyErr_Restore(type, value, traceback);
+    }
+    return failed || released < 0 ? -1 : 0;
+}
+
 /* seal(batch) with the producer's lock held, as Python code that changes batches must be. Taking the
    lock may wait, and let other threads run: seal() finds out whether the batch is still open. */
 static int seal_full(Appender *self, OpenBatch *batch) {
@@ -990,18 +1014,113 @@ static int seal_full(Appender *self, OpenBatch *batch) {
     }
     PyObject *sealed = PyObject_CallOneArg(self->seal, (PyObject *)batch);
     Py_XDECREF(sealed);
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    int released = call_truth(self->lock_release);
-    if (type != NULL) {
-        PyErr_Restore(type, value, traceback);
-    }
-    return sealed == NULL || released < 0 ? -1 : 0;
+    return release_lock(self, sealed == NULL);
 }
 
-/* Append the record to its partition's open batch if that is the whole job: a topic with known
-   partitions, bytes or None for key and value, a batch with room, the producer's lock free. Returns
-   its future, or None (the Python path must take it), or NULL on error. */
+/* The producer's open_batch() for a record of ``size`` bytes, with its lock taken (seen free: with the GIL held,
+   nothing took it since). Returns the new batch with the lock still held, or NULL with it released: None (no spare
+   block at hand, or the record needs more than one: the Python path takes it) or an error. */
+static OpenBatch *open_on_spare(Appender *self, PyObject *topic, long partition, long long timestamp,
+                                Py_ssize_t size) {
+    if (call_truth(self->lock_acquire) < 0) {
+        return NULL;
+    }
+    PyObject *batch = PyObject_CallFunction(self->open_batch, "OlLn", topic, partition, timestamp, size);
+    if (batch != NULL && batch != Py_None && !PyObject_TypeCheck(batch, &OpenBatchType)) {
+        PyErr_Format(PyExc_TypeError, "open_batch() must return %s or None, not %.100s", OpenBatchType.tp_name,
+                     Py_TYPE(batch)->tp_name);
+        Py_CLEAR(batch);
+    }
+    if (batch == NULL || batch == Py_None) {
+        Py_XDECREF(batch);
+        release_lock(self, 0);
+        return NULL;
+    }
+    return (OpenBatch *)batch;
+}
+
+/* After the first record is in a batch open_on_spare() opened (the lock held): first_published(), and seal(batch)
+   if it is full (or if the record is not in it: the daemon claimed it first, and the Python path opens another);
+   then the lock is released. -1 on error. */
+static int finish_opened(Appender *self, OpenBatch *batch, int appended, int full) {
+    PyObject *result = appended > 0 ? PyObject_CallNoArgs(self->first_published) : Py_NewRef(Py_None);
+    if (result != NULL && (full || appended == 0)) {
+        Py_SETREF(result, PyObject_CallOneArg(self->seal, (PyObject *)batch));
+    }
+    Py_XDECREF(result);
+    return release_lock(self, result == NULL);
+}
+
+/* Append the record to the open batch of (topic, partition), or to one open_on_spare() opens: 1 if appended, 0 if
+   the Python path must take it, -1 on error. ``refused``: the open batch did not take it (full, or claimed by the
+   daemon) and was sealed. */
+static int append_to_partition(Appender *self, PyObject *topic, long partition, Record *record, long long timestamp,
+                               PyObject *future, PyObject *on_delivery, int *refused) {
+    PyObject *key_of_batch = open_key(topic, partition);
+    if (key_of_batch == NULL) {
+        return -1;
+    }
+    /* Everything is allocated: allocating can collect garbage, which can run Python code and let other
+       threads run. From here until the batch is full, nothing can: no other thread runs Python code
+       while this one holds the GIL. So the producer's lock is not taken per record; it is enough that
+       no thread holds it now, in the middle of a change to the batches (a thread blocked on the lock
+       may take it meanwhile, but cannot act on it before the GIL is released). If one holds it, the
+       Python path waits for it. A batch to open is the exception: the producer's open_batch() runs
+       Python code, and the lock is held from it until the record is in. */
+    int locked = call_truth(self->lock_locked);
+    OpenBatch *batch = NULL; /* a new reference */
+    int opened = 0;
+    if (locked == 0) {
+        batch = (OpenBatch *)PyDict_GetItemWithError(self->open, key_of_batch);
+        Py_XINCREF(batch);
+        if (batch == NULL && !PyErr_Occurred()) {
+            Py_ssize_t body;
+            record->offset_delta = record->timestamp_delta = 0;
+            batch = open_on_spare(self, topic, partition, timestamp, record_size_of(record, &body));
+            opened = batch != NULL;
+        }
+    }
+    Py_DECREF(key_of_batch);
+    if (batch == NULL) {
+        return locked < 0 || PyErr_Occurred() ? -1 : 0; /* locked, or no batch at hand: the Python path */
+    }
+    /* The dict is the producer's: anything else in it (the Python twin's OpenBatch, say) is not written here. */
+    if (!PyObject_TypeCheck(batch, &OpenBatchType)) {
+        PyErr_Format(PyExc_TypeError, "open batches must be %s, got %.100s", OpenBatchType.tp_name,
+                     Py_TYPE(batch)->tp_name);
+        Py_DECREF(batch);
+        return -1;
+    }
+    int appended = 0;
+    Py_ssize_t before = batch->pos;
+    if (batch->buffer.obj != NULL) {
+        record->offset_delta = PyList_GET_SIZE(batch->futures);
+        record->timestamp_delta = timestamp - batch->base_timestamp;
+        appended = batch_append(batch, record, timestamp, future);
+    }
+    /* Full, or nearly: the next record like this one would not fit. */
+    int full = appended > 0 && batch->buffer.len - batch->pos < batch->pos - before;
+    if (appended > 0) {
+        self->outstanding++;
+        if (on_delivery != Py_None) {
+            want_reports(batch);
+        }
+        hide_callback(on_delivery);
+    }
+    int failed = 0;
+    if (opened) {
+        failed = finish_opened(self, batch, appended, full) < 0;
+    } else if (appended >= 0 && (full || appended == 0)) {
+        *refused = appended == 0;
+        failed = seal_full(self, batch) < 0;
+    }
+    Py_DECREF(batch);
+    return failed ? -1 : appended;
+}
+
+/* Append the record to its partition's open batch, or to a new one on a spare block, if that is the whole job: a
+   topic with known partitions, bytes or None for key and value, a batch with room, the producer's lock free.
+   Returns its future, or None (the Python path must take it), or NULL on error. */
 static PyObject *try_append(Appender *self, PyObject *topic, PyObject *value, PyObject *key, PyObject *partition,
                             PyObject *timestamp_arg, PyObject *on_delivery) {
     if (!self->enabled || (key != Py_None && !PyBytes_CheckExact(key)) ||
@@ -1033,75 +1152,38 @@ static PyObject *try_append(Appender *self, PyObject *topic, PyObject *value, Py
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    long chosen = choose_partition(self, topic, key, partition, count);
-    if (chosen < 0) {
-        Py_RETURN_NONE;
-    }
-    PyObject *key_of_batch = open_key(topic, chosen);
-    if (key_of_batch == NULL) {
-        return NULL;
-    }
     Py_ssize_t key_size = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
     Py_ssize_t value_size = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
     PyObject *future = new_future(&self->slots, on_delivery, timestamp, key_size, value_size);
     if (future == NULL) {
-        Py_DECREF(key_of_batch);
         return NULL;
     }
-    /* Everything is allocated: allocating can collect garbage, which can run Python code and let other
-       threads run. From here until the batch is full, nothing can: no other thread runs Python code
-       while this one holds the GIL. So the producer's lock is not taken per record; it is enough that
-       no thread holds it now, in the middle of a change to the batches (a thread blocked on the lock
-       may take it meanwhile, but cannot act on it before the GIL is released). If one holds it, the
-       Python path waits for it. */
-    int locked = call_truth(self->lock_locked);
-    OpenBatch *batch = NULL;
-    if (locked == 0) {
-        batch = (OpenBatch *)PyDict_GetItemWithError(self->open, key_of_batch);
-    }
-    Py_DECREF(key_of_batch);
-    int appended = -1;
-    Py_ssize_t before = 0;
-    /* The dict is the producer's: anything else in it (the Python twin's OpenBatch, say) is not written here. */
-    if (batch != NULL && !PyObject_TypeCheck(batch, &OpenBatchType)) {
-        PyErr_Format(PyExc_TypeError, "open batches must be %s, got %.100s", OpenBatchType.tp_name,
-                     Py_TYPE(batch)->tp_name);
-    } else if (batch != NULL && batch->buffer.obj != NULL) {
-        Record record = {
-            .offset_delta = PyList_GET_SIZE(batch->futures),
-            .timestamp_delta = timestamp - batch->base_timestamp,
-            .key = {key == Py_None ? NULL : PyBytes_AS_STRING(key), key_size},
-            .value = {value == Py_None ? NULL : PyBytes_AS_STRING(value), value_size},
-            .header_count = 0,
-        };
-        before = batch->pos;
-        appended = batch_append(batch, &record, timestamp, future);
-    } else if (locked >= 0 && !PyErr_Occurred()) {
-        appended = 0; /* locked, or no open batch: the Python path */
-    }
-    if (appended <= 0) {
-        Py_DECREF(future);
-        if (appended < 0) {
-            return NULL;
+    Record record = {
+        .key = {key == Py_None ? NULL : PyBytes_AS_STRING(key), key_size},
+        .value = {value == Py_None ? NULL : PyBytes_AS_STRING(value), value_size},
+        .header_count = 0,
+    };
+    /* A batch that refuses the record (full, or claimed by the daemon) is sealed, and the partition chosen again
+       (a sticky one moves on): a second refusal leaves the record to the Python path. */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        long chosen = choose_partition(self, topic, key, partition, count);
+        if (chosen < 0) {
+            break;
         }
-        Py_RETURN_NONE; /* or no room: the Python path seals the batch and opens another */
-    }
-    self->outstanding++;
-    if (on_delivery != Py_None) {
-        want_reports(batch);
-    }
-    hide_callback(on_delivery);
-    /* Full, or nearly: the next record like this one would not fit. */
-    if (batch->buffer.len - batch->pos < batch->pos - before) {
-        Py_INCREF(batch);
-        int sealed = seal_full(self, batch);
-        Py_DECREF(batch);
-        if (sealed < 0) {
-            Py_DECREF(future);
-            return NULL;
+        int refused = 0;
+        int appended = append_to_partition(self, topic, chosen, &record, timestamp, future, on_delivery, &refused);
+        if (appended != 0) {
+            if (appended < 0) {
+                Py_CLEAR(future);
+            }
+            return future;
+        }
+        if (!refused) {
+            break;
         }
     }
-    return future;
+    Py_DECREF(future);
+    Py_RETURN_NONE;
 }
 
 /* Python's argument rules for send(topic, value=None, key=None, *, partition=None, ...). */
@@ -1224,7 +1306,8 @@ static PyMemberDef Appender_members[] = {
 static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "client_stub._fastpath.Appender",
-    .tp_doc = PyDoc_STR("Appender(lock, open, partition_counts, future_type, seal, slow_send, sticky, murmur2_keys)\n"
+    .tp_doc = PyDoc_STR("Appender(lock, open, partition_counts, future_type, seal, slow_send, sticky, murmur2_keys,\n"
+                        "         open_batch, first_published)\n"
                         "--\n\n"
                         "The open batches of a producer, and its send()."),
     .tp_basicsize = sizeof(Appender),

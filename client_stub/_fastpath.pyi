@@ -62,10 +62,14 @@ class OpenBatch(Generic[_F]):
 @final
 class Appender(Generic[_F]):
     # slow_send(topic, value, key, partition, timestamp_ms, headers, on_delivery): send()'s arguments as given.
+    # open_batch(topic, partition, timestamp_ms, size): a batch for a record of size bytes on a spare block, or
+    # None (the record goes to slow_send); first_published(): the first record of a batch it opened is in. Both are
+    # called with the lock held.
     def __new__(cls, lock: threading.Lock, open: dict[tuple[str, int], OpenBatch[_F]],
                 partition_counts: dict[str, int], future_type: type[_F], seal: Callable[[OpenBatch[_F]], object],
                 slow_send: Callable[[str, Any, Any, Any, Any, Any, Any], _F], sticky: dict[str, int] | None,
-                murmur2_keys: bool) -> Self: ...
+                murmur2_keys: bool, open_batch: Callable[[str, int, int, int], OpenBatch[_F] | None],
+                first_published: Callable[[], object]) -> Self: ...
     @property
     def enabled(self) -> bool: ...
     @property

@@ -482,13 +482,14 @@ _MISSING: Any = object()
 
 @final
 class Appender:
-    """Appender(lock, open, partition_counts, future_type, seal, slow_send, sticky, murmur2_keys)
+    """Appender(lock, open, partition_counts, future_type, seal, slow_send, sticky, murmur2_keys,
+             open_batch, first_published)
 
     The open batches of a producer, and its send().
     """
 
     __slots__ = ("_acquire", "_release", "_open", "_partition_counts", "_sticky", "_seal", "_slow_send", "_slots",
-                 "_enabled", "_murmur2_keys", "_outstanding")
+                 "_enabled", "_murmur2_keys", "_outstanding", "_open_batch", "_first_published")
     # The producer's lock, which guards its open batches and the counts: its acquire and release.
     _acquire: Callable[[bool], bool]
     _release: Callable[[], None]
@@ -499,6 +500,10 @@ class Appender:
     _sticky: dict[str, int] | None  # topic -> partition for records without a key, or None
     _seal: Callable[[OpenBatch], object]  # seal(batch), called with the lock held when a batch is full
     _slow_send: Callable[..., Any]  # the producer's Python path, for what the fast path does not take
+    # open_batch(topic, partition, timestamp_ms, size): a batch for a record of size bytes on a spare block, or
+    # None; first_published(): a batch it opened has its first record. Both called with the lock held.
+    _open_batch: Callable[[str, int, int, int], OpenBatch | None]
+    _first_published: Callable[[], object]
     _slots: _FutureSlots
     _murmur2_keys: bool  # keyed records go by murmur2 (murmur2_random)
     _enabled: bool  # off until the session is up, and when the producer cannot take this path
@@ -507,7 +512,9 @@ class Appender:
     # Made and initialised in one, as the C type is: no instance exists without its fields.
     def __new__(cls, lock: threading.Lock, open: dict[tuple[str, int], OpenBatch], partition_counts: dict[str, int],
                 future_type: type[Any], seal: Callable[[OpenBatch], object], slow_send: Callable[..., Any],
-                sticky: dict[str, int] | None, murmur2_keys: bool) -> Self:
+                sticky: dict[str, int] | None, murmur2_keys: bool,
+                open_batch: Callable[[str, int, int, int], OpenBatch | None],
+                first_published: Callable[[], object]) -> Self:
         for position, given in ((2, open), (3, partition_counts)):
             if not isinstance(given, dict):
                 raise TypeError(f"Appender() argument {position} must be dict, not {type(given).__name__}")
@@ -522,6 +529,8 @@ class Appender:
         self._sticky = sticky
         self._seal = seal
         self._slow_send = slow_send
+        self._open_batch = open_batch
+        self._first_published = first_published
         self._murmur2_keys = bool(murmur2_keys)
         self._enabled = False
         self._outstanding = 0
@@ -575,9 +584,9 @@ class Appender:
 
     def _try_append(self, topic: Any, value: Any, key: Any, partition: Any, timestamp_ms: Any,
                     on_delivery: Any) -> Any:
-        """Append the record to its partition's open batch if that is the whole job: a topic with known
-        partitions, bytes or None for key and value, a batch with room, the producer's lock free. Returns its
-        future, or None (the Python path must take it)."""
+        """Append the record to its partition's open batch, or to one open_batch() opens on a spare block, if that
+        is the whole job: a topic with known partitions, bytes or None for key and value, a batch with room, the
+        producer's lock free. Returns its future, or None (the Python path must take it)."""
         if (type(topic) is not str or (key is not None and type(key) is not bytes)
                 or (value is not None and type(value) is not bytes)):
             return None
@@ -590,12 +599,26 @@ class Appender:
         count = self._partition_counts.get(topic)
         if type(count) is not int or count <= 0:
             return None
-        chosen = self._choose_partition(topic, key, partition, count)
-        if chosen < 0:
-            return None
         fields = _plain_fields(key, value)
         future = self._slots.new(on_delivery, timestamp, -1 if key is None else len(key),
                                  -1 if value is None else len(value))
+        # A batch that refuses the record (full, or claimed by the daemon) is sealed, and the partition chosen
+        # again (a sticky one moves on): a second refusal leaves the record to the Python path.
+        for _ in range(2):
+            chosen = self._choose_partition(topic, key, partition, count)
+            if chosen < 0:
+                return None
+            appended = self._append_to_partition(topic, chosen, key, value, fields, timestamp, future, on_delivery)
+            if appended is not False:
+                return future if appended else None
+        return None
+
+    def _append_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                             fields: bytes, timestamp: int, future: Any,
+                             on_delivery: Any) -> bool | None:
+        """Append the record to the open batch of (topic, partition), or to one open_batch() opens: True if
+        appended, None if the Python path must take it, False if the open batch did not take it (full, or claimed
+        by the daemon) and was sealed."""
         # The lock, not the GIL, keeps other threads out of the batches. If one holds it, in the middle of a
         # change to them, the Python path waits for it.
         if not self._acquire(False):
@@ -603,23 +626,33 @@ class Appender:
         try:
             if not self._enabled:
                 return None
-            batch = self._open.get((topic, chosen))
-            if batch is None:
-                return None
+            batch = self._open.get((topic, partition))
+            opened = batch is None
+            if opened:
+                batch = self._open_batch(topic, partition, timestamp, record_size(0, 0, key, value))
+                if batch is None:
+                    return None
+                if not isinstance(batch, OpenBatch):
+                    raise TypeError(f"open_batch() must return {OpenBatch.__module__}.OpenBatch or None, not "
+                                    f"{type(batch).__name__}")
             if not isinstance(batch, OpenBatch):
                 raise TypeError(f"open batches must be {OpenBatch.__module__}.OpenBatch, got {type(batch).__name__}")
             before = batch._pos
             if batch._view is None or not batch._write(fields, timestamp, future):
-                return None  # sealed, or no room: the Python path seals it and opens another
+                self._seal(batch)
+                # One it opened was claimed before its first record: the Python path opens another.
+                return None if opened else False
             self._outstanding += 1
             if on_delivery is not None:
                 batch._want_reports()
+            if opened:
+                self._first_published()
             # Full, or nearly: the next record like this one would not fit.
             if batch.capacity - batch._pos < batch._pos - before:
                 self._seal(batch)
         finally:
             self._release()
-        return future
+        return True
 
     def _choose_partition(self, topic: str, key: bytes | None, partition: Any, count: int) -> int:
         """The partition for the record, or -1 if the Python path must decide (or complain)."""

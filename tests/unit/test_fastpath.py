@@ -110,6 +110,15 @@ def slow_send(*args: object) -> object:
     return DECLINED
 
 
+def no_spare_block(topic: str, partition: int, timestamp_ms: int, size: int) -> None:
+    """The Appender's open_batch() in a producer with no spare block: the Python path takes the record."""
+
+
+def never_published() -> None:
+    """The Appender's first_published(), for an Appender that opens no batch."""
+    raise AssertionError("first_published() without a batch opened")
+
+
 def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: int = 1024,
                           control: mmap.mmap | None = None) -> tuple[Any, threading.Lock, list[Any],
                                                                      dict[tuple[str, int], Any]]:
@@ -125,7 +134,8 @@ def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: in
 
     open_batches = {(TOPIC, partition): new_batch(fastpath, capacity, partition=partition, control=control)[0]
                     for partition in range(partitions)}
-    appender = fastpath.Appender(lock, open_batches, {TOPIC: partitions}, RecordFuture, seal, slow_send, {}, True)
+    appender = fastpath.Appender(lock, open_batches, {TOPIC: partitions}, RecordFuture, seal, slow_send, {}, True,
+                                 no_spare_block, never_published)
     appender.enable()
     return appender, lock, sealed, open_batches
 
@@ -776,7 +786,7 @@ def appender(declined):
     def slow_send(*args):
         raise RuntimeError("the Python path refuses it (a BufferExhaustedError, say)")
     made = _fastpath.Appender(threading.Lock(), {} if declined else {("t", 0): batch}, {"t": 1}, RecordFuture,
-                              print, slow_send, {}, True)
+                              print, slow_send, {}, True, lambda *no_spare_block: None, print)
     made.enable()
     return made, batch
 
@@ -831,7 +841,8 @@ from client_stub import _fastpath
 from client_stub.futures import _CONDITION_LOCK, RecordFuture, RecordMetadata, _callback_failed
 
 batch = _fastpath.OpenBatch(1, "t", 0, 0, 1, bytearray(1 << 20), 1, time.monotonic(), mmap.mmap(-1, 128), 0)
-appender = _fastpath.Appender(threading.Lock(), {("t", 0): batch}, {"t": 1}, RecordFuture, print, print, {}, True)
+appender = _fastpath.Appender(threading.Lock(), {("t", 0): batch}, {"t": 1}, RecordFuture, print, print, {}, True,
+                              lambda *no_spare_block: None, print)
 appender.enable()
 for _ in range(1000):
     appender.send("t", b"v", b"k", partition=0, timestamp_ms=1)
@@ -893,8 +904,168 @@ def test_the_fast_path_appends_and_seals_a_full_batch(fastpath: ModuleType) -> N
     assert sealed == [batch]
 
 
-@pytest.mark.parametrize("case", ["disabled", "unknown-topic", "str-key", "bad-partition", "no-room", "locked",
-                                  "no-batch", "no-sticky-partition-yet", "headers", "claimed"])
+class SpareBlocks:
+    """The producer's side of the batches the fast path opens: open_batch() on the next of its spare blocks (of
+    ``block_size`` bytes, in one control area), its calls, and first_published()'s; both must run with the lock
+    held."""
+
+    def __init__(self, fastpath: ModuleType, lock: threading.Lock, blocks: int, block_size: int) -> None:
+        self.fastpath = fastpath
+        self.lock = lock
+        self.block_size = block_size
+        self.memory = bytearray(blocks * block_size)
+        self.control = control_area(blocks)
+        self.spare = list(range(blocks))
+        self.asked: list[tuple[str, int, int, int]] = []  # open_batch()'s arguments
+        self.opened: list[Any] = []
+        self.published = 0
+        self.raising: BaseException | None = None
+        self.returning: object = None  # what open_batch() returns instead of a batch, if not None
+
+    def open_batch(self, topic: str, partition: int, timestamp_ms: int, size: int) -> Any:
+        assert self.lock.locked(), "open_batch() runs with the producer's lock held"
+        self.asked.append((topic, partition, timestamp_ms, size))
+        if self.raising is not None:
+            raise self.raising
+        if self.returning is not None:
+            return self.returning
+        if not self.spare or size > self.block_size:
+            return None
+        block = self.spare.pop(0)
+        view = memoryview(self.memory)[block * self.block_size:(block + 1) * self.block_size]
+        batch = self.fastpath.OpenBatch(block + 1, topic, partition, block, 1, view, timestamp_ms, time.monotonic(),
+                                        self.control, 0)
+        self.opened.append(batch)
+        return batch
+
+    def first_published(self) -> None:
+        assert self.lock.locked(), "first_published() runs with the producer's lock held"
+        self.published += 1
+
+
+def appender_on_spare_blocks(fastpath: ModuleType, blocks: int, block_size: int = 256,
+                             partitions: int = 2) -> tuple[Any, SpareBlocks, list[Any], dict[tuple[str, int], Any]]:
+    """An enabled Appender with no open batch, which opens them on ``blocks`` spare blocks; what its seal() got
+    and its open batches (seal() removes a batch from them, as the producer's does)."""
+    lock = threading.Lock()
+    slow_sends.clear()
+    spare = SpareBlocks(fastpath, lock, blocks, block_size)
+    open_batches: dict[tuple[str, int], Any] = {}
+    sealed: list[Any] = []
+
+    def seal(batch: Any) -> None:
+        assert lock.locked(), "seal() runs with the producer's lock held"
+        sealed.append(batch)
+        del open_batches[(batch.topic, batch.partition)]
+
+    def open_batch(topic: str, partition: int, timestamp_ms: int, size: int) -> Any:
+        batch = spare.open_batch(topic, partition, timestamp_ms, size)
+        if isinstance(batch, fastpath.OpenBatch):
+            open_batches[(topic, partition)] = batch
+        return batch
+
+    appender = fastpath.Appender(lock, open_batches, {TOPIC: partitions}, RecordFuture, seal, slow_send, {}, True,
+                                 open_batch, spare.first_published)
+    appender.enable()
+    return appender, spare, sealed, open_batches
+
+
+def test_the_fast_path_opens_a_batch_on_a_spare_block(fastpath: ModuleType) -> None:
+    appender, spare, sealed, open_batches = appender_on_spare_blocks(fastpath, 2)
+    first = appender.send(TOPIC, b"v" * 10, b"key", partition=1, timestamp_ms=BASE_TS)
+    assert type(first) is RecordFuture
+    # Asked once, for the record's size as the first of a batch; told once its record is published.
+    assert spare.asked == [(TOPIC, 1, BASE_TS, fastpath.record_size(0, 0, b"key", b"v" * 10))]
+    assert spare.published == 1
+    [batch] = spare.opened
+    assert open_batches == {(TOPIC, 1): batch} and batch.futures == [first]
+    second = appender.send(TOPIC, None, b"k2", partition=1, timestamp_ms=BASE_TS + 5)
+    assert len(spare.asked) == 1 and spare.published == 1 and batch.futures == [first, second]
+    records = decode_records(spare.memory[:batch.pos], 2)
+    assert [(r.offset_delta, r.timestamp_delta, r.key, r.value) for r in records] == [
+        (0, 0, b"key", b"v" * 10), (1, 5, b"k2", None)]
+    daemon = ControlArea(memoryview(spare.control), 2)
+    assert batch_slots.unpack_published(daemon.published(0)) == (2, batch.pos, False)
+    daemon.release()
+    assert not spare.lock.locked() and sealed == [] and slow_sends == [] and appender.outstanding == 2
+
+
+def test_a_record_that_fills_the_batch_it_opens_seals_it(fastpath: ModuleType) -> None:
+    appender, spare, sealed, open_batches = appender_on_spare_blocks(fastpath, 1, block_size=128)
+    future = appender.send(TOPIC, b"v" * 100, b"key", partition=0)
+    [batch] = spare.opened
+    assert batch.futures == [future] and spare.published == 1 and sealed == [batch] and open_batches == {}
+    assert not spare.lock.locked()
+
+
+@pytest.mark.parametrize("spare_left", [1, 0])
+@pytest.mark.parametrize("case", ["no-room", "claimed"])
+def test_a_batch_that_refuses_the_record_is_sealed_and_another_opened(fastpath: ModuleType, case: str,
+                                                                       spare_left: int) -> None:
+    appender, spare, sealed, open_batches = appender_on_spare_blocks(fastpath, 1 + spare_left, block_size=128)
+    first = appender.send(TOPIC, b"v" * 10, b"key", partition=0)
+    [refusing] = spare.opened
+    value = b"v" * 10
+    if case == "no-room":
+        value = b"v" * 100  # not in what is left of the block
+    else:
+        daemon = ControlArea(memoryview(spare.control), 2)
+        daemon.claim(0)  # the daemon claimed the batch after its linger.ms
+        daemon.release()
+    second = appender.send(TOPIC, value, b"key", partition=0)
+    assert sealed[0] is refusing and refusing.futures == [first]
+    if spare_left:
+        [_, opened] = spare.opened
+        assert opened.futures == [second] and spare.published == 2 and slow_sends == [] and appender.outstanding == 2
+        # A record too large for what was left fills most of a block: the next like it would not fit there either.
+        assert sealed == [refusing, opened] if case == "no-room" else sealed == [refusing]
+    else:
+        # No spare block at hand: the Python path waits for one.
+        assert second is DECLINED and len(slow_sends) == 1 and open_batches == {} and appender.outstanding == 1
+    assert not spare.lock.locked()
+
+
+@pytest.mark.parametrize("case", ["no-spare-block", "larger-than-a-block", "claimed-at-once"])
+def test_the_fast_path_without_a_batch_it_can_open_declines(fastpath: ModuleType, case: str) -> None:
+    appender, spare, sealed, open_batches = appender_on_spare_blocks(fastpath, 1, block_size=128)
+    value = b"v" * 200 if case == "larger-than-a-block" else b"v"
+    if case == "no-spare-block":
+        spare.spare.clear()
+    elif case == "claimed-at-once":
+        # The daemon claims a batch whose block the producer took back (its first record not in yet).
+        opened = spare.open_batch
+
+        def open_claimed(*args: Any) -> Any:
+            batch = opened(*args)
+            daemon = ControlArea(memoryview(spare.control), 1)
+            daemon.claim(0)
+            daemon.release()
+            open_batches[(TOPIC, 0)] = batch
+            return batch
+
+        spare.open_batch = open_claimed  # type: ignore[method-assign]
+    assert appender.send(TOPIC, value, b"key", partition=0) is DECLINED
+    assert len(slow_sends) == 1 and appender.outstanding == 0 and spare.published == 0
+    # The batch claimed before its first record was sealed, for the Python path to open another.
+    assert sealed == spare.opened and open_batches == {}
+    assert [batch.record_count for batch in spare.opened] == [0] * len(spare.opened)
+    assert not spare.lock.locked()
+
+
+def test_open_batch_failing_fails_the_send_and_lets_go_of_the_lock(fastpath: ModuleType) -> None:
+    appender, spare, sealed, _ = appender_on_spare_blocks(fastpath, 1)
+    spare.raising = OSError("the wake-up pipe is closed")
+    with pytest.raises(OSError, match="wake-up pipe"):
+        appender.send(TOPIC, b"v", b"k", partition=0)
+    spare.raising = None
+    spare.returning = bytearray(8)
+    with pytest.raises(TypeError, match="open_batch\\(\\) must return"):
+        appender.send(TOPIC, b"v", b"k", partition=0)
+    assert not spare.lock.locked() and appender.outstanding == 0 and slow_sends == [] and sealed == []
+
+
+@pytest.mark.parametrize("case", ["disabled", "unknown-topic", "str-key", "bad-partition", "locked", "no-batch",
+                                  "no-sticky-partition-yet", "headers"])
 def test_the_fast_path_declines_and_leaves_everything_unchanged(fastpath: ModuleType, case: str) -> None:
     control = control_area(2)
     appender, lock, sealed, open_batches = appender_with_batches(fastpath, 2, capacity=64, control=control)
@@ -908,8 +1079,6 @@ def test_the_fast_path_declines_and_leaves_everything_unchanged(fastpath: Module
         args["key"] = "key"
     elif case == "bad-partition":
         args["partition"] = 2
-    elif case == "no-room":
-        args["value"] = b"v" * 64
     elif case == "locked":
         lock.acquire()
     elif case == "no-batch":
@@ -918,11 +1087,6 @@ def test_the_fast_path_declines_and_leaves_everything_unchanged(fastpath: Module
         args["key"] = None  # the Python path picks one
     elif case == "headers":
         args["headers"] = [("h", b"v")]
-    elif case == "claimed":
-        daemon = ControlArea(memoryview(control), 2)
-        for partition in range(2):
-            daemon.claim(partition)  # the Python path closes the batch and opens another
-        daemon.release()
     before = {key: (b.pos, b.record_count) for key, b in open_batches.items()}
     assert appender.send(**args) is DECLINED
     assert slow_sends == [tuple(args.values())]
@@ -982,7 +1146,7 @@ def test_concurrent_sends_append_whole_records_in_offset_order(fastpath: ModuleT
     sealed: list[Any] = []
     batch, memory = new_batch(fastpath, 1 << 20)
     appender = fastpath.Appender(threading.Lock(), {(TOPIC, 0): batch}, {TOPIC: 1}, RecordFuture, sealed.append,
-                                 slow_send, {}, True)
+                                 slow_send, {}, True, no_spare_block, never_published)
     appender.enable()
     appended: list[list[RecordFuture]] = [[] for _ in range(4)]
 
