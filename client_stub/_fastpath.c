@@ -12,8 +12,8 @@
  *     segment's control area for the daemon to claim (client_stub/contract/batch_slots.py: the protocol);
  *   - Appender.send(), which is Producer.send(): it appends the record itself in
  *     the common case (a known topic, bytes or None for key and value, no
- *     headers, a batch with room or a spare block to open one on, which the
- *     producer's open_batch() hands it), and hands anything else to Producer's Python path;
+ *     headers, a batch with room or a spare block to open one on), and hands
+ *     anything else to Producer's Python path;
  *   - Completer.complete(), the delivery reports: each record's RecordMetadata
  *     or error, its future and its on_delivery callback.
  *
@@ -515,7 +515,7 @@ static inline long long now_ms(void) {
 #define SLOT_HEADER_BYTES 64
 #define SLOT_BYTES 64
 enum { PUBLISHED, CLAIM, BASE_TIMESTAMP, MAX_TIMESTAMP, BATCH_ID, TOPIC_PARTITION, BLOCK_COUNT, OPENED_NS };
-enum { HEADER_REPORTS_WANTED = 3 };
+enum { HEADER_WATCHED_UNTIL_NS, HEADER_SCAN_INTERVAL_NS, HEADER_LINGER_NS, HEADER_REPORTS_WANTED };
 #define PUBLISHED_FULL (1ULL << 63)
 #define CLAIM_CLAIMING (1ULL << 63)
 #define CLAIM_COUNT_MASK ((1ULL << 31) - 1)
@@ -827,10 +827,17 @@ typedef struct {
     PyObject *seal;             /* seal(batch), called with the lock held when a batch is full, and
                                    sealing it unless another thread has meanwhile */
     PyObject *slow_send;        /* the producer's Python path, for what the fast path does not take */
-    PyObject *open_batch;       /* open_batch(topic, partition, timestamp_ms, size): a batch for a record of size
-                                   bytes on a spare block, or None; called with the lock held */
-    PyObject *first_published;  /* first_published(): a batch opened by open_batch() has its first record,
-                                   called with the lock held */
+    PyObject *topic_indexes;    /* the producer metadata's dict topic -> the session's number for it, read here */
+    PyObject *unreported;       /* the accumulator's dict batch id -> batch, where a batch opened here goes */
+    PyObject *batch_ids;        /* the accumulator's iterator of batch ids */
+    PyObject *wakeup;           /* wakeup(): say WAKEUP (a batch opened here, and the daemon would not look in time) */
+    /* The session's segment, while attached: where batches are opened on spare blocks. */
+    PyObject *blocks;           /* its blocks (a memoryview), or NULL */
+    PyObject *control;          /* its control area */
+    PyObject *take_spare;       /* take_spare(): a spare block's number, or None; called with the lock held */
+    Py_ssize_t block_size;
+    Py_ssize_t max_record_size; /* the largest record a batch of one block takes (max.request.size included) */
+    long long linger_ns;        /* the producer's linger.ms */
     FutureSlots slots;          /* of RecordFuture */
     int enabled;                /* off until the session is up, and when the producer cannot take this path */
     int murmur2_keys;           /* keyed records go by murmur2 (murmur2_random) */
@@ -840,12 +847,18 @@ typedef struct {
 
 static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"lock", "open", "partition_counts", "future_type", "seal", "slow_send", "sticky",
-                               "murmur2_keys", "open_batch", "first_published", NULL};
-    PyObject *lock, *open, *partition_counts, *future_type, *seal, *slow_send, *sticky, *open_batch, *first_published;
+                               "murmur2_keys", "topic_indexes", "unreported", "batch_ids", "wakeup", NULL};
+    PyObject *lock, *open, *partition_counts, *future_type, *seal, *slow_send, *sticky, *topic_indexes, *unreported,
+        *batch_ids, *wakeup;
     int murmur2_keys;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OOOOpOO:Appender", keywords, &lock, &PyDict_Type, &open,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OOOOpO!O!OO:Appender", keywords, &lock, &PyDict_Type, &open,
                                      &PyDict_Type, &partition_counts, &future_type, &seal, &slow_send, &sticky,
-                                     &murmur2_keys, &open_batch, &first_published)) {
+                                     &murmur2_keys, &PyDict_Type, &topic_indexes, &PyDict_Type, &unreported,
+                                     &batch_ids, &wakeup)) {
+        return -1;
+    }
+    if (!PyIter_Check(batch_ids)) {
+        PyErr_SetString(PyExc_TypeError, "batch_ids must be an iterator");
         return -1;
     }
     if (sticky != Py_None && !PyDict_CheckExact(sticky)) {
@@ -869,10 +882,10 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
     Py_XSETREF(self->seal, seal);
     Py_INCREF(slow_send);
     Py_XSETREF(self->slow_send, slow_send);
-    Py_INCREF(open_batch);
-    Py_XSETREF(self->open_batch, open_batch);
-    Py_INCREF(first_published);
-    Py_XSETREF(self->first_published, first_published);
+    Py_XSETREF(self->topic_indexes, Py_NewRef(topic_indexes));
+    Py_XSETREF(self->unreported, Py_NewRef(unreported));
+    Py_XSETREF(self->batch_ids, Py_NewRef(batch_ids));
+    Py_XSETREF(self->wakeup, Py_NewRef(wakeup));
     Py_INCREF(sticky);
     Py_XSETREF(self->sticky, sticky);
     self->murmur2_keys = murmur2_keys;
@@ -892,8 +905,13 @@ static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
     Py_VISIT(self->sticky);
     Py_VISIT(self->seal);
     Py_VISIT(self->slow_send);
-    Py_VISIT(self->open_batch);
-    Py_VISIT(self->first_published);
+    Py_VISIT(self->topic_indexes);
+    Py_VISIT(self->unreported);
+    Py_VISIT(self->batch_ids);
+    Py_VISIT(self->wakeup);
+    Py_VISIT(self->blocks);
+    Py_VISIT(self->control);
+    Py_VISIT(self->take_spare);
     Py_VISIT(self->slots.type);
     return 0;
 }
@@ -907,8 +925,13 @@ static int Appender_clear(Appender *self) {
     Py_CLEAR(self->sticky);
     Py_CLEAR(self->seal);
     Py_CLEAR(self->slow_send);
-    Py_CLEAR(self->open_batch);
-    Py_CLEAR(self->first_published);
+    Py_CLEAR(self->topic_indexes);
+    Py_CLEAR(self->unreported);
+    Py_CLEAR(self->batch_ids);
+    Py_CLEAR(self->wakeup);
+    Py_CLEAR(self->blocks);
+    Py_CLEAR(self->control);
+    Py_CLEAR(self->take_spare);
     Py_CLEAR(self->slots.type);
     return 0;
 }
@@ -1017,38 +1040,89 @@ static int seal_full(Appender *self, OpenBatch *batch) {
     return release_lock(self, sealed == NULL);
 }
 
-/* The producer's open_batch() for a record of ``size`` bytes, with its lock taken (seen free: with the GIL held,
-   nothing took it since). Returns the new batch with the lock still held, or NULL with it released: None (no spare
-   block at hand, or the record needs more than one: the Python path takes it) or an error. */
-static OpenBatch *open_on_spare(Appender *self, PyObject *topic, long partition, long long timestamp,
-                                Py_ssize_t size) {
+/* A batch for a record of ``size`` bytes on a spare block of the attached segment, opened as the accumulator opens
+   one (in the open batches under ``key_of_batch``, and in the unreported), with the producer's lock taken (seen
+   free: with the GIL held, nothing took it since). Returns it with the lock still held, or NULL with the lock
+   released (or never taken): no segment, the topic not numbered in this session yet, a record larger than a block
+   or no spare block at hand (the Python path takes the record, and waits if it must), or an error. */
+static OpenBatch *open_on_spare(Appender *self, PyObject *topic, PyObject *key_of_batch, long partition,
+                                long long timestamp, Py_ssize_t size) {
+    if (self->blocks == NULL || size > self->max_record_size) {
+        return NULL;
+    }
+    PyObject *index_obj = PyDict_GetItemWithError(self->topic_indexes, topic);
+    if (index_obj == NULL) {
+        return NULL;
+    }
+    long topic_index = PyLong_AsLong(index_obj);
+    if (topic_index < 0 || topic_index > UINT32_MAX) {
+        PyErr_Clear();
+        return NULL;
+    }
     if (call_truth(self->lock_acquire) < 0) {
         return NULL;
     }
-    PyObject *batch = PyObject_CallFunction(self->open_batch, "OlLn", topic, partition, timestamp, size);
-    if (batch != NULL && batch != Py_None && !PyObject_TypeCheck(batch, &OpenBatchType)) {
-        PyErr_Format(PyExc_TypeError, "open_batch() must return %s or None, not %.100s", OpenBatchType.tp_name,
-                     Py_TYPE(batch)->tp_name);
-        Py_CLEAR(batch);
-    }
-    if (batch == NULL || batch == Py_None) {
-        Py_XDECREF(batch);
+    PyObject *block_obj = PyObject_CallNoArgs(self->take_spare);
+    if (block_obj == NULL || block_obj == Py_None) {
+        Py_XDECREF(block_obj);
         release_lock(self, 0);
         return NULL;
     }
+    long long block = PyLong_AsLongLong(block_obj);
+    Py_DECREF(block_obj);
+    PyObject *batch = NULL, *batch_id = NULL, *view = NULL;
+    if (block < 0 || (block + 1) * (long long)self->block_size > PyObject_Length(self->blocks)) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "take_spare() gave block %lld, not one of the segment's", block);
+        }
+    } else if ((batch_id = PyIter_Next(self->batch_ids)) == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "batch_ids ran out");
+        }
+    } else if ((view = PySequence_GetSlice(self->blocks, block * self->block_size,
+                                           (block + 1) * self->block_size)) != NULL) {
+        batch = PyObject_CallFunction((PyObject *)&OpenBatchType, "OOlLiOLdOl", batch_id, topic, partition, block, 1,
+                                      view, timestamp, (double)monotonic_ns() / 1e9, self->control, topic_index);
+        if (batch != NULL && (PyDict_SetItem(self->open, key_of_batch, batch) < 0 ||
+                              PyDict_SetItem(self->unreported, batch_id, batch) < 0)) {
+            Py_CLEAR(batch);
+        }
+    }
+    Py_XDECREF(view);
+    Py_XDECREF(batch_id);
+    if (batch == NULL) {
+        release_lock(self, 1);
+    }
     return (OpenBatch *)batch;
+}
+
+/* A batch's first record is published: if the daemon's watch ends before the producer's linger.ms is up (or it
+   looks less often than that), say WAKEUP. Checked after the publish, not at the open: a daemon that looks in
+   between finds the record, one that looks no more is told. */
+static int first_published(Appender *self, OpenBatch *batch) {
+    uint64_t *header = (uint64_t *)batch->control.buf;
+    uint64_t scan_interval = __atomic_load_n(&header[HEADER_SCAN_INTERVAL_NS], __ATOMIC_RELAXED);
+    uint64_t watched_until = __atomic_load_n(&header[HEADER_WATCHED_UNTIL_NS], __ATOMIC_ACQUIRE);
+    uint64_t deadline = (uint64_t)(monotonic_ns() + self->linger_ns);
+    if (scan_interval > 0 && scan_interval <= (uint64_t)self->linger_ns && watched_until >= deadline) {
+        return 0;
+    }
+    PyObject *result = PyObject_CallNoArgs(self->wakeup);
+    Py_XDECREF(result);
+    return result == NULL ? -1 : 0;
 }
 
 /* After the first record is in a batch open_on_spare() opened (the lock held): first_published(), and seal(batch)
    if it is full (or if the record is not in it: the daemon claimed it first, and the Python path opens another);
    then the lock is released. -1 on error. */
 static int finish_opened(Appender *self, OpenBatch *batch, int appended, int full) {
-    PyObject *result = appended > 0 ? PyObject_CallNoArgs(self->first_published) : Py_NewRef(Py_None);
-    if (result != NULL && (full || appended == 0)) {
-        Py_SETREF(result, PyObject_CallOneArg(self->seal, (PyObject *)batch));
+    int failed = appended > 0 && first_published(self, batch) < 0;
+    if (!failed && (full || appended == 0)) {
+        PyObject *sealed = PyObject_CallOneArg(self->seal, (PyObject *)batch);
+        Py_XDECREF(sealed);
+        failed = sealed == NULL;
     }
-    Py_XDECREF(result);
-    return release_lock(self, result == NULL);
+    return release_lock(self, failed);
 }
 
 /* Append the record to the open batch of (topic, partition), or to one open_on_spare() opens: 1 if appended, 0 if
@@ -1065,8 +1139,8 @@ static int append_to_partition(Appender *self, PyObject *topic, long partition, 
        while this one holds the GIL. So the producer's lock is not taken per record; it is enough that
        no thread holds it now, in the middle of a change to the batches (a thread blocked on the lock
        may take it meanwhile, but cannot act on it before the GIL is released). If one holds it, the
-       Python path waits for it. A batch to open is the exception: the producer's open_batch() runs
-       Python code, and the lock is held from it until the record is in. */
+       Python path waits for it. A batch to open is the exception: taking a spare block runs Python code,
+       and the lock is held from it until the record is in. */
     int locked = call_truth(self->lock_locked);
     OpenBatch *batch = NULL; /* a new reference */
     int opened = 0;
@@ -1076,7 +1150,7 @@ static int append_to_partition(Appender *self, PyObject *topic, long partition, 
         if (batch == NULL && !PyErr_Occurred()) {
             Py_ssize_t body;
             record->offset_delta = record->timestamp_delta = 0;
-            batch = open_on_spare(self, topic, partition, timestamp, record_size_of(record, &body));
+            batch = open_on_spare(self, topic, key_of_batch, partition, timestamp, record_size_of(record, &body));
             opened = batch != NULL;
         }
     }
@@ -1256,6 +1330,68 @@ static PyObject *Appender_send(Appender *self, PyObject *const *args, Py_ssize_t
     return PyObject_Vectorcall(self->slow_send, arg, ARG_COUNT, NULL);
 }
 
+PyDoc_STRVAR(Appender_attach_doc,
+"attach($self, blocks, control, block_size, max_record_size, linger_ns, take_spare, /)\n--\n\n"
+"A session's segment (its blocks and control area, memoryviews): send() opens batches on its spare blocks,\n"
+"taken by take_spare() with the lock held, for records of at most max_record_size bytes; linger_ns is\n"
+"the producer's linger.ms.");
+
+static PyObject *Appender_attach(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "attach() takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t block_size = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
+    Py_ssize_t max_record_size = block_size == -1 ? -1 : PyNumber_AsSsize_t(args[3], PyExc_OverflowError);
+    long long linger_ns = max_record_size == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (block_size <= 0 || max_record_size < 0 || linger_ns < 0) {
+        PyErr_SetString(PyExc_ValueError, "block_size must be positive, max_record_size and linger_ns not negative");
+        return NULL;
+    }
+    if (!PyMemoryView_Check(args[0]) || !PyMemoryView_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "blocks and control must be memoryviews");
+        return NULL;
+    }
+    Py_XSETREF(self->blocks, Py_NewRef(args[0]));
+    Py_XSETREF(self->control, Py_NewRef(args[1]));
+    Py_XSETREF(self->take_spare, Py_NewRef(args[5]));
+    self->block_size = block_size;
+    self->max_record_size = max_record_size;
+    self->linger_ns = linger_ns;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Appender_first_published_doc,
+"first_published($self, batch, /)\n--\n\n"
+"The first record of a batch the Python path opened is published: wakeup() if the daemon would not look at\n"
+"it within the producer's linger.ms (as send() does for the batches it opens).");
+
+static PyObject *Appender_first_published(Appender *self, PyObject *batch) {
+    if (!PyObject_TypeCheck(batch, &OpenBatchType)) {
+        PyErr_Format(PyExc_TypeError, "first_published() takes a %s, not %.100s", OpenBatchType.tp_name,
+                     Py_TYPE(batch)->tp_name);
+        return NULL;
+    }
+    if (((OpenBatch *)batch)->control.obj == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the batch is sealed");
+        return NULL;
+    }
+    if (first_published(self, (OpenBatch *)batch) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Appender_detach(Appender *self, PyObject *unused) {
+    Py_CLEAR(self->blocks);
+    Py_CLEAR(self->control);
+    Py_CLEAR(self->take_spare);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Appender_enable(Appender *self, PyObject *unused) {
     self->enabled = 1;
     Py_RETURN_NONE;
@@ -1286,6 +1422,10 @@ static PyObject *Appender_count_done(Appender *self, PyObject *arg) {
 
 static PyMethodDef Appender_methods[] = {
     {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL | METH_KEYWORDS, Appender_send_doc},
+    {"attach", (PyCFunction)(void (*)(void))Appender_attach, METH_FASTCALL, Appender_attach_doc},
+    {"first_published", (PyCFunction)Appender_first_published, METH_O, Appender_first_published_doc},
+    {"detach", (PyCFunction)Appender_detach, METH_NOARGS,
+     PyDoc_STR("detach($self, /)\n--\n\nLet go of the segment (before it is unmapped): no batch is opened here.")},
     {"enable", (PyCFunction)Appender_enable, METH_NOARGS,
      "enable($self, /)\n--\n\nLet send() take records (the session is up)."},
     {"disable", (PyCFunction)Appender_disable, METH_NOARGS,
@@ -1307,7 +1447,7 @@ static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "client_stub._fastpath.Appender",
     .tp_doc = PyDoc_STR("Appender(lock, open, partition_counts, future_type, seal, slow_send, sticky, murmur2_keys,\n"
-                        "         open_batch, first_published)\n"
+                        "         topic_indexes, unreported, batch_ids, wakeup)\n"
                         "--\n\n"
                         "The open batches of a producer, and its send()."),
     .tp_basicsize = sizeof(Appender),

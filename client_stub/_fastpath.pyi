@@ -6,7 +6,7 @@ Completer hold the records' futures: _F is the type given as ``future_type`` (th
 """
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Self, TypeAlias, TypeVar, final
 
 from _typeshed import ReadableBuffer, WriteableBuffer
@@ -62,14 +62,14 @@ class OpenBatch(Generic[_F]):
 @final
 class Appender(Generic[_F]):
     # slow_send(topic, value, key, partition, timestamp_ms, headers, on_delivery): send()'s arguments as given.
-    # open_batch(topic, partition, timestamp_ms, size): a batch for a record of size bytes on a spare block, or
-    # None (the record goes to slow_send); first_published(): the first record of a batch it opened is in. Both are
-    # called with the lock held.
+    # Batches it opens on a spare block (of the segment attached, taken by take_spare() with the lock held) go in
+    # ``open`` and ``unreported``, with an id from ``batch_ids``; wakeup() says WAKEUP when the daemon would not look
+    # at one in time.
     def __new__(cls, lock: threading.Lock, open: dict[tuple[str, int], OpenBatch[_F]],
                 partition_counts: dict[str, int], future_type: type[_F], seal: Callable[[OpenBatch[_F]], object],
                 slow_send: Callable[[str, Any, Any, Any, Any, Any, Any], _F], sticky: dict[str, int] | None,
-                murmur2_keys: bool, open_batch: Callable[[str, int, int, int], OpenBatch[_F] | None],
-                first_published: Callable[[], object]) -> Self: ...
+                murmur2_keys: bool, topic_indexes: dict[str, int], unreported: dict[int, OpenBatch[_F]],
+                batch_ids: Iterator[int], wakeup: Callable[[], object]) -> Self: ...
     @property
     def enabled(self) -> bool: ...
     @property
@@ -77,6 +77,10 @@ class Appender(Generic[_F]):
     # The arguments the fast path does not take (of other types, headers) are slow_send's to check.
     def send(self, topic: str, value: Any = None, key: Any = None, *, partition: Any = None, timestamp_ms: Any = None,
              headers: Any = None, on_delivery: Any = None) -> _F: ...
+    def attach(self, blocks: memoryview, control: memoryview, block_size: int, max_record_size: int, linger_ns: int,
+               take_spare: Callable[[], int | None], /) -> None: ...
+    def detach(self) -> None: ...
+    def first_published(self, batch: OpenBatch[_F], /) -> None: ...
     def enable(self) -> None: ...
     def disable(self) -> None: ...
     def count_appended(self) -> None: ...

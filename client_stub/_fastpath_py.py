@@ -20,7 +20,7 @@ import operator
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures._base import FINISHED, RUNNING
 from types import MemberDescriptorType
 from typing import TYPE_CHECKING, Any, Self, SupportsFloat, SupportsIndex, cast, final
@@ -483,13 +483,14 @@ _MISSING: Any = object()
 @final
 class Appender:
     """Appender(lock, open, partition_counts, future_type, seal, slow_send, sticky, murmur2_keys,
-             open_batch, first_published)
+             topic_indexes, unreported, batch_ids, wakeup)
 
     The open batches of a producer, and its send().
     """
 
     __slots__ = ("_acquire", "_release", "_open", "_partition_counts", "_sticky", "_seal", "_slow_send", "_slots",
-                 "_enabled", "_murmur2_keys", "_outstanding", "_open_batch", "_first_published")
+                 "_enabled", "_murmur2_keys", "_outstanding", "_topic_indexes", "_unreported", "_batch_ids", "_wakeup",
+                 "_blocks", "_control", "_take_spare", "_block_size", "_max_record_size", "_linger_ns")
     # The producer's lock, which guards its open batches and the counts: its acquire and release.
     _acquire: Callable[[bool], bool]
     _release: Callable[[], None]
@@ -500,10 +501,17 @@ class Appender:
     _sticky: dict[str, int] | None  # topic -> partition for records without a key, or None
     _seal: Callable[[OpenBatch], object]  # seal(batch), called with the lock held when a batch is full
     _slow_send: Callable[..., Any]  # the producer's Python path, for what the fast path does not take
-    # open_batch(topic, partition, timestamp_ms, size): a batch for a record of size bytes on a spare block, or
-    # None; first_published(): a batch it opened has its first record. Both called with the lock held.
-    _open_batch: Callable[[str, int, int, int], OpenBatch | None]
-    _first_published: Callable[[], object]
+    _topic_indexes: dict[str, int]  # the producer metadata's topic -> the session's number for it, read here
+    _unreported: dict[int, OpenBatch]  # the accumulator's batch id -> batch, where a batch opened here goes
+    _batch_ids: Iterator[int]  # the accumulator's batch ids
+    _wakeup: Callable[[], object]  # say WAKEUP (a batch opened here, and the daemon would not look in time)
+    # The session's segment, while attached: where batches are opened on spare blocks (see attach()).
+    _blocks: memoryview | None
+    _control: memoryview | None
+    _take_spare: Callable[[], int | None] | None
+    _block_size: int
+    _max_record_size: int
+    _linger_ns: int
     _slots: _FutureSlots
     _murmur2_keys: bool  # keyed records go by murmur2 (murmur2_random)
     _enabled: bool  # off until the session is up, and when the producer cannot take this path
@@ -512,14 +520,15 @@ class Appender:
     # Made and initialised in one, as the C type is: no instance exists without its fields.
     def __new__(cls, lock: threading.Lock, open: dict[tuple[str, int], OpenBatch], partition_counts: dict[str, int],
                 future_type: type[Any], seal: Callable[[OpenBatch], object], slow_send: Callable[..., Any],
-                sticky: dict[str, int] | None, murmur2_keys: bool,
-                open_batch: Callable[[str, int, int, int], OpenBatch | None],
-                first_published: Callable[[], object]) -> Self:
-        for position, given in ((2, open), (3, partition_counts)):
+                sticky: dict[str, int] | None, murmur2_keys: bool, topic_indexes: dict[str, int],
+                unreported: dict[int, OpenBatch], batch_ids: Iterator[int], wakeup: Callable[[], object]) -> Self:
+        for position, given in ((2, open), (3, partition_counts), (9, topic_indexes), (10, unreported)):
             if not isinstance(given, dict):
                 raise TypeError(f"Appender() argument {position} must be dict, not {type(given).__name__}")
         if sticky is not None and type(sticky) is not dict:
             raise TypeError("sticky must be a dict or None")
+        if not isinstance(batch_ids, Iterator):
+            raise TypeError("batch_ids must be an iterator")
         self = super().__new__(cls)
         self._slots = _FutureSlots(future_type)
         self._acquire = lock.acquire
@@ -529,8 +538,12 @@ class Appender:
         self._sticky = sticky
         self._seal = seal
         self._slow_send = slow_send
-        self._open_batch = open_batch
-        self._first_published = first_published
+        self._topic_indexes = topic_indexes
+        self._unreported = unreported
+        self._batch_ids = batch_ids
+        self._wakeup = wakeup
+        self._blocks = self._control = self._take_spare = None
+        self._block_size = self._max_record_size = self._linger_ns = 0
         self._murmur2_keys = bool(murmur2_keys)
         self._enabled = False
         self._outstanding = 0
@@ -562,6 +575,27 @@ class Appender:
             if future is not None:
                 return future
         return self._slow_send(topic, value, key, partition, timestamp_ms, headers, on_delivery)
+
+    def attach(self, blocks: memoryview, control: memoryview, block_size: int, max_record_size: int,
+               linger_ns: int, take_spare: Callable[[], int | None], /) -> None:
+        """attach(blocks, control, block_size, max_record_size, linger_ns, take_spare)
+
+        A session's segment (its blocks and control area, memoryviews): send() opens batches on its spare blocks,
+        taken by take_spare() with the lock held, for records of at most max_record_size bytes; linger_ns is
+        the producer's linger.ms.
+        """
+        block_size, max_record_size, linger_ns = (operator.index(block_size), operator.index(max_record_size),
+                                                  operator.index(linger_ns))
+        if block_size <= 0 or max_record_size < 0 or linger_ns < 0:
+            raise ValueError("block_size must be positive, max_record_size and linger_ns not negative")
+        if type(blocks) is not memoryview or type(control) is not memoryview:
+            raise TypeError("blocks and control must be memoryviews")
+        self._blocks, self._control, self._take_spare = blocks, control, take_spare
+        self._block_size, self._max_record_size, self._linger_ns = block_size, max_record_size, linger_ns
+
+    def detach(self) -> None:
+        """Let go of the segment (before it is unmapped): no batch is opened here."""
+        self._blocks = self._control = self._take_spare = None
 
     def enable(self) -> None:
         """Let send() take records (the session is up)."""
@@ -616,7 +650,7 @@ class Appender:
     def _append_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                              fields: bytes, timestamp: int, future: Any,
                              on_delivery: Any) -> bool | None:
-        """Append the record to the open batch of (topic, partition), or to one open_batch() opens: True if
+        """Append the record to the open batch of (topic, partition), or to one opened on a spare block: True if
         appended, None if the Python path must take it, False if the open batch did not take it (full, or claimed
         by the daemon) and was sealed."""
         # The lock, not the GIL, keeps other threads out of the batches. If one holds it, in the middle of a
@@ -629,12 +663,9 @@ class Appender:
             batch = self._open.get((topic, partition))
             opened = batch is None
             if opened:
-                batch = self._open_batch(topic, partition, timestamp, record_size(0, 0, key, value))
+                batch = self._open_on_spare(topic, partition, timestamp, record_size(0, 0, key, value))
                 if batch is None:
                     return None
-                if not isinstance(batch, OpenBatch):
-                    raise TypeError(f"open_batch() must return {OpenBatch.__module__}.OpenBatch or None, not "
-                                    f"{type(batch).__name__}")
             if not isinstance(batch, OpenBatch):
                 raise TypeError(f"open batches must be {OpenBatch.__module__}.OpenBatch, got {type(batch).__name__}")
             before = batch._pos
@@ -646,13 +677,55 @@ class Appender:
             if on_delivery is not None:
                 batch._want_reports()
             if opened:
-                self._first_published()
+                self.first_published(batch)
             # Full, or nearly: the next record like this one would not fit.
             if batch.capacity - batch._pos < batch._pos - before:
                 self._seal(batch)
         finally:
             self._release()
         return True
+
+    def _open_on_spare(self, topic: str, partition: int, timestamp: int, size: int) -> OpenBatch | None:
+        """A batch for a record of ``size`` bytes on a spare block of the attached segment, opened as the accumulator
+        opens one (the lock held); None if there is no segment, the topic is not numbered in this session yet, the
+        record is larger than a block or no spare block is at hand: the Python path takes the record."""
+        blocks, control, take_spare = self._blocks, self._control, self._take_spare
+        if blocks is None or control is None or take_spare is None or size > self._max_record_size:
+            return None
+        topic_index = self._topic_indexes.get(topic)
+        if type(topic_index) is not int or not 0 <= topic_index <= 0xFFFFFFFF:
+            return None
+        block = take_spare()
+        if block is None:
+            return None
+        block = operator.index(block)
+        size = self._block_size
+        if block < 0 or (block + 1) * size > len(blocks):
+            raise ValueError(f"take_spare() gave block {block}, not one of the segment's")
+        batch_id = next(self._batch_ids)
+        batch = OpenBatch(batch_id, topic, partition, block, 1, blocks[block * size:(block + 1) * size], timestamp,
+                          time.monotonic(), control, topic_index)
+        self._open[(topic, partition)] = batch
+        self._unreported[batch_id] = batch
+        return batch
+
+    def first_published(self, batch: OpenBatch, /) -> None:
+        """first_published(batch)
+
+        The first record of a batch the Python path opened is published: wakeup() if the daemon would not look at
+        it within the producer's linger.ms (as send() does for the batches it opens).
+        """
+        # Checked after the publish, not at the open: a daemon that looks in between finds the record, one that
+        # looks no more is told.
+        if not isinstance(batch, OpenBatch):
+            raise TypeError(f"first_published() takes a {OpenBatch.__module__}.OpenBatch, not {type(batch).__name__}")
+        control = batch._control
+        if control is None:
+            raise ValueError("the batch is sealed")
+        scan_interval = control.header(batch_slots.SCAN_INTERVAL_NS)
+        watched_until = control.header(batch_slots.WATCHED_UNTIL_NS)
+        if not (0 < scan_interval <= self._linger_ns and watched_until >= time.monotonic_ns() + self._linger_ns):
+            self._wakeup()
 
     def _choose_partition(self, topic: str, key: bytes | None, partition: Any, count: int) -> int:
         """The partition for the record, or -1 if the Python path must decide (or complain)."""

@@ -5,14 +5,16 @@ Records are appended to the open batch of their partition, in shared-memory bloc
 segment's control area as they are written (:mod:`.contract.batch_slots`): the daemon
 lingers, and claims each batch when it is due. This side closes a batch (publishes it
 full, and writes no more into it) when it is full, when the daemon has claimed it, on
-flush() and close(), and when the session ends; it tells the daemon (WAKEUP) only when
-the daemon would not look in time otherwise. Until its records are reported, a batch is
+flush() and close(), and when the session ends; the daemon is told of a batch's first
+record (WAKEUP, by the Appender) only when it would not look in time otherwise. Until its
+records are reported, a batch is
 kept here: its futures, and what its report is counted against. Every method is called
 with the producer's lock held.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,10 +39,10 @@ class RecordAccumulator:
         self.unreported: dict[int, OpenBatch[RecordFuture]] = {}
         self._partitioner = partitioner
         self._post = post
-        self._next_batch_id = 1
+        # The ids of the batches opened, here and by the fast path.
+        self.batch_ids = itertools.count(1)
         # The segment's control area, while the session has one.
         self.control: ControlArea | None = None
-        self.linger_s = 0.0  # set when the daemon welcomes the producer, before any batch opens
 
     def open_batch(self, topic: str, topic_index: int, partition: int, blocks: list[int], view: memoryview,
                    timestamp_ms: int) -> OpenBatch[RecordFuture]:
@@ -52,20 +54,12 @@ class RecordAccumulator:
         if opened is not None:
             # Another thread opened one while this one waited for its blocks: it goes first.
             self.seal(opened)
-        batch: OpenBatch[RecordFuture] = OpenBatch(self._next_batch_id, topic, partition, blocks[0], len(blocks),
+        batch: OpenBatch[RecordFuture] = OpenBatch(next(self.batch_ids), topic, partition, blocks[0], len(blocks),
                                                    view, timestamp_ms, time.monotonic(), self.control.words,
                                                    topic_index)
-        self._next_batch_id += 1
         self.open[key] = batch
         self.unreported[batch.batch_id] = batch
         return batch
-
-    def first_published(self) -> None:
-        """A batch's first record is published: if the daemon's watch ends before its linger.ms is up (or it looks
-        less often than that), say WAKEUP. Checked after the publish, not at the open: a daemon that looks in
-        between finds the record, one that looks no more is told."""
-        if not self._watched_until(time.monotonic() + self.linger_s):
-            self._post(ipc.Wakeup())
 
     def want_reports(self, *, wakeup: bool) -> None:
         """Say in the segment's header that this process waits on its reports (a callback, a future waited on):
@@ -91,15 +85,6 @@ class RecordAccumulator:
         """Nothing is in flight (every record reported): the process waits on no report any more."""
         if self.control is not None:
             self.control.set_header(batch_slots.REPORTS_WANTED, 0)
-
-    def _watched_until(self, deadline: float) -> bool:
-        """Whether the daemon looks at this segment's open batches often enough until ``deadline``
-        (time.monotonic()), as its header says."""
-        assert self.control is not None
-        control = self.control
-        scan_interval_ns = control.header(batch_slots.SCAN_INTERVAL_NS)
-        return (0 < scan_interval_ns <= self.linger_s * 1e9
-                and control.header(batch_slots.WATCHED_UNTIL_NS) >= deadline * 1e9)
 
     def granted(self, blocks: list[int]) -> None:
         """Blocks granted: any of them that an open batch here is on was that batch's, which the daemon claimed,

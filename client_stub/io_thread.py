@@ -13,6 +13,7 @@ GOODBYE. What the session logs, it logs once the producer's lock is released.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -28,6 +29,7 @@ from .accumulator import RecordAccumulator
 from .block_grants import BlockGrants
 from .contract import batch_slots, ipc, shared_memory
 from .contract.batch_slots import ControlArea
+from .contract.records import BATCH_HEADER_SIZE
 from .contract.shared_memory import Layout, Segment
 from .errors import KafkaError, KafkaTimeoutError, SidecarUnavailableError
 from .fastpath import Appender
@@ -78,7 +80,7 @@ class IoThread:
     def __init__(self, endpoint: str, cond: threading.Condition, session: Session, outbox: Outbox,
                  accumulator: RecordAccumulator, grants: BlockGrants, metadata: ProducerMetadata,
                  appender: Appender[RecordFuture], *, hello: Callable[[], ipc.Hello], linger_ms: Callable[[], int],
-                 fast_path_allowed: Callable[[], bool]) -> None:
+                 max_block_ms: Callable[[], int], fast_path_allowed: Callable[[], bool]) -> None:
         self.endpoint = endpoint
         self._cond = cond  # the producer's, on its lock
         self._session = session
@@ -89,6 +91,7 @@ class IoThread:
         self._appender = appender
         self._hello = hello
         self._linger_ms = linger_ms
+        self._max_block_ms = max_block_ms
         self._fast_path_allowed = fast_path_allowed
         self.segment: Segment | None = None
         self._segment_fd: int | None = None
@@ -494,7 +497,6 @@ class IoThread:
         assert self.segment is not None
         self._grants.pool_blocks = welcome.block_count
         linger_ms = self._linger_ms()  # the producer's, else the daemon's
-        self._accumulator.linger_s = linger_ms / 1000
         if self._accumulator.control is not None:
             self._accumulator.control.release()  # the lost session's, on the segment this one takes back
         control = self._accumulator.control = ControlArea(self.segment.control, welcome.block_count)
@@ -503,6 +505,11 @@ class IoThread:
         # at once, until nothing is in flight.
         control.set_header(batch_slots.REPORTS_WANTED, 1 if self._appender.outstanding else 0)
         self._metadata.new_session()
+        settings = welcome.settings
+        # The fast path opens batches of a block, for a record that fits in one within max.request.size.
+        self._appender.attach(self.segment.buf, control.words, welcome.block_size,
+                              min(welcome.block_size, settings.max_request_size - BATCH_HEADER_SIZE),
+                              linger_ms * 1_000_000, functools.partial(self._grants.take_spare, self._max_block_ms()))
         if self._fast_path_allowed():
             self._appender.enable()
         for topic in self._metadata.topics:
@@ -546,6 +553,7 @@ class IoThread:
         self._outbox.send_all(self._sock)
 
     def _close_segment(self) -> None:
+        self._appender.detach()
         if self._accumulator.control is not None:
             self._accumulator.control.release()
             self._accumulator.control = None

@@ -30,11 +30,14 @@ class ProducerMetadata:
         self.topics: dict[str, TopicInfo] = {}
         # topic -> partition count, for the topics the fast path may take; it only reads this dict.
         self.partition_counts: dict[str, int] = {}
+        # topic -> the session's number for it, once the daemon told it: the fast path opens batches of these.
+        self.indexes: dict[str, int] = {}
 
     def new_session(self) -> None:
         """A new session numbers the topics anew: none is known by its number until its TOPIC comes."""
         for info in self.topics.values():
             info.index = -1
+        self.indexes.clear()
 
     def update(self, message: ipc.Topic) -> None:
         """The daemon's word on a topic; the fast path takes it while it has partitions and no final error."""
@@ -43,6 +46,10 @@ class ProducerMetadata:
         info.available = tuple(message.available_partitions)
         info.error = ipc.error_from_wire(message.error)
         info.index = message.index
+        if message.index >= 0:
+            self.indexes[message.topic] = message.index
+        else:
+            self.indexes.pop(message.topic, None)
         if count and (info.error is None or info.error.retriable):
             self.partition_counts[message.topic] = count
         else:

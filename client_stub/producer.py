@@ -22,6 +22,7 @@ Thread-safe; fork-safe (a child process starts afresh as a new client).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -132,14 +133,16 @@ class Producer:
         self._appender = Appender(self._lock, self._accumulator.open, self._metadata.partition_counts, RecordFuture,
                                   self._accumulator.seal_if_open, self._send,
                                   None if self._partitioner_name == "random" else self._partitioner.sticky,
-                                  self._partitioner_name == "murmur2_random", self._open_on_spare,
-                                  self._accumulator.first_published)
+                                  self._partitioner_name == "murmur2_random", self._metadata.indexes,
+                                  self._accumulator.unreported, self._accumulator.batch_ids,
+                                  functools.partial(self._outbox.post, ipc.Wakeup()))
         # Each instance's send() is its Appender's: no Python frame per record (see Producer.send). It takes the
         # same arguments, which mypy cannot see (a method is not assigned to, as a rule).
         self.send = self._appender.send  # type: ignore[method-assign]
         self._io = IoThread(self.endpoint, self._cond, self._session, self._outbox, self._accumulator,
                             self._grants, self._metadata, self._appender, hello=self._hello,
-                            linger_ms=lambda: self.linger_ms, fast_path_allowed=self._fast_path_allowed)
+                            linger_ms=lambda: self.linger_ms, max_block_ms=lambda: self.max_block_ms,
+                            fast_path_allowed=self._fast_path_allowed)
         self._closing = False
         self._bufferpool_wait_ns = 0
 
@@ -319,7 +322,7 @@ class Producer:
                 if future.on_delivery is not None:
                     accumulator.want_reports(wakeup=False)
                 if batch.record_count == 1:
-                    accumulator.first_published()
+                    self._appender.first_published(batch)
                 # Full, or nearly: the next record like this one would not fit.
                 if batch.capacity - batch.pos < batch.pos - before:
                     accumulator.seal(batch)
@@ -357,23 +360,6 @@ class Producer:
         assert self._io.segment is not None
         return self._accumulator.open_batch(topic, info.index, partition, blocks,
                                             self._io.segment.blocks(blocks[0], len(blocks)), timestamp_ms)
-
-    def _open_on_spare(self, topic: str, partition: int, timestamp_ms: int,
-                       size: int) -> OpenBatch[RecordFuture] | None:
-        """The fast path's new batch (lock held): on a spare block, for a first record of ``size`` bytes. None if
-        it would wait (no spare block, no session, the topic not followed yet) or the record needs more than a
-        block: the Python path takes the record."""
-        welcome = self._session.welcome
-        info = self._metadata.topics.get(topic)
-        segment = self._io.segment
-        if (welcome is None or info is None or info.index < 0 or segment is None or size > welcome.block_size
-                or size + BATCH_HEADER_SIZE > welcome.settings.max_request_size):
-            return None
-        block = self._grants.take_spare(self.max_block_ms)
-        if block is None:
-            return None
-        return self._accumulator.open_batch(topic, info.index, partition, [block], segment.blocks(block, 1),
-                                            timestamp_ms)
 
     def _take_blocks(self, count: int, deadline: float) -> list[int] | None:
         """``count`` blocks (contiguous if more than one), or None after waiting (lock released).

@@ -22,7 +22,6 @@ from tests.support.fastpath import MappedSegment, mapped_segment
 
 BASE_TS = 1_700_000_000_000
 LAYOUT = Layout(4096, 8)
-LINGER_S = 0.005
 
 
 def test_a_grant_for_a_lost_session_is_not_the_waiters() -> None:
@@ -62,9 +61,8 @@ def posted() -> list[ipc.Message]:
 
 @pytest.fixture
 def accumulator(shared: MappedSegment, posted: list[ipc.Message]) -> Iterator[RecordAccumulator]:
-    """An accumulator in a session on ``shared``, as the I/O thread opens it (linger.ms 5)."""
+    """An accumulator in a session on ``shared``, as the I/O thread opens it."""
     made = RecordAccumulator(Partitioner("murmur2_random"), posted.append)
-    made.linger_s = LINGER_S
     made.control = ControlArea(shared.segment.control, LAYOUT.block_count)
     yield made
     made.release_open()
@@ -113,27 +111,6 @@ def test_a_batch_reported_in_part_and_then_whole_completes_the_rest(accumulator:
     completer.complete(batch.futures, 0, 10, "t", 0, 500, -1, None)
     assert [f.result(0).offset for f in batch.futures] == [100, 101, 102, 103, 504, 505, 506, 507, 508, 509]
     assert batch.batch_id not in accumulator.unreported
-
-
-@pytest.mark.parametrize(("linger_s", "scan_interval_s", "watched_for_s", "wakeup"), [
-    pytest.param(LINGER_S, 0, 0, True, id="not-watched"),
-    pytest.param(LINGER_S, LINGER_S, 60, False, id="watched-past-its-linger"),
-    pytest.param(LINGER_S, LINGER_S, 0, True, id="the-watch-ends-before-its-linger"),
-    pytest.param(LINGER_S, 2 * LINGER_S, 60, True, id="looked-at-less-often-than-its-linger"),
-    pytest.param(0, 0.001, 60, True, id="no-linger"),
-])
-def test_a_batchs_first_record_says_wakeup_unless_the_daemon_will_look_at_it_in_time(
-        accumulator: RecordAccumulator, shared: MappedSegment, posted: list[ipc.Message], linger_s: float,
-        scan_interval_s: float, watched_for_s: float, wakeup: bool) -> None:
-    # The daemon writes in the header until when it looks at the segment's open batches, and how often.
-    accumulator.linger_s = linger_s
-    shared.daemon.set_header(batch_slots.SCAN_INTERVAL_NS, int(scan_interval_s * 1e9))
-    shared.daemon.set_header(batch_slots.WATCHED_UNTIL_NS, time.monotonic_ns() + int(watched_for_s * 1e9))
-    batch = open_on(accumulator, shared, [2, 3], topic="u", partition=4)
-    assert posted == []  # opening tells nothing: the daemon has nothing to look at before a record is published
-    accumulator.first_published()
-    assert posted == ([ipc.Wakeup()] if wakeup else [])
-    assert accumulator.open == {("u", 4): batch} and accumulator.unreported == {batch.batch_id: batch}
 
 
 def test_seal_all_closes_every_open_batch_and_says_wakeup_once(accumulator: RecordAccumulator,

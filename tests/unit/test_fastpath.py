@@ -17,6 +17,7 @@ import concurrent.futures
 import contextlib
 import functools
 import gc
+import itertools
 import logging
 import mmap
 import random
@@ -110,13 +111,9 @@ def slow_send(*args: object) -> object:
     return DECLINED
 
 
-def no_spare_block(topic: str, partition: int, timestamp_ms: int, size: int) -> None:
-    """The Appender's open_batch() in a producer with no spare block: the Python path takes the record."""
-
-
-def never_published() -> None:
-    """The Appender's first_published(), for an Appender that opens no batch."""
-    raise AssertionError("first_published() without a batch opened")
+def never_woken() -> None:
+    """The Appender's wakeup(), for an Appender that opens no batch."""
+    raise AssertionError("wakeup() without a batch opened")
 
 
 def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: int = 1024,
@@ -135,7 +132,7 @@ def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: in
     open_batches = {(TOPIC, partition): new_batch(fastpath, capacity, partition=partition, control=control)[0]
                     for partition in range(partitions)}
     appender = fastpath.Appender(lock, open_batches, {TOPIC: partitions}, RecordFuture, seal, slow_send, {}, True,
-                                 no_spare_block, never_published)
+                                 {}, {}, itertools.count(1), never_woken)
     appender.enable()
     return appender, lock, sealed, open_batches
 
@@ -763,7 +760,7 @@ def test_a_callback_in_a_reference_cycle_is_collected_once_its_record_completes(
 # are tracked); a partial's does not. The process must exit cleanly; each case is named before it runs, so that a
 # crash (with faulthandler's traceback) says which.
 CALLBACKS_NEVER_COMPLETED = """
-import functools, gc, mmap, sys, threading, time
+import functools, gc, itertools, mmap, sys, threading, time
 from client_stub import _fastpath
 from client_stub.futures import RecordFuture
 
@@ -786,7 +783,7 @@ def appender(declined):
     def slow_send(*args):
         raise RuntimeError("the Python path refuses it (a BufferExhaustedError, say)")
     made = _fastpath.Appender(threading.Lock(), {} if declined else {("t", 0): batch}, {"t": 1}, RecordFuture,
-                              print, slow_send, {}, True, lambda *no_spare_block: None, print)
+                              print, slow_send, {}, True, {}, {}, itertools.count(1), print)
     made.enable()
     return made, batch
 
@@ -836,13 +833,13 @@ def test_complete_converts_its_arguments_in_order_and_stops_at_the_first_bad_one
 # C code read past the emptied list. The fast path's futures are untracked until that loop tracks them again:
 # that is how the finalizer knows where it is.
 EMPTIED_IN_COMPLETE = """
-import gc, mmap, threading, time
+import gc, itertools, mmap, threading, time
 from client_stub import _fastpath
 from client_stub.futures import _CONDITION_LOCK, RecordFuture, RecordMetadata, _callback_failed
 
 batch = _fastpath.OpenBatch(1, "t", 0, 0, 1, bytearray(1 << 20), 1, time.monotonic(), mmap.mmap(-1, 128), 0)
 appender = _fastpath.Appender(threading.Lock(), {("t", 0): batch}, {"t": 1}, RecordFuture, print, print, {}, True,
-                              lambda *no_spare_block: None, print)
+                              {}, {}, itertools.count(1), print)
 appender.enable()
 for _ in range(1000):
     appender.send("t", b"v", b"k", partition=0, timestamp_ms=1)
@@ -905,52 +902,55 @@ def test_the_fast_path_appends_and_seals_a_full_batch(fastpath: ModuleType) -> N
 
 
 class SpareBlocks:
-    """The producer's side of the batches the fast path opens: open_batch() on the next of its spare blocks (of
-    ``block_size`` bytes, in one control area), its calls, and first_published()'s; both must run with the lock
-    held."""
+    """A session's segment as the producer attaches it to its Appender: blocks of ``block_size`` bytes and their
+    control area, the spare ones, take_spare() (each call checked to run with the lock held) and the WAKEUPs said."""
 
-    def __init__(self, fastpath: ModuleType, lock: threading.Lock, blocks: int, block_size: int) -> None:
-        self.fastpath = fastpath
+    def __init__(self, lock: threading.Lock, blocks: int, block_size: int) -> None:
         self.lock = lock
-        self.block_size = block_size
         self.memory = bytearray(blocks * block_size)
         self.control = control_area(blocks)
         self.spare = list(range(blocks))
-        self.asked: list[tuple[str, int, int, int]] = []  # open_batch()'s arguments
-        self.opened: list[Any] = []
-        self.published = 0
+        self.taken = 0
+        self.wakeups = 0
         self.raising: BaseException | None = None
-        self.returning: object = None  # what open_batch() returns instead of a batch, if not None
+        self.returning: object = None  # what take_spare() gives instead of a spare block, if not None
 
-    def open_batch(self, topic: str, partition: int, timestamp_ms: int, size: int) -> Any:
-        assert self.lock.locked(), "open_batch() runs with the producer's lock held"
-        self.asked.append((topic, partition, timestamp_ms, size))
+    def take_spare(self) -> object:
+        assert self.lock.locked(), "take_spare() runs with the producer's lock held"
         if self.raising is not None:
             raise self.raising
         if self.returning is not None:
             return self.returning
-        if not self.spare or size > self.block_size:
-            return None
-        block = self.spare.pop(0)
-        view = memoryview(self.memory)[block * self.block_size:(block + 1) * self.block_size]
-        batch = self.fastpath.OpenBatch(block + 1, topic, partition, block, 1, view, timestamp_ms, time.monotonic(),
-                                        self.control, 0)
-        self.opened.append(batch)
-        return batch
+        self.taken += 1
+        return self.spare.pop(0) if self.spare else None
 
-    def first_published(self) -> None:
-        assert self.lock.locked(), "first_published() runs with the producer's lock held"
-        self.published += 1
+    def wakeup(self) -> None:
+        self.wakeups += 1
+
+    def watched(self, until_ns: int, scan_interval_ns: int) -> None:
+        """Say in the header, as the daemon does, that it looks at the open batches this often until then."""
+        area = ControlArea(memoryview(self.control), 1)
+        area.set_header(batch_slots.WATCHED_UNTIL_NS, until_ns)
+        area.set_header(batch_slots.SCAN_INTERVAL_NS, scan_interval_ns)
+        area.release()
+
+
+TOPIC_INDEX = 7
+OTHER = "other"  # a topic with partitions known, not numbered in the session
+LINGER_NS = 5_000_000
 
 
 def appender_on_spare_blocks(fastpath: ModuleType, blocks: int, block_size: int = 256,
-                             partitions: int = 2) -> tuple[Any, SpareBlocks, list[Any], dict[tuple[str, int], Any]]:
-    """An enabled Appender with no open batch, which opens them on ``blocks`` spare blocks; what its seal() got
-    and its open batches (seal() removes a batch from them, as the producer's does)."""
+                             linger_ns: int = LINGER_NS) -> tuple[
+        Any, SpareBlocks, list[Any], dict[tuple[str, int], Any], dict[int, Any]]:
+    """An enabled Appender with no open batch, attached to a segment of ``blocks`` spare blocks, and TOPIC numbered
+    TOPIC_INDEX in its session; what its seal() got, its open batches (seal() removes a batch from them, as the
+    producer's does) and its unreported batches."""
     lock = threading.Lock()
     slow_sends.clear()
-    spare = SpareBlocks(fastpath, lock, blocks, block_size)
+    spare = SpareBlocks(lock, blocks, block_size)
     open_batches: dict[tuple[str, int], Any] = {}
+    unreported: dict[int, Any] = {}
     sealed: list[Any] = []
 
     def seal(batch: Any) -> None:
@@ -958,43 +958,68 @@ def appender_on_spare_blocks(fastpath: ModuleType, blocks: int, block_size: int 
         sealed.append(batch)
         del open_batches[(batch.topic, batch.partition)]
 
-    def open_batch(topic: str, partition: int, timestamp_ms: int, size: int) -> Any:
-        batch = spare.open_batch(topic, partition, timestamp_ms, size)
-        if isinstance(batch, fastpath.OpenBatch):
-            open_batches[(topic, partition)] = batch
-        return batch
-
-    appender = fastpath.Appender(lock, open_batches, {TOPIC: partitions}, RecordFuture, seal, slow_send, {}, True,
-                                 open_batch, spare.first_published)
+    appender = fastpath.Appender(lock, open_batches, {TOPIC: 2, OTHER: 2}, RecordFuture, seal, slow_send, {}, True,
+                                 {TOPIC: TOPIC_INDEX}, unreported, itertools.count(1), spare.wakeup)
+    appender.attach(memoryview(spare.memory), memoryview(spare.control), block_size, block_size, linger_ns,
+                    spare.take_spare)
     appender.enable()
-    return appender, spare, sealed, open_batches
+    return appender, spare, sealed, open_batches, unreported
 
 
 def test_the_fast_path_opens_a_batch_on_a_spare_block(fastpath: ModuleType) -> None:
-    appender, spare, sealed, open_batches = appender_on_spare_blocks(fastpath, 2)
+    appender, spare, sealed, open_batches, unreported = appender_on_spare_blocks(fastpath, 2)
     first = appender.send(TOPIC, b"v" * 10, b"key", partition=1, timestamp_ms=BASE_TS)
     assert type(first) is RecordFuture
-    # Asked once, for the record's size as the first of a batch; told once its record is published.
-    assert spare.asked == [(TOPIC, 1, BASE_TS, fastpath.record_size(0, 0, b"key", b"v" * 10))]
-    assert spare.published == 1
-    [batch] = spare.opened
-    assert open_batches == {(TOPIC, 1): batch} and batch.futures == [first]
+    [batch] = unreported.values()
+    assert open_batches == {(TOPIC, 1): batch} and unreported == {1: batch} and batch.futures == [first]
+    assert (batch.batch_id, batch.topic, batch.partition, batch.first_block, batch.block_count) == (1, TOPIC, 1, 0, 1)
+    assert batch.base_timestamp == BASE_TS and 0 <= time.monotonic() - batch.created < HANG_S
+    # Its slot says what the daemon needs to claim and send it; the daemon does not watch: it is told.
+    daemon = ControlArea(memoryview(spare.control), 2)
+    slot = daemon.snapshot(0)
+    assert (slot.record_count, slot.length, slot.full, slot.batch_id, slot.topic_index, slot.partition,
+            slot.block_count, slot.base_timestamp) == (1, batch.pos, False, 1, TOPIC_INDEX, 1, 1, BASE_TS)
+    daemon.release()
+    assert spare.wakeups == 1
     second = appender.send(TOPIC, None, b"k2", partition=1, timestamp_ms=BASE_TS + 5)
-    assert len(spare.asked) == 1 and spare.published == 1 and batch.futures == [first, second]
+    assert spare.taken == 1 and batch.futures == [first, second]
     records = decode_records(spare.memory[:batch.pos], 2)
     assert [(r.offset_delta, r.timestamp_delta, r.key, r.value) for r in records] == [
         (0, 0, b"key", b"v" * 10), (1, 5, b"k2", None)]
-    daemon = ControlArea(memoryview(spare.control), 2)
-    assert batch_slots.unpack_published(daemon.published(0)) == (2, batch.pos, False)
-    daemon.release()
-    assert not spare.lock.locked() and sealed == [] and slow_sends == [] and appender.outstanding == 2
+    # The daemon watches past the linger of a batch opened now, at least as often: no WAKEUP.
+    spare.watched(time.monotonic_ns() + int(HANG_S * 1e9), LINGER_NS)
+    third = appender.send(TOPIC, b"v", b"k3", partition=0, timestamp_ms=BASE_TS)
+    assert open_batches[(TOPIC, 0)].futures == [third] and open_batches[(TOPIC, 0)].first_block == 1
+    assert spare.wakeups == 1 and list(unreported) == [1, 2]
+    assert not spare.lock.locked() and sealed == [] and slow_sends == [] and appender.outstanding == 3
+
+
+@pytest.mark.parametrize(("linger_ms", "scan_interval_ms", "watched_for_ms", "wakeup"), [
+    pytest.param(5, 0, 0, True, id="not-watched"),
+    pytest.param(5, 5, 60_000, False, id="watched-past-its-linger"),
+    pytest.param(5, 5, 0, True, id="the-watch-ends-before-its-linger"),
+    pytest.param(5, 10, 60_000, True, id="looked-at-less-often-than-its-linger"),
+    pytest.param(0, 1, 60_000, True, id="no-linger"),
+])
+def test_a_batchs_first_record_says_wakeup_unless_the_daemon_will_look_at_it_in_time(
+        fastpath: ModuleType, linger_ms: int, scan_interval_ms: int, watched_for_ms: int, wakeup: bool) -> None:
+    appender, spare, _, open_batches, _ = appender_on_spare_blocks(fastpath, 1, linger_ns=linger_ms * 1_000_000)
+    # The daemon writes in the header until when it looks at the segment's open batches, and how often.
+    spare.watched(time.monotonic_ns() + watched_for_ms * 1_000_000, scan_interval_ms * 1_000_000)
+    appender.send(TOPIC, b"v", b"k", partition=0)  # a batch opened by the fast path
+    assert spare.wakeups == wakeup
+    # One the Python path opened is told of the same way.
+    appender.first_published(open_batches[(TOPIC, 0)])
+    assert spare.wakeups == 2 * wakeup
+    with pytest.raises(TypeError, match="first_published"):
+        appender.first_published(object())
 
 
 def test_a_record_that_fills_the_batch_it_opens_seals_it(fastpath: ModuleType) -> None:
-    appender, spare, sealed, open_batches = appender_on_spare_blocks(fastpath, 1, block_size=128)
+    appender, spare, sealed, open_batches, unreported = appender_on_spare_blocks(fastpath, 1, block_size=128)
     future = appender.send(TOPIC, b"v" * 100, b"key", partition=0)
-    [batch] = spare.opened
-    assert batch.futures == [future] and spare.published == 1 and sealed == [batch] and open_batches == {}
+    [batch] = unreported.values()
+    assert batch.futures == [future] and spare.wakeups == 1 and sealed == [batch] and open_batches == {}
     assert not spare.lock.locked()
 
 
@@ -1002,9 +1027,10 @@ def test_a_record_that_fills_the_batch_it_opens_seals_it(fastpath: ModuleType) -
 @pytest.mark.parametrize("case", ["no-room", "claimed"])
 def test_a_batch_that_refuses_the_record_is_sealed_and_another_opened(fastpath: ModuleType, case: str,
                                                                        spare_left: int) -> None:
-    appender, spare, sealed, open_batches = appender_on_spare_blocks(fastpath, 1 + spare_left, block_size=128)
+    appender, spare, sealed, open_batches, unreported = appender_on_spare_blocks(fastpath, 1 + spare_left,
+                                                                                 block_size=128)
     first = appender.send(TOPIC, b"v" * 10, b"key", partition=0)
-    [refusing] = spare.opened
+    [refusing] = unreported.values()
     value = b"v" * 10
     if case == "no-room":
         value = b"v" * 100  # not in what is left of the block
@@ -1015,8 +1041,8 @@ def test_a_batch_that_refuses_the_record_is_sealed_and_another_opened(fastpath: 
     second = appender.send(TOPIC, value, b"key", partition=0)
     assert sealed[0] is refusing and refusing.futures == [first]
     if spare_left:
-        [_, opened] = spare.opened
-        assert opened.futures == [second] and spare.published == 2 and slow_sends == [] and appender.outstanding == 2
+        [_, opened] = unreported.values()
+        assert opened.futures == [second] and spare.wakeups == 2 and slow_sends == [] and appender.outstanding == 2
         # A record too large for what was left fills most of a block: the next like it would not fit there either.
         assert sealed == [refusing, opened] if case == "no-room" else sealed == [refusing]
     else:
@@ -1025,43 +1051,35 @@ def test_a_batch_that_refuses_the_record_is_sealed_and_another_opened(fastpath: 
     assert not spare.lock.locked()
 
 
-@pytest.mark.parametrize("case", ["no-spare-block", "larger-than-a-block", "claimed-at-once"])
+@pytest.mark.parametrize("case", ["no-spare-block", "larger-than-a-block", "topic-not-numbered", "detached"])
 def test_the_fast_path_without_a_batch_it_can_open_declines(fastpath: ModuleType, case: str) -> None:
-    appender, spare, sealed, open_batches = appender_on_spare_blocks(fastpath, 1, block_size=128)
-    value = b"v" * 200 if case == "larger-than-a-block" else b"v"
+    appender, spare, sealed, open_batches, unreported = appender_on_spare_blocks(fastpath, 1, block_size=128)
+    topic, value = TOPIC, b"v"
     if case == "no-spare-block":
         spare.spare.clear()
-    elif case == "claimed-at-once":
-        # The daemon claims a batch whose block the producer took back (its first record not in yet).
-        opened = spare.open_batch
-
-        def open_claimed(*args: Any) -> Any:
-            batch = opened(*args)
-            daemon = ControlArea(memoryview(spare.control), 1)
-            daemon.claim(0)
-            daemon.release()
-            open_batches[(TOPIC, 0)] = batch
-            return batch
-
-        spare.open_batch = open_claimed  # type: ignore[method-assign]
-    assert appender.send(TOPIC, value, b"key", partition=0) is DECLINED
-    assert len(slow_sends) == 1 and appender.outstanding == 0 and spare.published == 0
-    # The batch claimed before its first record was sealed, for the Python path to open another.
-    assert sealed == spare.opened and open_batches == {}
-    assert [batch.record_count for batch in spare.opened] == [0] * len(spare.opened)
-    assert not spare.lock.locked()
+    elif case == "larger-than-a-block":
+        value = b"v" * 200
+    elif case == "topic-not-numbered":
+        topic = OTHER  # its partitions known, its number in this session not yet: the Python path waits for it
+    elif case == "detached":
+        appender.detach()
+    assert appender.send(topic, value, b"key", partition=0) is DECLINED
+    assert len(slow_sends) == 1 and sealed == [] and open_batches == unreported == {}
+    assert spare.taken == (1 if case == "no-spare-block" else 0) and not spare.lock.locked()
 
 
-def test_open_batch_failing_fails_the_send_and_lets_go_of_the_lock(fastpath: ModuleType) -> None:
-    appender, spare, sealed, _ = appender_on_spare_blocks(fastpath, 1)
+def test_take_spare_failing_fails_the_send_and_lets_go_of_the_lock(fastpath: ModuleType) -> None:
+    appender, spare, sealed, open_batches, unreported = appender_on_spare_blocks(fastpath, 1)
     spare.raising = OSError("the wake-up pipe is closed")
     with pytest.raises(OSError, match="wake-up pipe"):
         appender.send(TOPIC, b"v", b"k", partition=0)
     spare.raising = None
-    spare.returning = bytearray(8)
-    with pytest.raises(TypeError, match="open_batch\\(\\) must return"):
-        appender.send(TOPIC, b"v", b"k", partition=0)
+    for bad in (99, -1):
+        spare.returning = bad
+        with pytest.raises(ValueError, match=f"block {bad}, not one of the segment's"):
+            appender.send(TOPIC, b"v", b"k", partition=0)
     assert not spare.lock.locked() and appender.outstanding == 0 and slow_sends == [] and sealed == []
+    assert open_batches == unreported == {}
 
 
 @pytest.mark.parametrize("case", ["disabled", "unknown-topic", "str-key", "bad-partition", "locked", "no-batch",
@@ -1146,7 +1164,7 @@ def test_concurrent_sends_append_whole_records_in_offset_order(fastpath: ModuleT
     sealed: list[Any] = []
     batch, memory = new_batch(fastpath, 1 << 20)
     appender = fastpath.Appender(threading.Lock(), {(TOPIC, 0): batch}, {TOPIC: 1}, RecordFuture, sealed.append,
-                                 slow_send, {}, True, no_spare_block, never_published)
+                                 slow_send, {}, True, {}, {}, itertools.count(1), never_woken)
     appender.enable()
     appended: list[list[RecordFuture]] = [[] for _ in range(4)]
 
