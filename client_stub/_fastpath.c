@@ -26,6 +26,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <limits.h>
 #include <stdint.h>
 #include <sched.h>
 #include <string.h>
@@ -824,8 +825,8 @@ typedef struct {
     PyObject *partition_counts; /* the producer metadata's dict topic -> partition count, for the topics
                                    known without error, read here */
     PyObject *sticky;           /* dict: topic -> partition for records without a key, or None */
-    PyObject *seal;             /* seal(batch), called with the lock held when a batch is full, and
-                                   sealing it unless another thread has meanwhile */
+    PyObject *seal;             /* seal(batch), called with the lock held when a batch is full or refuses a
+                                   record, and sealing it unless another thread has meanwhile */
     PyObject *slow_send;        /* the producer's Python path, for what the fast path does not take */
     PyObject *topic_indexes;    /* the producer metadata's dict topic -> the session's number for it, read here */
     PyObject *unreported;       /* the accumulator's dict batch id -> batch, where a batch opened here goes */
@@ -1041,17 +1042,20 @@ static int seal_full(Appender *self, OpenBatch *batch) {
 }
 
 /* A batch for a record of ``size`` bytes on a spare block of the attached segment, opened as the accumulator opens
-   one (in the open batches under ``key_of_batch``, and in the unreported), with the producer's lock taken (seen
-   free: with the GIL held, nothing took it since). Returns it with the lock still held, or NULL with the lock
-   released (or never taken): no segment, the topic not numbered in this session yet, a record larger than a block
-   or no spare block at hand (the Python path takes the record, and waits if it must), or an error. */
+   one (in the open batches under ``key_of_batch``, and in the unreported), with the producer's lock taken without
+   waiting: everything read here before is as it was when the lock was seen free (with the GIL held throughout,
+   nothing could change it), and nothing changes it while the lock is held (take_spare() may let other threads
+   run). Returns it with the lock still held, or NULL with the lock released (or never taken): no segment, the topic
+   not numbered in this session yet, a record larger than a block, the lock taken (by a thread that waited for it,
+   and has it before it has the GIL) or no spare block at hand (the Python path takes the record, and waits if it
+   must), or an error. A block taken and then failed with is not given back: such an error is a bug. */
 static OpenBatch *open_on_spare(Appender *self, PyObject *topic, PyObject *key_of_batch, long partition,
                                 long long timestamp, Py_ssize_t size) {
     if (self->blocks == NULL || size > self->max_record_size) {
         return NULL;
     }
     PyObject *index_obj = PyDict_GetItemWithError(self->topic_indexes, topic);
-    if (index_obj == NULL) {
+    if (index_obj == NULL || !PyLong_CheckExact(index_obj)) {
         return NULL;
     }
     long topic_index = PyLong_AsLong(index_obj);
@@ -1059,9 +1063,12 @@ static OpenBatch *open_on_spare(Appender *self, PyObject *topic, PyObject *key_o
         PyErr_Clear();
         return NULL;
     }
-    if (call_truth(self->lock_acquire) < 0) {
-        return NULL;
+    PyObject *acquired = PyObject_CallOneArg(self->lock_acquire, Py_False);
+    if (acquired != Py_True) {
+        Py_XDECREF(acquired);
+        return NULL; /* or an error */
     }
+    Py_DECREF(acquired);
     PyObject *block_obj = PyObject_CallNoArgs(self->take_spare);
     if (block_obj == NULL || block_obj == Py_None) {
         Py_XDECREF(block_obj);
@@ -1069,12 +1076,17 @@ static OpenBatch *open_on_spare(Appender *self, PyObject *topic, PyObject *key_o
         return NULL;
     }
     long long block = PyLong_AsLongLong(block_obj);
+    if (block == -1 && PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        PyErr_Clear();
+        block = LLONG_MAX;
+    }
     Py_DECREF(block_obj);
     PyObject *batch = NULL, *batch_id = NULL, *view = NULL;
-    if (block < 0 || (block + 1) * (long long)self->block_size > PyObject_Length(self->blocks)) {
-        if (!PyErr_Occurred()) {
-            PyErr_Format(PyExc_ValueError, "take_spare() gave block %lld, not one of the segment's", block);
-        }
+    Py_ssize_t length = PyErr_Occurred() ? -1 : PyObject_Length(self->blocks);
+    if (length < 0) {
+        /* an error: take_spare() gave no int, or the blocks are released */
+    } else if (block < 0 || block >= length / self->block_size) {
+        PyErr_SetString(PyExc_ValueError, "take_spare() gave a block that is not one of the segment's");
     } else if ((batch_id = PyIter_Next(self->batch_ids)) == NULL) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_RuntimeError, "batch_ids ran out");
@@ -1238,8 +1250,9 @@ static PyObject *try_append(Appender *self, PyObject *topic, PyObject *value, Py
         .header_count = 0,
     };
     /* A batch that refuses the record (full, or claimed by the daemon) is sealed, and the partition chosen again
-       (a sticky one moves on): a second refusal leaves the record to the Python path. */
-    for (int attempt = 0; attempt < 2; attempt++) {
+       (for a record without a key, the Python path then chooses the next sticky one); a second refusal leaves the
+       record to the Python path. Sealing may let other threads run: the Appender may be disabled meanwhile. */
+    for (int attempt = 0; attempt < 2 && self->enabled; attempt++) {
         long chosen = choose_partition(self, topic, key, partition, count);
         if (chosen < 0) {
             break;
@@ -1342,9 +1355,17 @@ static PyObject *Appender_attach(Appender *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     Py_ssize_t block_size = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
-    Py_ssize_t max_record_size = block_size == -1 ? -1 : PyNumber_AsSsize_t(args[3], PyExc_OverflowError);
-    long long linger_ns = max_record_size == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred()) {
+    if (block_size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t max_record_size = PyNumber_AsSsize_t(args[3], PyExc_OverflowError);
+    if (max_record_size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *linger = PyNumber_Index(args[4]);
+    long long linger_ns = linger == NULL ? -1 : PyLong_AsLongLong(linger);
+    Py_XDECREF(linger);
+    if (linger_ns == -1 && PyErr_Occurred()) {
         return NULL;
     }
     if (block_size <= 0 || max_record_size < 0 || linger_ns < 0) {

@@ -499,7 +499,8 @@ class Appender:
     _open: dict[tuple[str, int], OpenBatch]
     _partition_counts: dict[str, int]
     _sticky: dict[str, int] | None  # topic -> partition for records without a key, or None
-    _seal: Callable[[OpenBatch], object]  # seal(batch), called with the lock held when a batch is full
+    # seal(batch), called with the lock held when a batch is full or refuses a record.
+    _seal: Callable[[OpenBatch], object]
     _slow_send: Callable[..., Any]  # the producer's Python path, for what the fast path does not take
     _topic_indexes: dict[str, int]  # the producer metadata's topic -> the session's number for it, read here
     _unreported: dict[int, OpenBatch]  # the accumulator's batch id -> batch, where a batch opened here goes
@@ -618,7 +619,7 @@ class Appender:
 
     def _try_append(self, topic: Any, value: Any, key: Any, partition: Any, timestamp_ms: Any,
                     on_delivery: Any) -> Any:
-        """Append the record to its partition's open batch, or to one open_batch() opens on a spare block, if that
+        """Append the record to its partition's open batch, or to one it opens on a spare block, if that
         is the whole job: a topic with known partitions, bytes or None for key and value, a batch with room, the
         producer's lock free. Returns its future, or None (the Python path must take it)."""
         if (type(topic) is not str or (key is not None and type(key) is not bytes)
@@ -637,7 +638,8 @@ class Appender:
         future = self._slots.new(on_delivery, timestamp, -1 if key is None else len(key),
                                  -1 if value is None else len(value))
         # A batch that refuses the record (full, or claimed by the daemon) is sealed, and the partition chosen
-        # again (a sticky one moves on): a second refusal leaves the record to the Python path.
+        # again (for a record without a key, the Python path then chooses the next sticky one); a second refusal
+        # leaves the record to the Python path.
         for _ in range(2):
             chosen = self._choose_partition(topic, key, partition, count)
             if chosen < 0:
@@ -700,9 +702,11 @@ class Appender:
             return None
         block = operator.index(block)
         size = self._block_size
-        if block < 0 or (block + 1) * size > len(blocks):
-            raise ValueError(f"take_spare() gave block {block}, not one of the segment's")
-        batch_id = next(self._batch_ids)
+        if not 0 <= block < len(blocks) // size:
+            raise ValueError("take_spare() gave a block that is not one of the segment's")
+        batch_id = next(self._batch_ids, None)
+        if batch_id is None:
+            raise RuntimeError("batch_ids ran out")
         batch = OpenBatch(batch_id, topic, partition, block, 1, blocks[block * size:(block + 1) * size], timestamp,
                           time.monotonic(), control, topic_index)
         self._open[(topic, partition)] = batch

@@ -508,7 +508,7 @@ class IoThread:
         settings = welcome.settings
         # The fast path opens batches of a block, for a record that fits in one within max.request.size.
         self._appender.attach(self.segment.buf, control.words, welcome.block_size,
-                              min(welcome.block_size, settings.max_request_size - BATCH_HEADER_SIZE),
+                              max(min(welcome.block_size, settings.max_request_size - BATCH_HEADER_SIZE), 0),
                               linger_ms * 1_000_000, functools.partial(self._grants.take_spare, self._max_block_ms()))
         if self._fast_path_allowed():
             self._appender.enable()

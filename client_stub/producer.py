@@ -151,6 +151,10 @@ class Producer:
         # parent's. Drop them without closing anything the parent still uses, but this process's copies of
         # its connection and segment: the daemon must see the parent's end when it comes.
         self._io.close_inherited()
+        # A send() bound before the fork is the old Appender's: it must neither append to the parent's batches nor
+        # open one on the parent's blocks, and leaves every record to the Python path, which starts afresh.
+        self._appender.disable()
+        self._appender.detach()
         self._abandoned = (self._io, self._outbox, self._appender, self._accumulator)
         self._init_state()
         self._pid = -1

@@ -106,8 +106,10 @@ def test_keys_land_where_confluent_kafka_murmur2_random_puts_them(broker, topic_
     assert len(set(ours)) == 6
 
 
-def _send_in_child(producer: Producer, topic: str, child: int, queue) -> None:
-    futures = [producer.send(topic, f"child{child}-{n}".encode(), key=f"c{child}".encode()) for n in range(500)]
+def _send_in_child(producer: Producer, topic: str, child: int, queue, send=None) -> None:
+    """500 records from a forked child, by ``producer.send`` (the child's), or by ``send``, bound before the fork."""
+    send = send or producer.send
+    futures = [send(topic, f"child{child}-{n}".encode(), key=f"c{child}".encode()) for n in range(500)]
     producer.flush(60)
     queue.put((child, os.getpid(), [f.result(60).offset for f in futures]))
 
@@ -181,7 +183,10 @@ def test_records_the_parent_holds_at_fork_stay_the_parents(broker, topic_factory
         held = [producer.send(topic, f"parent-{n}".encode(), partition=n % 4) for n in range(100)]
         assert len(producer) == 100
         queue = FORK.Queue()
-        children = [FORK.Process(target=_send_in_child, args=(producer, topic, c, queue)) for c in range(4)]
+        # Two children send by a send() bound before the fork: it must not write into the parent's batches.
+        bound = producer.send
+        children = [FORK.Process(target=_send_in_child, args=(producer, topic, c, queue, bound if c >= 2 else None))
+                    for c in range(4)]
         workers.run_children(children, queue)
         assert len(producer) == 100 and not any(f.done() for f in held)
         assert producer.flush(30) == 0

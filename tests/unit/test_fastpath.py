@@ -1051,6 +1051,27 @@ def test_a_batch_that_refuses_the_record_is_sealed_and_another_opened(fastpath: 
     assert not spare.lock.locked()
 
 
+def test_an_appender_disabled_while_a_refusing_batch_is_sealed_takes_the_record_no_further(
+        fastpath: ModuleType) -> None:
+    # Sealing runs Python code, which may let another thread close the producer (disable its Appender) meanwhile.
+    lock = threading.Lock()
+    slow_sends.clear()
+    spare = SpareBlocks(lock, 2, 128)
+    open_batches: dict[tuple[str, int], Any] = {}
+
+    def seal(batch: Any) -> None:
+        del open_batches[(batch.topic, batch.partition)]
+        appender.disable()
+
+    appender = fastpath.Appender(lock, open_batches, {TOPIC: 2}, RecordFuture, seal, slow_send, {}, True,
+                                 {TOPIC: TOPIC_INDEX}, {}, itertools.count(1), spare.wakeup)
+    appender.attach(memoryview(spare.memory), memoryview(spare.control), 128, 128, LINGER_NS, spare.take_spare)
+    appender.enable()
+    assert type(appender.send(TOPIC, b"v" * 10, b"key", partition=0)) is RecordFuture
+    assert appender.send(TOPIC, b"v" * 100, b"key", partition=0) is DECLINED  # refused: sealed, and disabled
+    assert spare.taken == 1 and open_batches == {} and len(slow_sends) == 1 and not lock.locked()
+
+
 @pytest.mark.parametrize("case", ["no-spare-block", "larger-than-a-block", "topic-not-numbered", "detached"])
 def test_the_fast_path_without_a_batch_it_can_open_declines(fastpath: ModuleType, case: str) -> None:
     appender, spare, sealed, open_batches, unreported = appender_on_spare_blocks(fastpath, 1, block_size=128)
@@ -1074,9 +1095,9 @@ def test_take_spare_failing_fails_the_send_and_lets_go_of_the_lock(fastpath: Mod
     with pytest.raises(OSError, match="wake-up pipe"):
         appender.send(TOPIC, b"v", b"k", partition=0)
     spare.raising = None
-    for bad in (99, -1):
+    for bad in (99, -1, 2**64):
         spare.returning = bad
-        with pytest.raises(ValueError, match=f"block {bad}, not one of the segment's"):
+        with pytest.raises(ValueError, match="a block that is not one of the segment's"):
             appender.send(TOPIC, b"v", b"k", partition=0)
     assert not spare.lock.locked() and appender.outstanding == 0 and slow_sends == [] and sealed == []
     assert open_batches == unreported == {}
