@@ -701,14 +701,14 @@ class Appender:
         if block is None:
             return None
         block = operator.index(block)
-        size = self._block_size
-        if not 0 <= block < len(blocks) // size:
+        block_size = self._block_size
+        if not 0 <= block < len(blocks) // block_size:
             raise ValueError("take_spare() gave a block that is not one of the segment's")
         batch_id = next(self._batch_ids, None)
         if batch_id is None:
             raise RuntimeError("batch_ids ran out")
-        batch = OpenBatch(batch_id, topic, partition, block, 1, blocks[block * size:(block + 1) * size], timestamp,
-                          time.monotonic(), control, topic_index)
+        batch = OpenBatch(batch_id, topic, partition, block, 1, blocks[block * block_size:(block + 1) * block_size],
+                          timestamp, time.monotonic(), control, topic_index)
         self._open[(topic, partition)] = batch
         self._unreported[batch_id] = batch
         return batch

@@ -7,9 +7,8 @@ lingers, and claims each batch when it is due. This side closes a batch (publish
 full, and writes no more into it) when it is full, when the daemon has claimed it, on
 flush() and close(), and when the session ends; the daemon is told of a batch's first
 record (WAKEUP, by the Appender) only when it would not look in time otherwise. Until its
-records are reported, a batch is
-kept here: its futures, and what its report is counted against. Every method is called
-with the producer's lock held.
+records are reported, a batch is kept here: its futures, and what its report is counted
+against. Every method is called with the producer's lock held.
 """
 
 from __future__ import annotations

@@ -166,11 +166,10 @@ def claim_ready(control: batch_slots.ControlArea, state: ReadableBuffer, owned: 
     returns)."""
     states = memoryview(state).cast("B")
     raw_seen = memoryview(first_seen).cast("B")
-    if raw_seen.nbytes % 8:
+    covered = raw_seen.nbytes // 8
+    if raw_seen.nbytes % 8 or covered > len(states) or covered > control.block_count:
         raise ValueError("first_seen covers more blocks than state or the control area")
     seen = raw_seen.cast("q")
-    if len(seen) > len(states) or len(seen) > control.block_count:
-        raise ValueError("first_seen covers more blocks than state or the control area")
     linger_ms = min(control.header(batch_slots.LINGER_NS) // 1_000_000, _MAX_LINGER_MS)
     owned_blocks = [block for block, value in enumerate(states[:len(seen)]) if value == owned]
     still_open = found_full = False

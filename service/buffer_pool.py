@@ -157,9 +157,14 @@ class BufferPool:
         """Clients whose blocks a request waits for: every client of a process that holds as many as it may
         and has a request waiting (any of them may hold the blocks it waits for), and a client whose own
         blocks are in the way of the run it asked for."""
-        at_limit = {w.client_id for w in self.waiters if self._waits_for_own(w)}
-        processes = {self._memory[w.client_id].process for w in self.waiters if self._waits_for_process(w)}
-        return at_limit | {client_id for client_id, memory in self._memory.items() if memory.process in processes}
+        processes: set[int] = set()
+        in_the_way: set[int] = set()
+        for waiter in self.waiters:
+            if self._waits_for_process(waiter):
+                processes.add(self._memory[waiter.client_id].process)
+            elif self._waits_for_own(waiter):
+                in_the_way.add(waiter.client_id)
+        return in_the_way | {client_id for client_id, memory in self._memory.items() if memory.process in processes}
 
     # -- segments --------------------------------------------------------------------------------
 
