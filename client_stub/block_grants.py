@@ -2,8 +2,12 @@
 
 The daemon grants blocks of its shared-memory BufferPool; a client keeps a few
 spare so that opening a batch needs no round trip, and asks for a run of
-contiguous blocks for a record larger than one. Every method is called with the
-producer's lock held; the waiting is the producer's.
+contiguous blocks for a record larger than one. It says in its segment's header
+how many more spare blocks it would take now (``spare_wanted``), and the daemon
+hands it that many, at most one a batch reported, with its delivery reports: at a
+steady rate the blocks of the batches reported come back with their reports, and
+the client asks for none. Every method is called with the producer's lock held;
+the waiting is the producer's.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import math
 import time
 from collections.abc import Callable
 
-from .contract import ipc
+from .contract import batch_slots, ipc
+from .contract.batch_slots import ControlArea
 
 # A grant is what this process used in the last _GRANT_HORIZON_S (at least _MIN_GRANT, at most
 # 1/_MAX_GRANT_SHARE of the pool), and the next one is asked for when half is left. A spare block is
@@ -49,9 +54,17 @@ class BlockGrants:
         self._blocks_taken = 0  # since the last grant request
         self._grant_asked = 0.0  # time.monotonic() of the last grant request
         self._spare_requested = False
+        self._spare_asked = 0  # blocks of the request for spare ones in flight
         # Requests for spare blocks the daemon could not grant in time (at once, for a timeout of 0).
         self.refusals = 0
         self.pool_blocks = 0  # the pool's size, once welcomed
+        # The session's segment's control area, where ``spare_wanted`` is said (None between sessions).
+        self._control: ControlArea | None = None
+
+    def attach(self, control: ControlArea) -> None:
+        """A new session, with its segment: say what spare blocks this client would take."""
+        self._control = control
+        self._say_wanted()
 
     def take_spare(self, max_block_ms: int) -> int | None:
         """A spare block, if there is one; the next are asked for before they are needed."""
@@ -59,6 +72,7 @@ class BlockGrants:
         if block is not None:
             self._blocks_taken += 1
         self.top_up(max_block_ms)
+        self._say_wanted()
         return block
 
     def top_up(self, max_block_ms: int) -> None:
@@ -75,6 +89,7 @@ class BlockGrants:
         self._blocks_taken = 0
         self._grant_asked = now
         self._spare_requested = True
+        self._spare_asked = self._grant
         self.request(self._grant, False, max_block_ms)
 
     def request(self, count: int, contiguous: bool, max_block_ms: int) -> BlockRequest:
@@ -109,7 +124,25 @@ class BlockGrants:
         else:
             del self._requests[grant.request_id]
             self._spare_requested = False
+            self._spare_asked = 0
             self.spare.extend(grant.blocks)
+            self._say_wanted()
+
+    def handed_back(self, blocks: list[int]) -> None:
+        """Spare blocks the daemon sent with delivery reports (none are this session's between sessions: the
+        blocks of one that is gone go back with it)."""
+        if self._control is not None:
+            self.spare.extend(blocks)
+            self._say_wanted()
+
+    def _say_wanted(self) -> None:
+        """Say in the header how many more spare blocks this client would take now: a grant's worth, less what it
+        has and has asked for."""
+        control = self._control
+        if control is not None:
+            wanted = max(self._grant - len(self.spare) - self._spare_asked, 0)
+            if control.header(batch_slots.SPARE_WANTED) != wanted:
+                control.set_header(batch_slots.SPARE_WANTED, wanted)
 
     def refused(self, failed: ipc.GrantFailed) -> None:
         """The daemon could not grant a request in time, or refused it."""
@@ -119,17 +152,23 @@ class BlockGrants:
         elif request is not None:
             del self._requests[failed.request_id]
             self._spare_requested = self._spare_requested and request.contiguous
-            self.refusals += not request.contiguous
+            if not request.contiguous:
+                self._spare_asked = 0
+                self.refusals += 1
+                self._say_wanted()
 
     def give_back_spare(self) -> None:
         """The pool is exhausted (SEAL_NOW): spare blocks go back to the daemon."""
         if self.spare:
             self._post(ipc.Release(self.spare))
             self.spare = []
+            self._say_wanted()  # the daemon hands back none while the pool is short
 
     def forget(self) -> None:
         """The session is gone: its blocks and requests with it."""
         self.spare.clear()
         self._requests.clear()
         self._spare_requested = False
+        self._spare_asked = 0
         self._session_first_request = self._next_request_id
+        self._control = None

@@ -247,13 +247,15 @@ class IoThread:
     # -- messages from the daemon ----------------------------------------------------------------
 
     def _receive_all(self) -> None:
-        while True:
-            sock = self._sock  # the current one, each time: a message's handling may say HELLO on a new socket
-            assert sock is not None
-            # Asking for the events is cheaper than raising zmq.Again at the end of every batch.
-            if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:  # an int option (pyzmq types every option
-                return                                             # int | bytes)
+        """Handle every message waiting: called when a poll found the socket readable, so the first is there
+        without asking (a wake that brings one message asks for the socket's events once, not twice)."""
+        sock = self._sock
+        assert sock is not None
+        try:
             data = sock.recv(_NOBLOCK)
+        except zmq.Again:
+            return
+        while True:
             try:
                 self._handle(ipc.decode(data))
             except ipc.VersionMismatchError as exc:
@@ -262,6 +264,12 @@ class IoThread:
                 log.exception("a bug of this client: its session with the daemon was told what it cannot take")
             except Exception:
                 log.exception("cannot handle a message from the daemon")
+            sock = self._sock  # the current one, each time: a message's handling may say HELLO on a new socket
+            assert sock is not None
+            # Asking for the events is cheaper than raising zmq.Again at the end of every batch.
+            if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:  # an int option (pyzmq types every option
+                return                                             # int | bytes)
+            data = sock.recv(_NOBLOCK)
 
     def _handle(self, message: ipc.Message) -> None:
         """One message of the daemon: each handler takes the producer's lock as it needs it."""
@@ -299,6 +307,10 @@ class IoThread:
         # Only the bookkeeping holds the lock: send() must not wait while futures complete.
         with self._cond:
             reported = self._accumulator.reported(delivery.reports, time.monotonic())
+            if delivery.spare:
+                # After the reports: an open batch here on one of these blocks was reported, and is closed.
+                self._accumulator.granted(delivery.spare)
+                self._grants.handed_back(delivery.spare)
         try:
             for batch, report, _ in reported:
                 completer.complete(batch.futures, report.first_record, report.record_count, batch.topic,
@@ -504,6 +516,7 @@ class IoThread:
         # Records in flight from the lost session may be waited on (a flush, their callbacks): their reports come
         # at once, until nothing is in flight.
         control.set_header(batch_slots.REPORTS_WANTED, 1 if self._appender.outstanding else 0)
+        self._grants.attach(control)
         self._metadata.new_session()
         settings = welcome.settings
         # The fast path opens batches of a block, for a record that fits in one within max.request.size.

@@ -261,6 +261,14 @@ class BufferPool:
         self.waiters.append(waiter)
         return None
 
+    def hand_back(self, client_id: int, count: int) -> list[int]:
+        """Up to ``count`` spare blocks for a client now, unasked (with its delivery reports), within its process's
+        limit; none while anyone waits for blocks: what comes back is theirs first."""
+        memory = self._memory.get(client_id)
+        if count < 1 or self.waiters or memory is None or not memory.attached:
+            return []
+        return self._grant(Waiter(client_id, 0, count, False, 0)) or []
+
     def serve_waiters(self) -> list[tuple[Waiter, list[int]]]:
         """Serve waiting requests in order while blocks allow (skipping those of clients at their limit)."""
         served = []

@@ -67,17 +67,19 @@ def sidecar_metrics(core: ProducerCore, pool: BufferPool, front: SidecarFront) -
 
 def process_metrics(pool: BufferPool, front: SidecarFront) -> list[dict[str, Any]]:
     """One entry per client process (as the kernel names it) with a session, kept ones included: its sessions,
-    the blocks they hold, and their records reported delivered and failed."""
+    the blocks they hold and the requests for blocks they made, and their records reported delivered and
+    failed."""
     processes: dict[int, dict[str, Any]] = {}
     for session in front.sessions.attached():
         delivered, failed = front.reports.records_of(session.pid)
         entry = processes.setdefault(session.pid, {"pid": session.pid, "uid": session.uid, "name": session.name,
-                                                   "sessions": 0, "blocks-held": 0,
+                                                   "sessions": 0, "blocks-held": 0, "block-requests-total": 0,
                                                    "records-delivered-total": delivered,
                                                    "record-error-total": failed,
                                                    "delivery-messages-total": front.reports.messages_to(session.pid)})
         entry["sessions"] += 1
         entry["blocks-held"] += pool.held_by(session.client_id)
+        entry["block-requests-total"] += session.block_requests
     return [processes[pid] for pid in sorted(processes)]
 
 
@@ -161,4 +163,6 @@ DESCRIPTIONS: dict[str, str] = {
     "blocks-held": "Blocks a client process holds, granted or sealed.",
     "records-delivered-total": "Records of a client process the brokers acknowledged.",
     "delivery-messages-total": "Messages of delivery reports sent to a client process: each wakes its producer.",
+    "block-requests-total": "Requests for blocks of the BufferPool a client process's sessions made (its spare "
+                            "blocks come back with its delivery reports otherwise).",
 }

@@ -13,4 +13,4 @@
 versions refuse each other at the handshake.
 """
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4

@@ -25,7 +25,8 @@ segment's open batches at least every ``scan_interval_ns`` until ``watched_until
 opening a batch then needs to tell it nothing), 2 ``linger_ns`` (the client's linger.ms), 3
 ``reports_wanted`` (the client's: not 0 while its process waits on a report, a callback to run, a future
 waited on or watched, a flush; at 0, the daemon holds the process's reports back longer, and wakes it less
-often).
+often), 4 ``spare_wanted`` (the client's: how many more spare blocks it would take now; the daemon hands it up
+to that many with its delivery reports, at most one a batch reported, unless the pool is short).
 
 A client opening a batch on a block sets its ``published``, then its ``claim``, to 0 (a block granted again
 keeps its last claim until then: an open batch of this process that has not seen the claim yet finds it
@@ -76,6 +77,7 @@ WATCHED_UNTIL_NS = 0
 SCAN_INTERVAL_NS = 1
 LINGER_NS = 2
 REPORTS_WANTED = 3
+SPARE_WANTED = 4
 
 FULL = 1 << 63
 CLAIMING = 1 << 63

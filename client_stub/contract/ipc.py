@@ -263,8 +263,9 @@ class DeliveryReport(NamedTuple):
 WHOLE_BATCH = 2**31 - 1
 
 
-class Delivery(NamedTuple("Delivery", [("reports", list[Any])])):
-    """Delivery reports, as :class:`DeliveryReport` rows."""
+class Delivery(NamedTuple("Delivery", [("reports", list[Any]), ("spare", list[int])])):
+    """Delivery reports, as :class:`DeliveryReport` rows, and spare blocks granted with them (unasked: as many as the
+    client's segment says it would take, at most one a batch reported)."""
 
     __slots__ = ()
     TYPE: Final = 104

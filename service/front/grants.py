@@ -44,6 +44,7 @@ class Grants:
         """A BLOCKS request: granted now, or waiting in the pool's FIFO."""
         request_id = message.request_id
         check_int(request_id, "request_id")
+        session.block_requests += 1
         if self.refusing is not None:
             self.replies.send(session, ipc.GrantFailed(request_id, self.refusing))
             return

@@ -5,8 +5,10 @@ session, live or kept; a session's reports go out together, in DELIVERY messages
 most 256 reports, at most once every REPORT_INTERVAL_MS: a client is woken once for all
 the reports of that while, not for each produce response. A process that waits on none of
 its reports (no callback to run, no future waited on, no flush: its segment's header says
-so) gets them at most once every IDLE_REPORT_INTERVAL_MS, or once 256 wait. The records
-each process had delivered and failed are counted for its metrics.
+so) gets them at most once every IDLE_REPORT_INTERVAL_MS, or once 256 wait. With the
+reports go the spare blocks the client's segment says it would take, at most one a batch
+reported: a client sending at a steady rate gets the blocks it needs without asking for
+them. The records each process had delivered and failed are counted for its metrics.
 """
 
 from __future__ import annotations
@@ -62,15 +64,26 @@ class DeliveryReports:
 
     def send_now(self, session: ClientSession, now: int) -> None:
         """Send the session the reports waiting for it now: before it is granted blocks, which may be those of the
-        batches they report (a client must know a batch finished before it writes into its blocks again)."""
+        batches they report (a client must know a batch finished before it writes into its blocks again). The last
+        DELIVERY hands it the spare blocks its segment says it would take, at most one a batch reported."""
         reports = session.reports
         if not reports:
             return
         session.reports = []
         session.reported_ms = now
+        last = len(reports) - 1
         for start in range(0, len(reports), REPORTS_PER_DELIVERY):
-            self.replies.send(session, ipc.Delivery(reports[start:start + REPORTS_PER_DELIVERY]))
+            spare = self._spare(session, len(reports)) if start + REPORTS_PER_DELIVERY > last else []
+            self.replies.send(session, ipc.Delivery(reports[start:start + REPORTS_PER_DELIVERY], spare))
         self._by_process.setdefault(session.pid, [0, 0, 0])[2] += -(-len(reports) // REPORTS_PER_DELIVERY)
+
+    def _spare(self, session: ClientSession, batches: int) -> list[int]:
+        """Spare blocks for the session with the reports of ``batches`` batches: what it says it would take, at
+        most one a batch (none once the daemon is shutting down)."""
+        control = self.pool.control(session.client_id)
+        if self.hurry or control is None or not session.attached:
+            return []
+        return self.pool.hand_back(session.client_id, min(control.header(batch_slots.SPARE_WANTED), batches))
 
     def due_in_ms(self, now: int) -> list[int]:
         """When the reports held back are due."""

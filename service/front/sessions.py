@@ -63,6 +63,8 @@ class ClientSession:
     topic_names: list[str] = field(default_factory=list)
     # Batches it sealed that are not wholly reported: batch id -> records not reported yet.
     unreported: dict[int, int] = field(default_factory=dict)
+    # BLOCKS requests it made (each a round trip a send() may wait on).
+    block_requests: int = 0
     # Replies ZeroMQ would not queue (the client reads slower than the daemon answers), in order, encoded.
     waiting: deque[tuple[ipc.Message, bytes]] = field(default_factory=deque)
     waiting_bytes: int = 0

@@ -137,6 +137,30 @@ def test_a_process_that_waits_on_no_report_is_woken_for_them_far_less_often(brok
     assert len(read_topic(broker.bootstrap, topic, expected=204)) == 204
 
 
+def test_a_producer_at_a_steady_rate_gets_its_blocks_back_with_its_reports_without_asking(
+        broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(1)
+    daemon = sidecar(broker.bootstrap)
+
+    def block_requests() -> int:
+        """The requests for blocks this process made."""
+        [process] = [p for p in daemon.stats()["processes"] if p["pid"] == os.getpid()]
+        return int(process["block-requests-total"])
+
+    with Producer(daemon.endpoint, linger_ms=1) as producer:
+        producer.send(topic, b"first").result(HANG_S)
+        asked = block_requests()
+        called_back = Deliveries()
+        # A record every 20 ms, each a batch on a block of its own: without its blocks back with the reports, it
+        # would ask for more every other batch.
+        for n in range(100):
+            producer.send(topic, b"%d" % n, on_delivery=called_back)
+            time.sleep(0.02)
+        assert producer.flush(HANG_S) == 0 and len(called_back.calls) == 100
+        assert block_requests() - asked <= 10
+    assert len(read_topic(broker.bootstrap, topic, expected=101)) == 101
+
+
 def test_on_delivery_gets_the_error_and_no_metadata(proxied_broker, sidecar) -> None:
     tansu, proxy = proxied_broker
     tansu.create_topic("expire", 1)

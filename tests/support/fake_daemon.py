@@ -329,7 +329,7 @@ class FakeDaemon:
             self._free += range(notice.first_block, notice.first_block + notice.block_count)
             reports.append(list(ipc.DeliveryReport(notice.batch_id, 0, ipc.WHOLE_BATCH, offset, -1, None)))
         if reports:
-            self._send(ipc.Delivery(reports))
+            self._send(ipc.Delivery(reports, []))
 
     def _close_memory(self) -> None:
         for fd, conn in list(self._memory.items()):

@@ -43,6 +43,39 @@ def test_a_waiter_that_gives_up_sends_a_late_grant_back() -> None:
     assert posted[-1] == ipc.Release([7, 8])
 
 
+def test_the_header_says_how_many_spare_blocks_the_client_would_take_and_blocks_handed_back_are_spare() -> None:
+    posted: list[ipc.Message] = []
+    grants = BlockGrants(posted.append)
+    with mapped_segment(LAYOUT) as shared:
+        client = ControlArea(shared.segment.control, LAYOUT.block_count)
+        try:
+            grants.handed_back([1])  # no session yet: not this client's
+            assert grants.spare == []
+            grants.attach(client)
+
+            def wanted() -> int:
+                return shared.daemon.header(batch_slots.SPARE_WANTED)
+
+            assert wanted() == 4  # a grant's worth
+            assert grants.take_spare(1000) is None
+            [request] = posted
+            assert isinstance(request, ipc.Blocks) and request.count == 4
+            assert wanted() == 0  # asked for already
+            grants.granted(ipc.Grant(request.request_id, [0, 1, 2, 3]))
+            assert wanted() == 0
+            assert grants.take_spare(1000) == 3
+            assert wanted() == 1 and len(posted) == 1  # more than half of the grant left: none asked for
+            grants.handed_back([5])
+            assert grants.spare == [0, 1, 2, 5] and wanted() == 0
+            grants.give_back_spare()  # the pool is short
+            assert posted[-1] == ipc.Release([0, 1, 2, 5]) and wanted() == 4
+            grants.forget()
+            grants.handed_back([7])  # of the session that is gone
+            assert grants.spare == []
+        finally:
+            client.release()
+
+
 # -- the accumulator ----------------------------------------------------------------------------------
 
 

@@ -33,7 +33,7 @@ TYPED = [
     ipc.Grant(7, [4, 5, 6]),
     ipc.GrantFailed(7, "no 3 free block(s) of the BufferPool in time"),
     ipc.Delivery([ipc.DeliveryReport(1, 0, 10, 2**40, -1, None),
-                  ipc.DeliveryReport.failed(2, errors.InvalidRequestError("refused"))]),
+                  ipc.DeliveryReport.failed(2, errors.InvalidRequestError("refused"))], [8, 9]),
     ipc.Topic("orders", 12, [0, 1, 2], None, 4),
     ipc.SealNow(),
     ipc.Error(ipc.ERROR_REFUSED, "refused: \u00fcn\u00efcode"),

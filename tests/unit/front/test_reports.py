@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from client_stub import errors
 from client_stub.contract import batch_slots, ipc
-from service.buffer_pool import FREE, SEALED
+from service.buffer_pool import FREE, OWNED, SEALED
 from service.daemon_metrics import process_metrics
 from service.front.reports import IDLE_REPORT_INTERVAL_MS, REPORT_INTERVAL_MS, REPORTS_PER_DELIVERY
 from tests.support.front import (
@@ -96,6 +96,42 @@ def test_a_process_that_waits_on_no_report_gets_them_a_second_apart_and_at_once_
     assert [report[0] for report in deliveries(client)] == [4]
     [process] = process_metrics(env.pool, env.front)
     assert (process["pid"], process["delivery-messages-total"]) == (pid, 3)
+
+
+def test_the_reports_hand_a_client_the_spare_blocks_it_would_take_at_most_one_a_batch_and_none_past_a_waiter(
+        env: Env) -> None:
+    client, other = env.client(), env.client()
+    client_id = client.hello()
+    other.hello()
+    blocks = client.blocks(3)
+
+    def finish(*batches: tuple[int, int]) -> tuple[list[int], list[int]]:
+        """Publish, finish and report batches (batch id, block): the ids reported, and the blocks handed back."""
+        client.publish(*(notice(batch_id=batch_id, first=block) for batch_id, block in batches))
+        for batch in env.queued():
+            batch.done(1, -1, None)
+        env.clock.advance(REPORT_INTERVAL_MS)
+        env.front.serve_due()
+        message = client.recv()
+        assert message[0] == ipc.Delivery.TYPE, message
+        return [report[0] for report in message[1]], message[2]
+
+    with client.control() as control:
+        control.set_header(batch_slots.REPORTS_WANTED, 1)
+    # A client that says nothing of spare blocks (one of an older version) gets none unasked.
+    assert finish((1, blocks[0])) == ([1], [])
+    with client.control() as control:
+        control.set_header(batch_slots.SPARE_WANTED, 5)
+    reported, spare = finish((2, blocks[1]), (3, blocks[2]))
+    assert reported == [2, 3] and len(spare) == 2  # of the 5 it would take, one a batch reported
+    assert [env.state(client_id, block) for block in spare] == [OWNED, OWNED]
+    # Another client waits for the pool: what comes back goes to it, none unasked.
+    other.blocks(env.pool.free_blocks)
+    other.send(ipc.Blocks.TYPE, 99, 1, False, 10_000)
+    env.pump()
+    assert other.quiet()
+    assert finish((4, spare[0])) == ([4], [])
+    assert other.recv()[:2] == [ipc.Grant.TYPE, 99]
 
 
 def test_reports_of_a_process_that_waits_on_none_go_once_a_delivery_is_full(env: Env) -> None:
