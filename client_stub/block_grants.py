@@ -12,6 +12,7 @@ the waiting is the producer's.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -51,8 +52,8 @@ class BlockGrants:
         # The first request of the current session: grants of requests before it are of a lost session.
         self._session_first_request = 1
         self._grant = _MIN_GRANT
-        self._blocks_taken = 0  # since the last grant request
-        self._grant_asked = 0.0  # time.monotonic() of the last grant request
+        self._blocks_taken = 0  # since _rate_since
+        self._rate_since = 0.0  # time.monotonic() when the rate's count began (0: not yet)
         self._spare_requested = False
         self._spare_asked = 0  # blocks of the request for spare ones in flight
         # Requests for spare blocks the daemon could not grant in time (at once, for a timeout of 0).
@@ -71,26 +72,37 @@ class BlockGrants:
         block = self.spare.pop() if self.spare else None
         if block is not None:
             self._blocks_taken += 1
+        self._follow_rate(time.monotonic())
         self.top_up(max_block_ms)
         self._say_wanted()
         return block
 
+    def _follow_rate(self, now: float) -> None:
+        """A grant's worth follows what this process used lately: at least every _GRANT_HORIZON_S, to the blocks
+        it took since (handed back with its reports, spare blocks need no request to come, so the next request
+        cannot be where the rate is measured: after a burst, the grant would stay the burst's)."""
+        if not self._rate_since:
+            self._rate_since = now
+            return
+        elapsed = now - self._rate_since
+        if elapsed < _GRANT_HORIZON_S:
+            return
+        rate = self._blocks_taken / elapsed
+        # Never a large share of a small pool.
+        most = max(1, (self.pool_blocks or _MIN_GRANT) // _MAX_GRANT_SHARE)
+        self._grant = min(max(math.ceil(rate * _GRANT_HORIZON_S), _MIN_GRANT), most)
+        self._blocks_taken = 0
+        self._rate_since = now
+
     def top_up(self, max_block_ms: int) -> None:
-        """Ask for spare blocks when half of the last grant is used (one request at a time: spare blocks
-        are for the next few batches, not a hoard)."""
+        """Ask for spare blocks when half of a grant's worth is left (one request at a time: spare blocks are for
+        the next few batches, not a hoard)."""
         if self._spare_requested or len(self.spare) > self._grant // 2:
             return
-        now = time.monotonic()
-        if self._grant_asked:
-            rate = self._blocks_taken / max(now - self._grant_asked, 0.001)
-            # Never a large share of a small pool.
-            most = max(1, (self.pool_blocks or _MIN_GRANT) // _MAX_GRANT_SHARE)
-            self._grant = min(max(math.ceil(rate * _GRANT_HORIZON_S), _MIN_GRANT), most)
-        self._blocks_taken = 0
-        self._grant_asked = now
         self._spare_requested = True
         self._spare_asked = self._grant
         self.request(self._grant, False, max_block_ms)
+        self._say_wanted()
 
     def request(self, count: int, contiguous: bool, max_block_ms: int) -> BlockRequest:
         """Ask the daemon for ``count`` blocks, waiting up to ``max_block_ms`` there."""
@@ -171,4 +183,8 @@ class BlockGrants:
         self._spare_requested = False
         self._spare_asked = 0
         self._session_first_request = self._next_request_id
-        self._control = None
+        control, self._control = self._control, None
+        if control is not None:
+            # A segment taken back by the next session must not say what this one wanted.
+            with contextlib.suppress(ValueError):  # the segment was let go of already
+                control.set_header(batch_slots.SPARE_WANTED, 0)

@@ -582,6 +582,7 @@ class IoThread:
 
     def _release_session(self) -> None:
         with self._cond:
+            self._grants.forget()
             self._accumulator.release_open()
             self._close_memory()
             self._close_segment()

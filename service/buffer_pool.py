@@ -263,9 +263,10 @@ class BufferPool:
 
     def hand_back(self, client_id: int, count: int) -> list[int]:
         """Up to ``count`` spare blocks for a client now, unasked (with its delivery reports), within its process's
-        limit; none while anyone waits for blocks: what comes back is theirs first."""
+        limit; none while anyone waits for the pool: what comes back is theirs first (one that waits for its own
+        process's blocks holds back nobody else)."""
         memory = self._memory.get(client_id)
-        if count < 1 or self.waiters or memory is None or not memory.attached:
+        if count < 1 or memory is None or not memory.attached or self.exhausted:
             return []
         return self._grant(Waiter(client_id, 0, count, False, 0)) or []
 

@@ -73,13 +73,13 @@ def process_metrics(pool: BufferPool, front: SidecarFront) -> list[dict[str, Any
     for session in front.sessions.attached():
         delivered, failed = front.reports.records_of(session.pid)
         entry = processes.setdefault(session.pid, {"pid": session.pid, "uid": session.uid, "name": session.name,
-                                                   "sessions": 0, "blocks-held": 0, "block-requests-total": 0,
+                                                   "sessions": 0, "blocks-held": 0,
+                                                   "block-requests-total": front.grants.requests_of(session.pid),
                                                    "records-delivered-total": delivered,
                                                    "record-error-total": failed,
                                                    "delivery-messages-total": front.reports.messages_to(session.pid)})
         entry["sessions"] += 1
         entry["blocks-held"] += pool.held_by(session.client_id)
-        entry["block-requests-total"] += session.block_requests
     return [processes[pid] for pid in sorted(processes)]
 
 

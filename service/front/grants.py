@@ -39,12 +39,14 @@ class Grants:
         self._seal_now_sent_ms = 0
         # Why no more blocks are granted (the daemon is shutting down), once none are.
         self.refusing: str | None = None
+        # BLOCKS requests by process, for as long as it has a session (kept ones included: a count only grows).
+        self._requests_by_process: dict[int, int] = {}
 
     def request(self, session: ClientSession, message: ipc.Blocks, now: int) -> None:
         """A BLOCKS request: granted now, or waiting in the pool's FIFO."""
         request_id = message.request_id
         check_int(request_id, "request_id")
-        session.block_requests += 1
+        self._requests_by_process[session.pid] = self._requests_by_process.get(session.pid, 0) + 1
         if self.refusing is not None:
             self.replies.send(session, ipc.GrantFailed(request_id, self.refusing))
             return
@@ -59,6 +61,14 @@ class Grants:
             raise
         if blocks is not None:
             self._grant(session, ipc.Grant(request_id, blocks), now)
+
+    def requests_of(self, pid: int) -> int:
+        """The BLOCKS requests a process made: each a round trip that a send() may wait on."""
+        return self._requests_by_process.get(pid, 0)
+
+    def forget_process(self, pid: int) -> None:
+        """Forget the requests of a process with no session left (its pid may be another's next)."""
+        self._requests_by_process.pop(pid, None)
 
     def release(self, session: ClientSession, message: ipc.Release) -> None:
         """RELEASE: blocks granted and not used go back to the pool."""

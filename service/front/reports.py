@@ -109,5 +109,4 @@ class DeliveryReports:
 
     def forget_process(self, pid: int) -> None:
         """Forget the records of a process with no session left (its pid may be another's next)."""
-        if not any(s.pid == pid for s in self.sessions.attached()):
-            self._by_process.pop(pid, None)
+        self._by_process.pop(pid, None)

@@ -63,8 +63,6 @@ class ClientSession:
     topic_names: list[str] = field(default_factory=list)
     # Batches it sealed that are not wholly reported: batch id -> records not reported yet.
     unreported: dict[int, int] = field(default_factory=dict)
-    # BLOCKS requests it made (each a round trip a send() may wait on).
-    block_requests: int = 0
     # Replies ZeroMQ would not queue (the client reads slower than the daemon answers), in order, encoded.
     waiting: deque[tuple[ipc.Message, bytes]] = field(default_factory=deque)
     waiting_bytes: int = 0
@@ -122,6 +120,10 @@ class SessionTable:
     def attached(self) -> list[ClientSession]:
         """The sessions whose clients have their segments, kept ones included: each holds a memory connection."""
         return [s for s in self._owners.values() if s.connection is not None]
+
+    def has_process(self, pid: int) -> bool:
+        """Whether a session with a segment, kept ones included, is of process ``pid``."""
+        return any(s.pid == pid for s in self.attached())
 
     def awaiting_handshake(self) -> int:
         """How many sessions wait for their memory handshake."""

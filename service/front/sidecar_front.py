@@ -236,7 +236,7 @@ class SidecarFront:
             self.sessions.forget(session)
             self._close_connection(session)
             self.pool.forget(session.client_id)
-            self.reports.forget_process(session.pid)
+            self._forget_process(session.pid)
         else:
             log.warning("%s is gone: ending its session", session.describe())
             self.end_session(session)
@@ -270,10 +270,16 @@ class SidecarFront:
             session.reports[:0] = reports
         else:
             self._close_connection(session)
-            self.reports.forget_process(session.pid)
+            self._forget_process(session.pid)
         reclaimed = self.pool.detach(session.client_id, keep=session.state is SessionState.KEPT)
         if reclaimed:
             log.info("reclaimed %d unsealed block(s) of client %s", reclaimed, session.client_id)
+
+    def _forget_process(self, pid: int) -> None:
+        """Forget what is counted of a process once it has no session left (its pid may be another's next)."""
+        if not self.sessions.has_process(pid):
+            self.reports.forget_process(pid)
+            self.grants.forget_process(pid)
 
     def _close_connection(self, session: ClientSession) -> None:
         """Close the session's memory connection, if it has one: its client reads the end of its session."""

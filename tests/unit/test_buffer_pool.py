@@ -169,19 +169,22 @@ def test_forget_waiters_of_one_client(pool: BufferPool) -> None:
 
 def test_blocks_are_handed_back_unasked_within_limits_and_never_past_a_waiter() -> None:
     pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=5)
-    attach(pool, A, B)
+    attach(pool, A, B, C)
     assert pool.request(A, 1, 2, False, 0) == [0, 1]
     pool.free(A, [0])
     # Its freed block first (still in the cache), then others, within its process's limit.
     assert pool.hand_back(A, 2) == [0, 2]
     assert pool.hand_back(A, 3) == [3, 4]
-    assert pool.held() == {A: 5, B: 0} and pool.hand_back(A, 1) == []
+    assert pool.held() == {A: 5, B: 0, C: 0} and pool.hand_back(A, 1) == []
     assert pool.hand_back(B, 0) == [] and pool.hand_back(STRANGER, 1) == []
-    # While a request waits, what comes back is for it.
-    assert pool.request(B, 2, 4, True, 5000) is None
+    # A request waiting for its own process's blocks holds back nobody else; one waiting for the pool does:
+    # what comes back is for it.
+    assert pool.request(A, 2, 1, False, 5000) is None
+    assert not pool.exhausted and pool.hand_back(B, 1) == [0]
+    assert pool.request(B, 3, 4, True, 5000) is None
     pool.free(A, [1])
-    assert pool.hand_back(B, 1) == [] and pool.hand_back(A, 1) == []
-    assert pool.free_blocks == 4
+    assert pool.exhausted and pool.hand_back(B, 1) == [] and pool.hand_back(C, 1) == []
+    assert pool.free_blocks == 3
 
 
 # -- the budget across clients --------------------------------------------------------------------

@@ -4,12 +4,14 @@ real segment, the daemon's side of its control area read and claimed as the daem
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
-from client_stub import futures
+from client_stub import block_grants, futures
 from client_stub.accumulator import RecordAccumulator
 from client_stub.block_grants import BlockGrants
 from client_stub.contract import batch_slots, ipc
@@ -72,6 +74,58 @@ def test_the_header_says_how_many_spare_blocks_the_client_would_take_and_blocks_
             grants.forget()
             grants.handed_back([7])  # of the session that is gone
             assert grants.spare == []
+        finally:
+            client.release()
+
+
+def test_after_a_burst_the_spare_blocks_handed_back_fall_to_what_the_rate_needs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(block_grants, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    posted: list[ipc.Message] = []
+    grants = BlockGrants(posted.append)
+    grants.pool_blocks = 4096
+    fresh = itertools.count()
+    with mapped_segment(LAYOUT) as shared:
+        client = ControlArea(shared.segment.control, LAYOUT.block_count)
+        try:
+            grants.attach(client)
+
+            def send(every_s: float) -> None:
+                """A batch opened ``every_s`` after the last, and one batch reported, as the daemon does: a block
+                handed back if the header asks for one; a request granted at once."""
+                clock[0] += every_s
+                grants.take_spare(1000)
+                for request in [m for m in posted if isinstance(m, ipc.Blocks)]:
+                    grants.granted(ipc.Grant(request.request_id, [next(fresh) for _ in range(request.count)]))
+                posted.clear()
+                if shared.daemon.header(batch_slots.SPARE_WANTED):
+                    grants.handed_back([next(fresh)])
+
+            for _ in range(2000):  # 40 000 a second
+                send(0.000025)
+            after_burst = len(grants.spare)
+            assert after_burst >= 100  # a grant's worth at that rate
+            for _ in range(200):  # 50 a second: a few spare blocks are enough, and none comes back
+                send(0.02)
+            assert shared.daemon.header(batch_slots.SPARE_WANTED) == 0
+            assert len(grants.spare) <= after_burst - 195
+        finally:
+            client.release()
+
+
+def test_a_request_for_spare_blocks_says_so_in_the_header() -> None:
+    posted: list[ipc.Message] = []
+    grants = BlockGrants(posted.append)
+    with mapped_segment(LAYOUT) as shared:
+        client = ControlArea(shared.segment.control, LAYOUT.block_count)
+        try:
+            grants.attach(client)
+            assert shared.daemon.header(batch_slots.SPARE_WANTED) == 4
+            grants.top_up(1000)  # as a send() waiting for a block does
+            assert isinstance(posted[-1], ipc.Blocks) and shared.daemon.header(batch_slots.SPARE_WANTED) == 0
+            grants.forget()
+            assert shared.daemon.header(batch_slots.SPARE_WANTED) == 0
         finally:
             client.release()
 
