@@ -54,8 +54,7 @@ class BlockGrants:
         self._grant = _MIN_GRANT
         self._blocks_taken = 0  # since _rate_since
         self._rate_since = 0.0  # time.monotonic() when the rate's count began (0: not yet)
-        self._spare_requested = False
-        self._spare_asked = 0  # blocks of the request for spare ones in flight
+        self._spare_asked = 0  # blocks of the request for spare ones in flight (0: none is)
         # Requests for spare blocks the daemon could not grant in time (at once, for a timeout of 0).
         self.refusals = 0
         self.pool_blocks = 0  # the pool's size, once welcomed
@@ -97,9 +96,8 @@ class BlockGrants:
     def top_up(self, max_block_ms: int) -> None:
         """Ask for spare blocks when half of a grant's worth is left (one request at a time: spare blocks are for
         the next few batches, not a hoard)."""
-        if self._spare_requested or len(self.spare) > self._grant // 2:
+        if self._spare_asked or len(self.spare) > self._grant // 2:
             return
-        self._spare_requested = True
         self._spare_asked = self._grant
         self.request(self._grant, False, max_block_ms)
         self._say_wanted()
@@ -135,7 +133,6 @@ class BlockGrants:
             request.blocks = grant.blocks
         else:
             del self._requests[grant.request_id]
-            self._spare_requested = False
             self._spare_asked = 0
             self.spare.extend(grant.blocks)
             self._say_wanted()
@@ -163,7 +160,6 @@ class BlockGrants:
             request.error = failed.reason  # the waiting send() raises it
         elif request is not None:
             del self._requests[failed.request_id]
-            self._spare_requested = self._spare_requested and request.contiguous
             if not request.contiguous:
                 self._spare_asked = 0
                 self.refusals += 1
@@ -180,7 +176,6 @@ class BlockGrants:
         """The session is gone: its blocks and requests with it."""
         self.spare.clear()
         self._requests.clear()
-        self._spare_requested = False
         self._spare_asked = 0
         self._session_first_request = self._next_request_id
         control, self._control = self._control, None

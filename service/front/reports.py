@@ -71,9 +71,8 @@ class DeliveryReports:
             return
         session.reports = []
         session.reported_ms = now
-        last = len(reports) - 1
         for start in range(0, len(reports), REPORTS_PER_DELIVERY):
-            spare = self._spare(session, len(reports)) if start + REPORTS_PER_DELIVERY > last else []
+            spare = self._spare(session, len(reports)) if start + REPORTS_PER_DELIVERY >= len(reports) else []
             self.replies.send(session, ipc.Delivery(reports[start:start + REPORTS_PER_DELIVERY], spare))
         self._by_process.setdefault(session.pid, [0, 0, 0])[2] += -(-len(reports) // REPORTS_PER_DELIVERY)
 

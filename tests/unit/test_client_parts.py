@@ -8,6 +8,7 @@ import itertools
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import pytest
 
@@ -45,89 +46,96 @@ def test_a_waiter_that_gives_up_sends_a_late_grant_back() -> None:
     assert posted[-1] == ipc.Release([7, 8])
 
 
-def test_the_header_says_how_many_spare_blocks_the_client_would_take_and_blocks_handed_back_are_spare() -> None:
+class SpareGrants(NamedTuple):
+    """A client's block grants (``posted``: what they ask the daemon), and both sides of its segment's control
+    area; the grants are attached to a session by the test."""
+
+    grants: BlockGrants
+    posted: list[ipc.Message]
+    client: ControlArea
+    daemon: ControlArea
+
+    def wanted(self) -> int:
+        """The spare blocks the header says the client would take, as the daemon reads it."""
+        return self.daemon.header(batch_slots.SPARE_WANTED)
+
+
+@pytest.fixture
+def spare() -> Iterator[SpareGrants]:
     posted: list[ipc.Message] = []
-    grants = BlockGrants(posted.append)
     with mapped_segment(LAYOUT) as shared:
         client = ControlArea(shared.segment.control, LAYOUT.block_count)
         try:
-            grants.handed_back([1])  # no session yet: not this client's
-            assert grants.spare == []
-            grants.attach(client)
-
-            def wanted() -> int:
-                return shared.daemon.header(batch_slots.SPARE_WANTED)
-
-            assert wanted() == 4  # a grant's worth
-            assert grants.take_spare(1000) is None
-            [request] = posted
-            assert isinstance(request, ipc.Blocks) and request.count == 4
-            assert wanted() == 0  # asked for already
-            grants.granted(ipc.Grant(request.request_id, [0, 1, 2, 3]))
-            assert wanted() == 0
-            assert grants.take_spare(1000) == 3
-            assert wanted() == 1 and len(posted) == 1  # more than half of the grant left: none asked for
-            grants.handed_back([5])
-            assert grants.spare == [0, 1, 2, 5] and wanted() == 0
-            grants.give_back_spare()  # the pool is short
-            assert posted[-1] == ipc.Release([0, 1, 2, 5]) and wanted() == 4
-            grants.forget()
-            grants.handed_back([7])  # of the session that is gone
-            assert grants.spare == []
+            yield SpareGrants(BlockGrants(posted.append), posted, client, shared.daemon)
         finally:
             client.release()
+
+
+def test_the_header_says_how_many_spare_blocks_the_client_would_take_and_blocks_handed_back_are_spare(
+        spare: SpareGrants) -> None:
+    grants, posted = spare.grants, spare.posted
+    grants.handed_back([1])  # no session yet: not this client's
+    assert grants.spare == []
+    grants.attach(spare.client)
+    assert spare.wanted() == 4  # a grant's worth
+    assert grants.take_spare(1000) is None
+    [request] = posted
+    assert isinstance(request, ipc.Blocks) and request.count == 4
+    assert spare.wanted() == 0  # asked for already
+    grants.granted(ipc.Grant(request.request_id, [0, 1, 2, 3]))
+    assert spare.wanted() == 0
+    assert grants.take_spare(1000) == 3
+    assert spare.wanted() == 1 and len(posted) == 1  # more than half of the grant left: none asked for
+    grants.handed_back([5])
+    assert grants.spare == [0, 1, 2, 5] and spare.wanted() == 0
+    grants.give_back_spare()  # the pool is short
+    assert posted[-1] == ipc.Release([0, 1, 2, 5]) and spare.wanted() == 4
+    grants.forget()
+    grants.handed_back([7])  # of the session that is gone
+    assert grants.spare == []
 
 
 def test_after_a_burst_the_spare_blocks_handed_back_fall_to_what_the_rate_needs(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        spare: SpareGrants, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1000.0]
     monkeypatch.setattr(block_grants, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    posted: list[ipc.Message] = []
-    grants = BlockGrants(posted.append)
+    grants, posted = spare.grants, spare.posted
     grants.pool_blocks = 4096
+    grants.attach(spare.client)
     fresh = itertools.count()
-    with mapped_segment(LAYOUT) as shared:
-        client = ControlArea(shared.segment.control, LAYOUT.block_count)
-        try:
-            grants.attach(client)
 
-            def send(every_s: float) -> None:
-                """A batch opened ``every_s`` after the last, and one batch reported, as the daemon does: a block
-                handed back if the header asks for one; a request granted at once."""
-                clock[0] += every_s
-                grants.take_spare(1000)
-                for request in [m for m in posted if isinstance(m, ipc.Blocks)]:
-                    grants.granted(ipc.Grant(request.request_id, [next(fresh) for _ in range(request.count)]))
-                posted.clear()
-                if shared.daemon.header(batch_slots.SPARE_WANTED):
-                    grants.handed_back([next(fresh)])
+    def send(every_s: float) -> None:
+        """A batch opened ``every_s`` after the last, and one batch reported, as the daemon does: a block handed
+        back if the header asks for one; a request granted at once."""
+        clock[0] += every_s
+        grants.take_spare(1000)
+        for request in [m for m in posted if isinstance(m, ipc.Blocks)]:
+            grants.granted(ipc.Grant(request.request_id, [next(fresh) for _ in range(request.count)]))
+        posted.clear()
+        if spare.wanted():
+            grants.handed_back([next(fresh)])
 
-            for _ in range(2000):  # 40 000 a second
-                send(0.000025)
-            after_burst = len(grants.spare)
-            assert after_burst >= 100  # a grant's worth at that rate
-            for _ in range(200):  # 50 a second: a few spare blocks are enough, and none comes back
-                send(0.02)
-            assert shared.daemon.header(batch_slots.SPARE_WANTED) == 0
-            assert len(grants.spare) <= after_burst - 195
-        finally:
-            client.release()
+    for _ in range(2000):  # 40 000 a second
+        send(0.000025)
+    after_burst = len(grants.spare)
+    assert after_burst >= 100  # a grant's worth at that rate
+    for _ in range(200):  # 50 a second: a few spare blocks are enough, and none comes back
+        send(0.02)
+    assert spare.wanted() == 0
+    assert len(grants.spare) <= after_burst - 195
 
 
-def test_a_request_for_spare_blocks_says_so_in_the_header() -> None:
-    posted: list[ipc.Message] = []
-    grants = BlockGrants(posted.append)
-    with mapped_segment(LAYOUT) as shared:
-        client = ControlArea(shared.segment.control, LAYOUT.block_count)
-        try:
-            grants.attach(client)
-            assert shared.daemon.header(batch_slots.SPARE_WANTED) == 4
-            grants.top_up(1000)  # as a send() waiting for a block does
-            assert isinstance(posted[-1], ipc.Blocks) and shared.daemon.header(batch_slots.SPARE_WANTED) == 0
-            grants.forget()
-            assert shared.daemon.header(batch_slots.SPARE_WANTED) == 0
-        finally:
-            client.release()
+def test_a_request_for_spare_blocks_says_so_in_the_header(spare: SpareGrants) -> None:
+    spare.grants.attach(spare.client)
+    assert spare.wanted() == 4
+    spare.grants.top_up(1000)  # as a send() waiting for a block does
+    [request] = spare.posted
+    assert isinstance(request, ipc.Blocks) and spare.wanted() == 0
+    spare.grants.granted(ipc.Grant(request.request_id, [0, 1]))  # fewer than asked: the pool had no more
+    assert spare.wanted() == 2
+    # A segment taken back by the next session does not say what this one wanted.
+    spare.grants.forget()
+    assert spare.wanted() == 0
 
 
 # -- the accumulator ----------------------------------------------------------------------------------
