@@ -17,6 +17,8 @@ BLOCK = 16384
 SETTINGS = {"buffer.memory": 256 * BLOCK, "batch.size": BLOCK, "max.request.size": 4 * BLOCK,
             "sidecar.buffer.queue.ms": 20, "linger.ms": 5}
 VALUE = b"v" * 1000
+# Records sent while nothing is acknowledged: 16 to a block.
+RECORDS = 1500
 
 
 def test_a_producer_faster_than_the_broker_queues_little_and_every_record_arrives(proxied_broker, sidecar) -> None:
@@ -48,18 +50,20 @@ def test_while_nothing_is_acknowledged_the_whole_pool_buffers(proxied_broker, si
     tansu.create_topic(topic, 3)
     # Requests the blackhole swallowed are sent again 3 s after they went, once it is healed.
     daemon = sidecar(proxy.address, settings={**SETTINGS, "request.timeout.ms": 3000})
-    with Producer(daemon.endpoint, max_block_ms=5000) as producer:
+    # Batches are sealed full: not by linger.ms while a busy machine holds send() up.
+    with Producer(daemon.endpoint, max_block_ms=5000, linger_ms=1000) as producer:
         for _ in range(2000):  # flowing: the limit comes down to what is acknowledged
             producer.send(topic, VALUE, b"warm")
         assert producer.flush(30) == 0
         proxy.blackhole()
-        # 2 MiB, half the pool and 32 times the least the queue holds: handed off without a BufferExhaustedError,
-        # once the daemon has seen an interval with nothing acknowledged (else send() would raise it after 5 s).
-        futures = [producer.send(topic, VALUE, str(n).encode()) for n in range(2000)]
+        # ~1.5 MiB, 12 times the least the queue holds: handed off without a BufferExhaustedError, once the daemon
+        # has seen an interval with nothing acknowledged (else send() would raise it after 5 s). Less than the half
+        # of the pool that one process may hold, with its spare blocks and open batches.
+        futures = [producer.send(topic, VALUE, str(n).encode()) for n in range(RECORDS)]
         stats = daemon.stats()["producer"]
         assert stats["buffer-queue-limit-bytes"] == SETTINGS["buffer.memory"], stats
         proxy.heal()
         assert producer.flush(120) == 0
     assert all(f.result(0).offset >= 0 for f in futures)
-    records = read_topic(proxy.address, topic, expected=4000)
-    assert sorted(int(r.key) for r in records if r.key != b"warm") == list(range(2000))
+    records = read_topic(proxy.address, topic, expected=2000 + RECORDS)
+    assert sorted(int(r.key) for r in records if r.key != b"warm") == list(range(RECORDS))
