@@ -267,30 +267,35 @@ static int by_batch_id(const void *a, const void *b) {
 }
 
 PyDoc_STRVAR(claim_ready_doc,
-"claim_ready($module, control, state, owned, first_seen, now_ms, claim_all, /)\n--\n\n"
+"claim_ready($module, control, state, owned, first_seen, now_ms, claim_all, early_ms, /)\n--\n\n"
 "Claim the batches of a client's segment that are ready, as OpenBatches decides (see\n"
 "client_stub/contract/batch_slots.py): of the blocks whose byte in ``state`` is ``owned``, those whose slot\n"
 "holds a batch open with records, due linger.ms (the header's) after the earlier of its opened_ns and when\n"
 "the daemon first saw it (``first_seen``: an int64 per block, in ``now_ms``'s clock; only the blocks it\n"
-"covers are looked at, so it covers every block the client owns), full, or any with\n"
-"``claim_all``. Returns (claimed, next_due_ms, still_open, found_full): each batch claimed with records as\n"
-"(block, record_count, length, base_timestamp, max_timestamp, batch_id, topic_index, partition,\n"
-"block_count, opened_ns), in batch-id order; the earliest due of those left open (None if none); whether\n"
-"some are left open; whether some were claimed full.");
+"covers are looked at, so it covers every block the client owns) or within ``early_ms`` (0 to a day) of\n"
+"now, full, or any with ``claim_all``. Returns (claimed, next_due_ms, still_open, found_full, found_due):\n"
+"each batch claimed with records as (block, record_count, length, base_timestamp, max_timestamp, batch_id,\n"
+"topic_index, partition, block_count, opened_ns), in batch-id order; the earliest due of those left open\n"
+"(None if none); whether some are left open; whether some were claimed full; whether some were claimed\n"
+"because they were due now, not full.");
 
 static PyObject *claim_ready(PyObject *module, PyObject *args) {
     PyObject *control;
     Py_buffer state, first_seen, words = {0};
     unsigned char owned;
-    long long now_ms;
+    long long now_ms, early_ms;
     int claim_all;
-    if (!PyArg_ParseTuple(args, "Oy*bw*Lp:claim_ready", &control, &state, &owned, &first_seen, &now_ms,
-                          &claim_all)) {
+    if (!PyArg_ParseTuple(args, "Oy*bw*LpL:claim_ready", &control, &state, &owned, &first_seen, &now_ms,
+                          &claim_all, &early_ms)) {
         return NULL;
     }
-    PyObject *result = NULL, *claimed_list = NULL;
+    PyObject *result = NULL, *claimed_list = NULL, *words_object = NULL;
     ClaimedBatch *claimed = NULL;
-    PyObject *words_object = PyObject_GetAttrString(control, "words");
+    if (early_ms < 0 || early_ms > MAX_LINGER_MS) {
+        PyErr_SetString(PyExc_ValueError, "early_ms must be 0 to a day");
+        goto done;
+    }
+    words_object = PyObject_GetAttrString(control, "words");
     if (words_object == NULL || PyObject_GetBuffer(words_object, &words, PyBUF_WRITABLE) < 0) {
         goto done;
     }
@@ -308,7 +313,7 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
     int64_t linger_ms = (int64_t)(linger_ns / 1000000) < MAX_LINGER_MS ? (int64_t)(linger_ns / 1000000) : MAX_LINGER_MS;
     Py_ssize_t count = 0, capacity = 0;
     int64_t next_due = INT64_MAX;
-    int still_open = 0, found_full = 0;
+    int still_open = 0, found_full = 0, found_due = 0;
     for (Py_ssize_t block = 0; block < block_count; block++) {
         if (states[block] != owned) {
             continue;
@@ -328,7 +333,7 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
         }
         int64_t opened_ms = floor_div((int64_t)__atomic_load_n(&slot[OPENED_NS], __ATOMIC_RELAXED), 1000000);
         int64_t due = (opened_ms < seen[block] ? opened_ms : seen[block]) + linger_ms;
-        if (!(claim_all || full || now_ms >= due)) {
+        if (!(claim_all || full || now_ms + early_ms >= due)) {
             still_open = 1;
             next_due = due < next_due ? due : next_due;
             continue;
@@ -345,6 +350,7 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
         }
         seen[block] = UNSEEN;
         found_full |= full;
+        found_due |= !full && now_ms >= due;
         /* Dekker's protocol, the daemon's side: CLAIMING, a full fence, what is published is the batch. */
         __atomic_store_n(&slot[CLAIM], CLAIM_CLAIMING, __ATOMIC_RELAXED);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -388,10 +394,11 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
         PyList_SET_ITEM(claimed_list, i, item);
     }
     if (still_open) {
-        result = Py_BuildValue("(OLOO)", claimed_list, (long long)next_due, Py_True,
-                               found_full ? Py_True : Py_False);
+        result = Py_BuildValue("(OLOOO)", claimed_list, (long long)next_due, Py_True,
+                               found_full ? Py_True : Py_False, found_due ? Py_True : Py_False);
     } else {
-        result = Py_BuildValue("(OOOO)", claimed_list, Py_None, Py_False, found_full ? Py_True : Py_False);
+        result = Py_BuildValue("(OOOOO)", claimed_list, Py_None, Py_False, found_full ? Py_True : Py_False,
+                               found_due ? Py_True : Py_False);
     }
 done:
     Py_XDECREF(claimed_list);

@@ -161,9 +161,12 @@ _UNSEEN = _INT64_MIN
 
 
 def claim_ready(control: batch_slots.ControlArea, state: ReadableBuffer, owned: int, first_seen: WriteableBuffer,
-                now_ms: int, claim_all: bool, /) -> tuple[list[tuple[int, ...]], int | None, bool, bool]:
+                now_ms: int, claim_all: bool, early_ms: int, /) -> tuple[list[tuple[int, ...]], int | None, bool, bool,
+                                                                         bool]:
     """Claim the batches of a client's segment that are ready (``service/_fastpath.c`` says which, and what it
     returns)."""
+    if not 0 <= early_ms <= _MAX_LINGER_MS:
+        raise ValueError("early_ms must be 0 to a day")
     states = memoryview(state).cast("B")
     raw_seen = memoryview(first_seen).cast("B")
     covered = raw_seen.nbytes // 8
@@ -172,7 +175,7 @@ def claim_ready(control: batch_slots.ControlArea, state: ReadableBuffer, owned: 
     seen = raw_seen.cast("q")
     linger_ms = min(control.header(batch_slots.LINGER_NS) // 1_000_000, _MAX_LINGER_MS)
     owned_blocks = [block for block, value in enumerate(states[:len(seen)]) if value == owned]
-    still_open = found_full = False
+    still_open = found_full = found_due = False
     next_due: int | None = None
     ready: list[int] = []
     for block, published in control.open_slots(owned_blocks):
@@ -180,9 +183,10 @@ def claim_ready(control: batch_slots.ControlArea, state: ReadableBuffer, owned: 
         if seen[block] == _UNSEEN:
             seen[block] = now_ms
         due = min(control.opened_ns(block) // 1_000_000, seen[block]) + linger_ms
-        if claim_all or full or now_ms >= due:
+        if claim_all or full or now_ms + early_ms >= due:
             seen[block] = _UNSEEN
             found_full |= full
+            found_due |= not full and now_ms >= due
             ready.append(block)
         else:
             still_open = True
@@ -196,4 +200,4 @@ def claim_ready(control: batch_slots.ControlArea, state: ReadableBuffer, owned: 
                             slot.topic_index, slot.partition, slot.block_count, slot.opened_ns))
     # A partition's batches go in the order the client opened them (its batch ids).
     claimed.sort(key=lambda batch: batch[5])
-    return claimed, next_due, still_open, found_full
+    return claimed, next_due, still_open, found_full, found_due

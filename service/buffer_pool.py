@@ -377,19 +377,19 @@ class BufferPool:
             block = state.find(OWNED_BYTE, block + 1)
         return blocks
 
-    def claim_ready(self, client_id: int, now_ms: int, claim_all: bool) -> tuple[list[tuple[int, ...]], int | None,
-                                                                                  bool, bool]:
+    def claim_ready(self, client_id: int, now_ms: int, claim_all: bool,
+                    early_ms: int = 0) -> tuple[list[tuple[int, ...]], int | None, bool, bool, bool]:
         """Claim the batches a client published on its blocks that are ready, as
         :func:`service.fastpath.claim_ready` says (its blocks granted and not sealed are where they are)."""
         memory = self._memory.get(client_id)
         last = -1 if memory is None else memory.state.rfind(OWNED_BYTE)
         if last < 0:
-            return [], None, False, False
+            return [], None, False, False, False
         first_seen = memory.first_seen
         if len(first_seen) <= last:
             # Sized to the client's last block, not the pool: the pool grants the lowest blocks first.
             first_seen.extend(array("q", [fastpath.UNSEEN]) * (last + 1 - len(first_seen)))
-        return fastpath.claim_ready(memory.control, memory.state, OWNED, first_seen, now_ms, claim_all)
+        return fastpath.claim_ready(memory.control, memory.state, OWNED, first_seen, now_ms, claim_all, early_ms)
 
     def control(self, client_id: int) -> ControlArea | None:
         """The control area of a client's segment, if it has one."""

@@ -4,7 +4,11 @@ A client appends records to the open batch of a partition and publishes what it 
 area (:mod:`client_stub.contract.batch_slots`); the daemon lingers and seals. It claims a batch when it is
 ready, as the Java producer's ``RecordAccumulator.ready()`` finds a batch sendable: linger.ms (the client's)
 after the batch opened, published full (the block is, or the client flushes or ends), the pool exhausted,
-the client's session over (whatever its process published is delivered, dead or alive).
+the client's session over (whatever its process published is delivered, dead or alive). Once it claims a
+batch because its linger.ms passed, it claims with it every open batch of every client watched that is due
+within the next linger.ms (the daemon's), as the Java producer's ``drain()`` takes a batch of every partition
+of a node once one is sendable: the batches of a linger.ms go in one wake of the daemon, one produce request,
+and one DELIVERY a process.
 
 The daemon looks at the open batches of each client it watches at least every ``scan_interval_ms`` (its
 linger.ms) or the client's linger.ms if shorter, sooner while it finds full ones or a batch is due, and
@@ -17,6 +21,7 @@ batch comes with a WAKEUP.
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 from client_stub.contract import batch_slots
 
@@ -26,6 +31,15 @@ from .sessions import ClientSession, SessionTable
 
 # How long a client stays watched once it has no open batch.
 WATCH_MS = 1000
+
+
+class Look(NamedTuple):
+    """What a look at a client's open batches found."""
+
+    still_open: bool  # some are left open
+    found_full: bool  # some were claimed full
+    next_due: int | None  # when the first of those left open is due
+    found_due: bool  # some were claimed because linger.ms passed (not full, not claimed early)
 
 
 class OpenBatches:
@@ -59,17 +73,28 @@ class OpenBatches:
 
     def scan(self, now: int) -> None:
         """Claim the batches that are ready of the clients woken, and of every client watched that is due a look
-        (after each poll)."""
+        (after each poll); once one is claimed because linger.ms passed, those due within the next linger.ms of
+        every client watched with it."""
         woken, self._woken = self._woken, set()
         if not woken and (not self._watched or now < self._earliest_look_ms):
             return
+        looks: dict[ClientSession, Look] = {}
         for session in list(self._watched):
-            if session not in woken and now < self._next_look.get(session, now):
-                continue
-            if not self.sessions.is_live(session) or not session.attached:
-                self._unwatch(session)
-                continue
-            still_open, found_full, next_due = self._scan(session, now, claim_all=False)
+            if session in woken or now >= self._next_look.get(session, now):
+                look = self._look(session, now, 0)
+                if look is not None:
+                    looks[session] = look
+        if any(look.found_due for look in looks.values()):
+            # As the Java producer's drain() takes every partition's batch of a node once one is sendable: one
+            # wake, one produce request and one DELIVERY a process for the batches of a linger.ms, not one each.
+            # The batches of every broker: once claimed together they open together, each near its linger.ms.
+            for session in list(self._watched):
+                look = self._look(session, now, self.scan_interval_ms)
+                if look is not None:
+                    earlier = looks.get(session)
+                    looks[session] = look if earlier is None else look._replace(
+                        found_full=look.found_full or earlier.found_full)
+        for session, (still_open, found_full, next_due, _) in looks.items():
             if not self.sessions.is_live(session):
                 continue  # ended by a reply it did not take, as its batches were claimed: forgotten already
             if still_open:
@@ -79,8 +104,8 @@ class OpenBatches:
                 self._tell_watch(session)
                 continue
             # A client that fills blocks fills more: look again at the next turn.
-            look = now + (1 if found_full else self._interval_ms(session))
-            self._next_look[session] = look if next_due is None else min(look, next_due)
+            look_ms = now + (1 if found_full else self._interval_ms(session))
+            self._next_look[session] = look_ms if next_due is None else min(look_ms, next_due)
             self._tell_watch(session)
         self._earliest_look_ms = min(self._next_look.values(), default=0)
 
@@ -114,17 +139,26 @@ class OpenBatches:
         linger_ms = 0 if control is None else control.header(batch_slots.LINGER_NS) // 1_000_000
         return linger_ms if 0 < linger_ms < self.scan_interval_ms else self.scan_interval_ms
 
-    def _scan(self, session: ClientSession, now: int, *, claim_all: bool) -> tuple[bool, bool, int | None]:
-        """Claim the client's batches that are ready (all that hold records, with ``claim_all``) and hand them over;
-        whether some stay open, whether some were full, and when the first of those open is due."""
-        claimed, next_due, still_open, found_full = self.pool.claim_ready(session.client_id, now, claim_all)
+    def _look(self, session: ClientSession, now: int, early_ms: int) -> Look | None:
+        """Claim the batches of a client watched that are ready or due within ``early_ms`` (:meth:`_scan`); None if
+        it is not live and attached any more (it is watched no more)."""
+        if not self.sessions.is_live(session) or not session.attached:
+            self._unwatch(session)
+            return None
+        return self._scan(session, now, claim_all=False, early_ms=early_ms)
+
+    def _scan(self, session: ClientSession, now: int, *, claim_all: bool, early_ms: int = 0) -> Look:
+        """Claim the client's batches that are ready or due within ``early_ms`` (all that hold records, with
+        ``claim_all``) and hand them over."""
+        claimed, next_due, still_open, found_full, found_due = self.pool.claim_ready(session.client_id, now, claim_all,
+                                                                                      early_ms)
         # A batch refused may end the session (a reply it does not take), which claims and hands over what is left
         # of the client's batches before its blocks go back: those claimed here first, in the same order.
         claims = self._claims.setdefault(session, deque())
         claims.extend(claimed)
         while claims and self.sessions.is_live(session):
             self.seals.claim(session, claims.popleft(), now)
-        return still_open, found_full, next_due
+        return Look(still_open, found_full, next_due, found_due)
 
     def _tell_watch(self, session: ClientSession) -> None:
         """Write in the client's header until when it is watched, and how often."""

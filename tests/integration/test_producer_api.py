@@ -161,6 +161,31 @@ def test_a_producer_at_a_steady_rate_gets_its_blocks_back_with_its_reports_witho
     assert len(read_topic(broker.bootstrap, topic, expected=101)) == 101
 
 
+def test_the_batches_of_a_linger_ms_are_claimed_together_and_reported_in_one_message(
+        broker, topic_factory, sidecar) -> None:
+    topic = topic_factory(6)
+    daemon = sidecar(broker.bootstrap, settings={"linger.ms": 500})
+
+    def delivery_messages() -> int:
+        [process] = [p for p in daemon.stats()["processes"] if p["pid"] == os.getpid()]
+        return int(process["delivery-messages-total"])
+
+    with Producer(daemon.endpoint) as producer:
+        producer.send(topic, b"first").result(HANG_S)
+        before = delivery_messages()
+        called_back = Deliveries()
+        # A batch a partition, opened 10 ms apart: each due 10 ms after the one before, all within the linger.ms
+        # of the first. Claimed each when due, they would come in six produce responses, each reported alone.
+        futures = []
+        for n in range(6):
+            futures.append(producer.send(topic, b"%d" % n, partition=n, on_delivery=called_back))
+            time.sleep(0.01)
+        assert [f.result(HANG_S).partition for f in futures] == list(range(6))
+        assert delivery_messages() - before == 1
+        assert producer.flush(HANG_S) == 0 and len(called_back.calls) == 6
+    assert len(read_topic(broker.bootstrap, topic, expected=7)) == 7
+
+
 def test_on_delivery_gets_the_error_and_no_metadata(proxied_broker, sidecar) -> None:
     tansu, proxy = proxied_broker
     tansu.create_topic("expire", 1)

@@ -57,22 +57,26 @@ def test_claims_what_is_due_full_or_lingered_in_batch_id_order_and_leaves_the_re
         open_batch(control, 7, 0, batch_id=14, opened_ms=NOW_MS - 100)  # no record yet: not a batch
         open_batch(control, 9, 5, batch_id=15, opened_ms=NOW_MS - 100)  # on a block not the client's
         seen = unseen()
-        claimed, next_due, still_open, found_full = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False)
+        claimed, next_due, still_open, found_full, found_due = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS,
+                                                                                    False, 0)
         assert claimed == [
             (4, 1, 100, 1_700_000_000_000, 1_700_000_000_001, 11, 0, 0, 2, NOW_MS * 1_000_000),
             (2, 3, 300, 1_700_000_000_000, 1_700_000_000_003, 12, 1, 1, 1, (NOW_MS - LINGER_MS) * 1_000_000),
         ]
-        assert (next_due, still_open, found_full) == (NOW_MS + LINGER_MS - 1, True, True)
+        assert (next_due, still_open, found_full, found_due) == (NOW_MS + LINGER_MS - 1, True, True, True)
         assert control.claim_word(2) == batch_slots.CLAIMED | 3 and control.claim_word(4) == batch_slots.CLAIMED | 1
         assert control.claim_word(6) == control.claim_word(9) == 0
         # The batch left open was seen now; the others are not watched.
         assert seen[6] == NOW_MS and [block for block in range(BLOCKS) if seen[block] != UNSEEN] == [6]
         # Claimed once: a second look finds only the batch left open, claimed when due, and nothing after.
-        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + 3, False) == ([], NOW_MS + 4, True, False)
-        claimed, next_due, still_open, _ = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + 4, False)
-        assert [batch[0] for batch in claimed] == [6] and (next_due, still_open) == (None, False)
+        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + 3, False, 0) == ([], NOW_MS + 4, True, False,
+                                                                                          False)
+        claimed, next_due, still_open, _, found_due = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + 4,
+                                                                           False, 0)
+        assert [batch[0] for batch in claimed] == [6] and (next_due, still_open, found_due) == (None, False, True)
         assert seen[6] == UNSEEN
-        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + 4, False) == ([], None, False, False)
+        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + 4, False, 0) == ([], None, False, False,
+                                                                                          False)
 
 
 def test_a_client_that_says_its_batch_opened_later_waits_no_longer_than_linger_ms_from_first_seen(
@@ -83,9 +87,9 @@ def test_a_client_that_says_its_batch_opened_later_waits_no_longer_than_linger_m
         state = bytearray([OWNED] * BLOCKS)
         open_batch(control, 0, 1, batch_id=1, opened_ms=NOW_MS + 10**9)
         seen = unseen()
-        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False) == ([], NOW_MS + LINGER_MS, True,
-                                                                                   False)
-        claimed, *_ = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + LINGER_MS, False)
+        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False, 0) == ([], NOW_MS + LINGER_MS, True,
+                                                                                      False, False)
+        claimed, *_ = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + LINGER_MS, False, 0)
         assert [batch[0] for batch in claimed] == [0]
 
 
@@ -97,10 +101,30 @@ def test_claim_all_takes_every_batch_with_records_and_a_linger_of_years_is_a_day
         for block in (1, 3, 5):
             open_batch(control, block, block, batch_id=10 - block, opened_ms=NOW_MS)
         seen = unseen()
-        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False)[1] == NOW_MS + 86_400_000
-        claimed, next_due, still_open, found_full = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, True)
+        assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False, 0)[1] == NOW_MS + 86_400_000
+        claimed, next_due, still_open, found_full, found_due = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS,
+                                                                                    True, 0)
         assert [(batch[0], batch[1]) for batch in claimed] == [(5, 5), (3, 3), (1, 1)]
-        assert (next_due, still_open, found_full) == (None, False, False)
+        assert (next_due, still_open, found_full, found_due) == (None, False, False, False)
+
+
+def test_early_ms_claims_the_batches_due_within_it_and_none_of_them_counts_as_due(fastpath: ModuleType) -> None:
+    with mapped_segment(Layout(4096, BLOCKS)) as shared:
+        control = shared.daemon
+        control.set_header(batch_slots.LINGER_NS, 100 * 1_000_000)
+        state = bytearray([OWNED] * BLOCKS)
+        open_batch(control, 1, 2, batch_id=1, opened_ms=NOW_MS - 95)  # due in 5 ms
+        open_batch(control, 2, 1, batch_id=2, opened_ms=NOW_MS - 90)  # due in 10 ms
+        open_batch(control, 3, 1, batch_id=3, opened_ms=NOW_MS - 89)  # due in 11 ms
+        seen = unseen()
+        claimed, next_due, still_open, found_full, found_due = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS,
+                                                                                    False, 10)
+        assert [batch[0] for batch in claimed] == [1, 2]
+        assert (next_due, still_open, found_full, found_due) == (NOW_MS + 11, True, False, False)
+        assert control.claim_word(3) == 0
+        for early_ms in (-1, 86_400_001):
+            with pytest.raises(ValueError, match="early_ms"):
+                fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False, early_ms)
 
 
 def test_only_the_blocks_first_seen_covers_are_looked_at(fastpath: ModuleType) -> None:
@@ -110,7 +134,7 @@ def test_only_the_blocks_first_seen_covers_are_looked_at(fastpath: ModuleType) -
         for block in (1, 5):
             open_batch(control, block, 1, batch_id=block, opened_ms=NOW_MS, full=True)
         seen = array("q", [UNSEEN]) * 4
-        assert [batch[0] for batch in fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False)[0]] == [1]
+        assert [batch[0] for batch in fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False, 0)[0]] == [1]
         assert control.claim_word(5) == 0
 
 
@@ -119,7 +143,7 @@ def test_a_first_seen_larger_than_the_segment_is_refused(fastpath: ModuleType) -
         for state, first_seen in ((bytearray(BLOCKS), unseen() + array("q", [UNSEEN])),
                                   (bytearray(BLOCKS - 1), unseen()), (bytearray(BLOCKS), bytearray(8 * BLOCKS - 4))):
             with pytest.raises(ValueError, match="first_seen covers more blocks"):
-                fastpath.claim_ready(shared.daemon, state, OWNED, first_seen, 0, False)
+                fastpath.claim_ready(shared.daemon, state, OWNED, first_seen, 0, False, 0)
 
 
 WORD = st.integers(0, 2**64 - 1)
@@ -137,10 +161,10 @@ SLOT = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(slots=st.lists(SLOT, min_size=BLOCKS, max_size=BLOCKS), state=st.lists(st.sampled_from([FREE, OWNED, SEALED]),
        min_size=BLOCKS, max_size=BLOCKS), linger=WORD, seen=st.lists(st.sampled_from([UNSEEN, NOW_MS - 10, NOW_MS]),
-       max_size=BLOCKS), claim_all=st.booleans())
+       max_size=BLOCKS), claim_all=st.booleans(), early_ms=st.sampled_from([0, 1, 7, 86_400_000]))
 def test_both_twins_claim_the_same_from_whatever_a_client_wrote(slots: list[list[int]], state: list[int],
                                                                  linger: int, seen: list[int],
-                                                                 claim_all: bool) -> None:
+                                                                 claim_all: bool, early_ms: int) -> None:
     c_fastpath = c_extension("service._fastpath")
     results = []
     with mapped_segment(Layout(4096, BLOCKS)) as c_shared, mapped_segment(Layout(4096, BLOCKS)) as py_shared:
@@ -150,6 +174,6 @@ def test_both_twins_claim_the_same_from_whatever_a_client_wrote(slots: list[list
                 for word, value in enumerate(words):
                     control.words[batch_slots.HEADER_SIZE // 8 + block * 8 + word] = value % 2**64
             first_seen = array("q", seen)
-            answer = module.claim_ready(control, bytearray(state), OWNED, first_seen, NOW_MS, claim_all)
+            answer = module.claim_ready(control, bytearray(state), OWNED, first_seen, NOW_MS, claim_all, early_ms)
             results.append((answer, first_seen.tolist(), control.words.tolist()))
     assert results[0] == results[1]

@@ -12,7 +12,7 @@ import pytest
 
 from client_stub.contract import batch_slots, ipc
 from service.buffer_pool import FREE, OWNED, SEALED
-from service.front.open_batches import WATCH_MS
+from service.front.open_batches import WATCH_MS, Look
 from tests.support.front import BLOCKS, T0, TIMEOUT_MS, Client, Env, deliveries, notice
 
 LINGER_MS = 20  # the clients' linger.ms; the daemon's (its scan interval) is 5, unless a test says otherwise
@@ -208,6 +208,54 @@ def test_each_client_is_looked_at_at_its_own_pace() -> None:
         assert origins(env, partition=1) == [(slow_id, 1)]
     finally:
         env.close()
+
+
+# -- drained together -----------------------------------------------------------------------------
+
+
+def test_a_batch_due_brings_the_claim_of_every_batch_due_within_the_daemons_linger() -> None:
+    env = Env(linger_ms=10)  # the daemon's linger.ms: how early a batch is claimed with one that is due
+    try:
+        first, soon, later, slow = (env.client() for _ in range(4))
+        ids = [client.hello() for client in (first, soon, later, slow)]
+        for client in (first, soon, later):
+            lingering(client)
+        lingering(slow, 500)
+        blocks = [client.blocks(2) for client in (first, soon, later, slow)]
+        first.publish(notice(batch_id=1, first=blocks[0][0]), full=False)
+        slow.publish(notice(batch_id=1, first=blocks[3][0], partition=3), full=False)  # due in 500 ms
+        advance(env, 8)
+        soon.publish(notice(batch_id=1, first=blocks[1][0], partition=1), full=False)  # due 8 ms after the first
+        advance(env, 3)
+        later.publish(notice(batch_id=1, first=blocks[2][0], partition=2), full=False)  # 11 ms after: too late
+        advance(env, LINGER_MS - 11 - 1)
+        assert env.queued() == [] and env.queued(partition=1) == []
+        advance(env, 1)
+        # The first is due: with it the batch due 8 ms later, within the daemon's 10; not the one due 11 ms later,
+        # nor the one of a client lingering 500 ms.
+        assert origins(env) == [(ids[0], 1)] and origins(env, partition=1) == [(ids[1], 1)]
+        assert origins(env, partition=2) == [] and origins(env, partition=3) == []
+        assert claim_word(later, blocks[2][0]) == claim_word(slow, blocks[3][0]) == 0
+        advance(env, 11)
+        assert origins(env, partition=2) == [(ids[2], 1)] and origins(env, partition=3) == []
+    finally:
+        env.close()
+
+
+def test_a_full_batch_claims_only_itself(env: Env) -> None:
+    # A client filling blocks is claimed as it fills them: were every other batch claimed with each, a busy
+    # producer would have everyone's batches sent young.
+    full, open_ = env.client(), env.client()
+    full_id, open_id = full.hello(), open_.hello()
+    for client in (full, open_):
+        lingering(client)
+    full_block, open_block = full.blocks(1)[0], open_.blocks(1)[0]
+    open_.publish(notice(batch_id=1, first=open_block, partition=1), full=False)
+    advance(env, LINGER_MS - 1)
+    full.publish(notice(batch_id=1, first=full_block))
+    assert origins(env) == [(full_id, 1)] and origins(env, partition=1) == []
+    advance(env, 1)
+    assert origins(env, partition=1) == [(open_id, 1)]
 
 
 # -- claimed all at once --------------------------------------------------------------------------
@@ -465,9 +513,9 @@ def test_a_flood_of_wakeups_is_one_look_at_the_client_a_turn(env: Env, monkeypat
     looks: list[int] = []
     look = env.front.open_batches._scan
 
-    def counted(session: Any, now: int, *, claim_all: bool) -> tuple[bool, bool]:
+    def counted(session: Any, now: int, *, claim_all: bool, early_ms: int = 0) -> Look:
         looks.append(session.client_id)
-        return look(session, now, claim_all=claim_all)
+        return look(session, now, claim_all=claim_all, early_ms=early_ms)
 
     client.publish(notice(batch_id=1), full=False, wakeup=False)
     monkeypatch.setattr(env.front.open_batches, "_scan", counted)
