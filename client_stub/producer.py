@@ -3,8 +3,9 @@
 ``send()`` serializes and partitions a record and writes it, in Kafka's v2
 record format, straight into this process's open batch of shared memory for the
 partition, and publishes it there; no message to the daemon is needed for that.
-The daemon claims the batch when it is due (linger_ms after its first record,
-full, flush() and close(), the pool exhausted, this process gone), sends it and
+The daemon claims the batch when it is due (linger_ms after its first record, or
+up to the daemon's linger.ms sooner with another batch that is due, full, flush()
+and close(), the pool exhausted, this process gone), sends it and
 reports its outcome back; the I/O thread then completes each record's Future.
 A record is safe once send() returned: if this process dies, the daemon still
 claims and sends what it published.

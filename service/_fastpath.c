@@ -272,12 +272,12 @@ PyDoc_STRVAR(claim_ready_doc,
 "client_stub/contract/batch_slots.py): of the blocks whose byte in ``state`` is ``owned``, those whose slot\n"
 "holds a batch open with records, due linger.ms (the header's) after the earlier of its opened_ns and when\n"
 "the daemon first saw it (``first_seen``: an int64 per block, in ``now_ms``'s clock; only the blocks it\n"
-"covers are looked at, so it covers every block the client owns) or within ``early_ms`` (0 to a day) of\n"
-"now, full, or any with ``claim_all``. Returns (claimed, next_due_ms, still_open, found_full, found_due):\n"
+"covers are looked at, so it covers every block the client owns), due within ``early_ms`` of now (at most\n"
+"a day), full, or any with ``claim_all``. Returns (claimed, next_due_ms, still_open, found_full, found_due):\n"
 "each batch claimed with records as (block, record_count, length, base_timestamp, max_timestamp, batch_id,\n"
 "topic_index, partition, block_count, opened_ns), in batch-id order; the earliest due of those left open\n"
-"(None if none); whether some are left open; whether some were claimed full; whether some were claimed\n"
-"because they were due now, not full.");
+"(None if none); whether some are left open; whether some were claimed full; whether some with records\n"
+"were claimed because they were due now, not full.");
 
 static PyObject *claim_ready(PyObject *module, PyObject *args) {
     PyObject *control;
@@ -291,10 +291,11 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
     }
     PyObject *result = NULL, *claimed_list = NULL, *words_object = NULL;
     ClaimedBatch *claimed = NULL;
-    if (early_ms < 0 || early_ms > MAX_LINGER_MS) {
-        PyErr_SetString(PyExc_ValueError, "early_ms must be 0 to a day");
+    if (early_ms < 0) {
+        PyErr_SetString(PyExc_ValueError, "early_ms must not be negative");
         goto done;
     }
+    early_ms = early_ms < MAX_LINGER_MS ? early_ms : MAX_LINGER_MS;
     words_object = PyObject_GetAttrString(control, "words");
     if (words_object == NULL || PyObject_GetBuffer(words_object, &words, PyBUF_WRITABLE) < 0) {
         goto done;
@@ -333,7 +334,8 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
         }
         int64_t opened_ms = floor_div((int64_t)__atomic_load_n(&slot[OPENED_NS], __ATOMIC_RELAXED), 1000000);
         int64_t due = (opened_ms < seen[block] ? opened_ms : seen[block]) + linger_ms;
-        if (!(claim_all || full || now_ms + early_ms >= due)) {
+        /* due is a client's word in ms plus a day at most, far from INT64_MIN: due - early_ms cannot overflow. */
+        if (!(claim_all || full || now_ms >= due - early_ms)) {
             still_open = 1;
             next_due = due < next_due ? due : next_due;
             continue;
@@ -350,7 +352,7 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
         }
         seen[block] = UNSEEN;
         found_full |= full;
-        found_due |= !full && now_ms >= due;
+        int due_now = !full && now_ms >= due;
         /* Dekker's protocol, the daemon's side: CLAIMING, a full fence, what is published is the batch. */
         __atomic_store_n(&slot[CLAIM], CLAIM_CLAIMING, __ATOMIC_RELAXED);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -360,6 +362,7 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
         if (!record_count) {
             continue;  /* a client's own slot, rewritten: nothing of it is sent */
         }
+        found_due |= due_now;
         uint64_t topic_partition = __atomic_load_n(&slot[TOPIC_PARTITION], __ATOMIC_RELAXED);
         claimed[count++] = (ClaimedBatch){
             .block = block,

@@ -165,10 +165,12 @@ def claim_ready(control: batch_slots.ControlArea, state: ReadableBuffer, owned: 
                                                                          bool]:
     """Claim the batches of a client's segment that are ready (``service/_fastpath.c`` says which, and what it
     returns)."""
-    if not 0 <= early_ms <= _MAX_LINGER_MS:
-        raise ValueError("early_ms must be 0 to a day")
     states = memoryview(state).cast("B")
     raw_seen = memoryview(first_seen).cast("B")
+    early_ms = operator.index(early_ms)
+    if early_ms < 0:
+        raise ValueError("early_ms must not be negative")
+    early_ms = min(early_ms, _MAX_LINGER_MS)
     covered = raw_seen.nbytes // 8
     if raw_seen.nbytes % 8 or covered > len(states) or covered > control.block_count:
         raise ValueError("first_seen covers more blocks than state or the control area")
@@ -177,24 +179,24 @@ def claim_ready(control: batch_slots.ControlArea, state: ReadableBuffer, owned: 
     owned_blocks = [block for block, value in enumerate(states[:len(seen)]) if value == owned]
     still_open = found_full = found_due = False
     next_due: int | None = None
-    ready: list[int] = []
+    ready: list[tuple[int, bool]] = []  # each block claimed, and whether it was due now (not full)
     for block, published in control.open_slots(owned_blocks):
         full = bool(published & batch_slots.FULL)
         if seen[block] == _UNSEEN:
             seen[block] = now_ms
         due = min(control.opened_ns(block) // 1_000_000, seen[block]) + linger_ms
-        if claim_all or full or now_ms + early_ms >= due:
+        if claim_all or full or now_ms >= due - early_ms:
             seen[block] = _UNSEEN
             found_full |= full
-            found_due |= not full and now_ms >= due
-            ready.append(block)
+            ready.append((block, not full and now_ms >= due))
         else:
             still_open = True
             next_due = due if next_due is None else min(next_due, due)
     claimed = []
-    for block in ready:
+    for block, due_now in ready:
         record_count, length = control.claim(block)
         if record_count:  # else a client's own slot, rewritten: nothing of it is sent
+            found_due |= due_now
             slot = control.snapshot(block)
             claimed.append((block, record_count, length, slot.base_timestamp, slot.max_timestamp, slot.batch_id,
                             slot.topic_index, slot.partition, slot.block_count, slot.opened_ns))

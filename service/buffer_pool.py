@@ -378,7 +378,7 @@ class BufferPool:
         return blocks
 
     def claim_ready(self, client_id: int, now_ms: int, claim_all: bool,
-                    early_ms: int = 0) -> tuple[list[tuple[int, ...]], int | None, bool, bool, bool]:
+                    early_ms: int) -> tuple[list[tuple[int, ...]], int | None, bool, bool, bool]:
         """Claim the batches a client published on its blocks that are ready, as
         :func:`service.fastpath.claim_ready` says (its blocks granted and not sealed are where they are)."""
         memory = self._memory.get(client_id)

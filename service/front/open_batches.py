@@ -5,10 +5,11 @@ area (:mod:`client_stub.contract.batch_slots`); the daemon lingers and seals. It
 ready, as the Java producer's ``RecordAccumulator.ready()`` finds a batch sendable: linger.ms (the client's)
 after the batch opened, published full (the block is, or the client flushes or ends), the pool exhausted,
 the client's session over (whatever its process published is delivered, dead or alive). Once it claims a
-batch because its linger.ms passed, it claims with it every open batch of every client watched that is due
-within the next linger.ms (the daemon's), as the Java producer's ``drain()`` takes a batch of every partition
-of a node once one is sendable: the batches of a linger.ms go in one wake of the daemon, one produce request,
-and one DELIVERY a process.
+batch that lingered the daemon's linger.ms at least, it claims with it every open batch of every client
+watched that is due within the next linger.ms (the daemon's), as the Java producer's ``drain()`` takes a batch
+of every partition of a node once one is sendable: the batches of a linger.ms go in one turn of the daemon's
+loop, in one produce request per broker, and usually one DELIVERY a process. At most once a linger.ms, and
+never for a client that lingers less (``linger_ms=0`` asks for its own batches to go at once, not everyone's).
 
 The daemon looks at the open batches of each client it watches at least every ``scan_interval_ms`` (its
 linger.ms) or the client's linger.ms if shorter, sooner while it finds full ones or a batch is due, and
@@ -39,17 +40,23 @@ class Look(NamedTuple):
     still_open: bool  # some are left open
     found_full: bool  # some were claimed full
     next_due: int | None  # when the first of those left open is due
-    found_due: bool  # some were claimed because linger.ms passed (not full, not claimed early)
+    found_due: bool  # some with records were claimed because linger.ms passed (not full, not claimed early)
 
 
 class OpenBatches:
     """The clients watched, and the claims of their batches."""
 
-    def __init__(self, pool: BufferPool, sessions: SessionTable, seals: Seals, scan_interval_ms: int) -> None:
+    def __init__(self, pool: BufferPool, sessions: SessionTable, seals: Seals, linger_ms: int) -> None:
         self.pool = pool
         self.sessions = sessions
         self.seals = seals
-        self.scan_interval_ms = max(scan_interval_ms, 1)
+        self.linger_ms: int
+        self.scan_interval_ms: int
+        self.use_linger(linger_ms)
+        # When the batches due within linger.ms were last claimed together.
+        self._drained_ms: int | None = None
+        # Once the daemon reads nothing more of its clients (it is closing): what they publish stays theirs.
+        self._stopped = False
         # Each client watched, and until when (ms, the front's clock).
         self._watched: dict[ClientSession, int] = {}
         # When to look next at each client watched, and the earliest of those.
@@ -59,6 +66,17 @@ class OpenBatches:
         self._woken: set[ClientSession] = set()
         # By client, the batches claimed and not handed over yet.
         self._claims: dict[ClientSession, deque[tuple[int, ...]]] = {}
+
+    def use_linger(self, linger_ms: int) -> None:
+        """The daemon's linger.ms: how often it looks at a client it watches at least, and how early a batch is
+        claimed with one that is due."""
+        self.linger_ms = linger_ms
+        self.scan_interval_ms = max(linger_ms, 1)
+
+    def stop(self) -> None:
+        """Claim nothing more: the producer is closing and would fail what it is handed, which the clients keep for
+        the next daemon instead."""
+        self._stopped = True
 
     def wakeup(self, session: ClientSession, now: int) -> None:
         """The client asks to be looked at now (WAKEUP; BLOCKS too, which often follows a full batch): it is, once
@@ -73,8 +91,8 @@ class OpenBatches:
 
     def scan(self, now: int) -> None:
         """Claim the batches that are ready of the clients woken, and of every client watched that is due a look
-        (after each poll); once one is claimed because linger.ms passed, those due within the next linger.ms of
-        every client watched with it."""
+        (after each poll); once one that lingered the daemon's linger.ms is claimed, those due within the next
+        linger.ms of every client watched with it."""
         woken, self._woken = self._woken, set()
         if not woken and (not self._watched or now < self._earliest_look_ms):
             return
@@ -84,28 +102,30 @@ class OpenBatches:
                 look = self._look(session, now, 0)
                 if look is not None:
                     looks[session] = look
-        if any(look.found_due for look in looks.values()):
+        if self._drains(looks, now):
             # As the Java producer's drain() takes every partition's batch of a node once one is sendable: one
-            # wake, one produce request and one DELIVERY a process for the batches of a linger.ms, not one each.
-            # The batches of every broker: once claimed together they open together, each near its linger.ms.
+            # turn, one produce request a broker and one DELIVERY a process for the batches of a linger.ms, not
+            # one each. The batches of every broker: once claimed together they open together, each near its
+            # linger.ms.
+            self._drained_ms = now
             for session in list(self._watched):
-                look = self._look(session, now, self.scan_interval_ms)
+                look = self._look(session, now, self.linger_ms)
                 if look is not None:
                     earlier = looks.get(session)
                     looks[session] = look if earlier is None else look._replace(
                         found_full=look.found_full or earlier.found_full)
-        for session, (still_open, found_full, next_due, _) in looks.items():
+        for session, look in looks.items():
             if not self.sessions.is_live(session):
                 continue  # ended by a reply it did not take, as its batches were claimed: forgotten already
-            if still_open:
+            if look.still_open:
                 self._watched[session] = now + WATCH_MS
             elif now >= self._watched[session]:
                 self._unwatch(session)  # its header says so: its next batch comes with a WAKEUP
                 self._tell_watch(session)
                 continue
             # A client that fills blocks fills more: look again at the next turn.
-            look_ms = now + (1 if found_full else self._interval_ms(session))
-            self._next_look[session] = look_ms if next_due is None else min(look_ms, next_due)
+            look_ms = now + (1 if look.found_full else self._interval_ms(session))
+            self._next_look[session] = look_ms if look.next_due is None else min(look_ms, look.next_due)
             self._tell_watch(session)
         self._earliest_look_ms = min(self._next_look.values(), default=0)
 
@@ -131,13 +151,25 @@ class OpenBatches:
         self._watched.pop(session, None)
         self._next_look.pop(session, None)
 
+    def _drains(self, looks: dict[ClientSession, Look], now: int) -> bool:
+        """Whether the looks claimed a batch that lingered the daemon's linger.ms at least (a client that lingers
+        less asks for its own batches to go sooner, not everyone's), a linger.ms after the last drain at least."""
+        if not self.linger_ms or (self._drained_ms is not None and now - self._drained_ms < self.linger_ms):
+            return False
+        return any(look.found_due and self._client_linger_ms(session) >= self.linger_ms
+                   for session, look in looks.items())
+
     def _interval_ms(self, session: ClientSession) -> int:
         """How often the daemon looks at a client's open batches: every linger.ms of its own, or of the client's
         if shorter (whose batches would otherwise each come with a WAKEUP). A client that lingers less than a
         millisecond says WAKEUP for each batch whatever the daemon does."""
-        control = self.pool.control(session.client_id)
-        linger_ms = 0 if control is None else control.header(batch_slots.LINGER_NS) // 1_000_000
+        linger_ms = self._client_linger_ms(session)
         return linger_ms if 0 < linger_ms < self.scan_interval_ms else self.scan_interval_ms
+
+    def _client_linger_ms(self, session: ClientSession) -> int:
+        """The linger.ms the client's header says (0 without a segment)."""
+        control = self.pool.control(session.client_id)
+        return 0 if control is None else control.header(batch_slots.LINGER_NS) // 1_000_000
 
     def _look(self, session: ClientSession, now: int, early_ms: int) -> Look | None:
         """Claim the batches of a client watched that are ready or due within ``early_ms`` (:meth:`_scan`); None if
@@ -150,6 +182,8 @@ class OpenBatches:
     def _scan(self, session: ClientSession, now: int, *, claim_all: bool, early_ms: int = 0) -> Look:
         """Claim the client's batches that are ready or due within ``early_ms`` (all that hold records, with
         ``claim_all``) and hand them over."""
+        if self._stopped:
+            return Look(False, False, None, False)
         claimed, next_due, still_open, found_full, found_due = self.pool.claim_ready(session.client_id, now, claim_all,
                                                                                       early_ms)
         # A batch refused may end the session (a reply it does not take), which claims and hands over what is left

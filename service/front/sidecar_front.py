@@ -102,7 +102,7 @@ class SidecarFront:
         """Work with ``settings`` from now on (the configuration was reloaded)."""
         self.settings = self.quotas.settings = self.seals.settings = settings
         self.replies.reply_buffer_bytes = settings.reply_buffer_bytes
-        self.open_batches.scan_interval_ms = max(settings.welcome.linger_ms, 1)
+        self.open_batches.use_linger(settings.welcome.linger_ms)
 
     # -- client messages -------------------------------------------------------------------------
 
@@ -361,6 +361,7 @@ class SidecarFront:
         producer is closing, and would fail it). Replies still go out."""
         self.poller.unregister(self.endpoint.socket)
         self.handshakes.stop()
+        self.open_batches.stop()
 
     def close(self) -> None:
         # The ZeroMQ socket first, lingering: the last reports reach the clients before the memory socket's

@@ -164,7 +164,8 @@ def test_a_producer_at_a_steady_rate_gets_its_blocks_back_with_its_reports_witho
 def test_the_batches_of_a_linger_ms_are_claimed_together_and_reported_in_one_message(
         broker, topic_factory, sidecar) -> None:
     topic = topic_factory(6)
-    daemon = sidecar(broker.bootstrap, settings={"linger.ms": 500})
+    # Long enough that only a machine stalled for seconds puts a send past the first batch's claim.
+    daemon = sidecar(broker.bootstrap, settings={"linger.ms": 2000})
 
     def delivery_messages() -> int:
         [process] = [p for p in daemon.stats()["processes"] if p["pid"] == os.getpid()]

@@ -122,9 +122,13 @@ def test_early_ms_claims_the_batches_due_within_it_and_none_of_them_counts_as_du
         assert [batch[0] for batch in claimed] == [1, 2]
         assert (next_due, still_open, found_full, found_due) == (NOW_MS + 11, True, False, False)
         assert control.claim_word(3) == 0
-        for early_ms in (-1, 86_400_001):
-            with pytest.raises(ValueError, match="early_ms"):
-                fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False, early_ms)
+        with pytest.raises(ValueError, match="early_ms must not be negative"):
+            fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False, -1)
+        # More than a day is a day, as a linger.ms is: every batch is due within it.
+        control.set_header(batch_slots.LINGER_NS, 2**64 - 1)
+        open_batch(control, 4, 1, batch_id=4, opened_ms=NOW_MS)  # due in a day
+        claimed, *_ = fastpath.claim_ready(control, state, OWNED, seen, NOW_MS, False, 2**62)
+        assert [batch[0] for batch in claimed] == [3, 4]
 
 
 def test_only_the_blocks_first_seen_covers_are_looked_at(fastpath: ModuleType) -> None:
@@ -161,7 +165,7 @@ SLOT = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(slots=st.lists(SLOT, min_size=BLOCKS, max_size=BLOCKS), state=st.lists(st.sampled_from([FREE, OWNED, SEALED]),
        min_size=BLOCKS, max_size=BLOCKS), linger=WORD, seen=st.lists(st.sampled_from([UNSEEN, NOW_MS - 10, NOW_MS]),
-       max_size=BLOCKS), claim_all=st.booleans(), early_ms=st.sampled_from([0, 1, 7, 86_400_000]))
+       max_size=BLOCKS), claim_all=st.booleans(), early_ms=st.sampled_from([0, 1, 7, 86_400_000, 2**62]))
 def test_both_twins_claim_the_same_from_whatever_a_client_wrote(slots: list[list[int]], state: list[int],
                                                                  linger: int, seen: list[int],
                                                                  claim_all: bool, early_ms: int) -> None:

@@ -258,6 +258,85 @@ def test_a_full_batch_claims_only_itself(env: Env) -> None:
     assert origins(env, partition=1) == [(open_id, 1)]
 
 
+def test_a_client_lingering_less_than_the_daemon_has_only_its_own_batches_claimed_sooner() -> None:
+    env = Env(linger_ms=10)
+    try:
+        hasty, patient = env.client(), env.client()
+        hasty_id, patient_id = hasty.hello(), patient.hello()
+        lingering(hasty, 0)  # linger_ms=0: each batch asks to go at once
+        lingering(patient)
+        hasty_block, patient_block = hasty.blocks(1)[0], patient.blocks(1)[0]
+        patient.publish(notice(batch_id=1, first=patient_block, partition=1), full=False)
+        advance(env, LINGER_MS - 5)
+        hasty.publish(notice(batch_id=1, first=hasty_block), full=False)
+        assert origins(env) == [(hasty_id, 1)] and origins(env, partition=1) == []
+        advance(env, 5)
+        assert origins(env, partition=1) == [(patient_id, 1)]
+    finally:
+        env.close()
+
+
+def test_batches_due_at_once_claim_the_others_early_at_most_once_a_linger_ms() -> None:
+    # A client whose every batch is due at once (its slots say they opened long ago) cannot have everyone's batches
+    # claimed young more often than a client lingering as the daemon does would.
+    env = Env(linger_ms=10)
+    try:
+        hostile, other = env.client(), env.client()
+        hostile_id, other_id = hostile.hello(), other.hello()
+        lingering(hostile, 10)
+        lingering(other, 10)
+        hostile_blocks, other_blocks = hostile.blocks(2), other.blocks(2)
+        other.publish(notice(batch_id=1, first=other_blocks[0], partition=1), full=False)
+        advance(env, 1)
+        hostile.publish(notice(batch_id=1, first=hostile_blocks[0], ago=1000), full=False)
+        assert origins(env, partition=1) == [(other_id, 1)]  # due in 9 ms: claimed with the hostile one
+        other.publish(notice(batch_id=2, first=other_blocks[1], partition=1), full=False, wakeup=False)
+        advance(env, 2)
+        hostile.publish(notice(batch_id=2, first=hostile_blocks[1], ago=1000), full=False)
+        assert origins(env) == [(hostile_id, 1), (hostile_id, 2)]
+        # Due in 8 ms, but the last claim of the others was 2 ms ago: it lingers.
+        assert origins(env, partition=1) == [(other_id, 1)]
+        advance(env, 7)
+        assert origins(env, partition=1) == [(other_id, 1)]
+        advance(env, 1)
+        assert origins(env, partition=1) == [(other_id, 1), (other_id, 2)]
+    finally:
+        env.close()
+
+
+def test_a_daemon_lingering_past_a_day_claims_with_a_batch_due_every_other() -> None:
+    env = Env(linger_ms=2**31 - 1)
+    try:
+        due, lingering_long = env.client(), env.client()
+        due_id, long_id = due.hello(), lingering_long.hello()
+        lingering(due, 2**31 - 1)
+        lingering(lingering_long, 2**31 - 1)
+        due_block, long_block = due.blocks(1)[0], lingering_long.blocks(1)[0]
+        lingering_long.publish(notice(batch_id=1, first=long_block, partition=1), full=False)
+        assert origins(env, partition=1) == []
+        advance(env, 1)
+        # Due now (a linger.ms is a day at most): with it every batch due within the daemon's, a day at most too.
+        due.publish(notice(batch_id=1, first=due_block, ago=_DAY_MS), full=False)
+        assert origins(env) == [(due_id, 1)] and origins(env, partition=1) == [(long_id, 1)]
+    finally:
+        env.close()
+
+
+def test_once_the_daemon_reads_nothing_more_of_its_clients_their_batches_stay_theirs(env: Env) -> None:
+    # The producer is closing: what it was handed now would fail, where the clients keep it for the next daemon.
+    client = env.client()
+    client_id = client.hello()
+    lingering(client)
+    blocks = client.blocks(2)
+    client.publish(notice(batch_id=1, first=blocks[0]), full=False)
+    env.front.stop_serving()
+    client.publish(notice(batch_id=2, first=blocks[1], partition=1), wakeup=False)  # full
+    advance(env, LINGER_MS)
+    env.front.open_batches.claim_all(env.session(client_id), env.clock())
+    assert env.queued() == [] and env.queued(partition=1) == []
+    assert claim_word(client, blocks[0]) == claim_word(client, blocks[1]) == 0
+
+
 # -- claimed all at once --------------------------------------------------------------------------
 
 
