@@ -237,8 +237,8 @@ enum { HEADER_LINGER_NS = 2 };
 #define CLAIM_CLAIMED (1ULL << 62)
 #define COUNT_MASK ((1ULL << 31) - 1)
 #define LENGTH_MASK ((1ULL << 32) - 1)
-/* The longest linger.ms a client's header may ask for: a day (a lingering batch still expires at
-   delivery.timeout.ms from its claim). */
+/* The longest linger.ms a client's header may ask for, and the longest early_ms: a day (a lingering batch still
+   expires at delivery.timeout.ms from its claim). */
 #define MAX_LINGER_MS 86400000LL
 /* first_seen's word of a block where no open batch was seen since its last claim. */
 #define UNSEEN INT64_MIN
@@ -334,7 +334,8 @@ static PyObject *claim_ready(PyObject *module, PyObject *args) {
         }
         int64_t opened_ms = floor_div((int64_t)__atomic_load_n(&slot[OPENED_NS], __ATOMIC_RELAXED), 1000000);
         int64_t due = (opened_ms < seen[block] ? opened_ms : seen[block]) + linger_ms;
-        /* due is a client's word in ms plus a day at most, far from INT64_MIN: due - early_ms cannot overflow. */
+        /* due is a client's word in ms plus a day at most, and early_ms is a day at most (clamped above): far from
+           INT64_MIN, due - early_ms cannot overflow. */
         if (!(claim_all || full || now_ms >= due - early_ms)) {
             still_open = 1;
             next_due = due < next_due ? due : next_due;

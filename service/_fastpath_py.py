@@ -153,8 +153,8 @@ def copy_records(records: ReadableBuffer, record_count: int, /) -> bytes:
     return data
 
 
-# The longest linger.ms a client's header may ask for: a day (a lingering batch still expires at
-# delivery.timeout.ms from its claim).
+# The longest linger.ms a client's header may ask for, and the longest early_ms: a day (a lingering batch still
+# expires at delivery.timeout.ms from its claim).
 _MAX_LINGER_MS = 86_400_000
 # first_seen's word of a block where no open batch was seen since its last claim.
 _UNSEEN = _INT64_MIN
@@ -167,7 +167,7 @@ def claim_ready(control: batch_slots.ControlArea, state: ReadableBuffer, owned: 
     returns)."""
     states = memoryview(state).cast("B")
     raw_seen = memoryview(first_seen).cast("B")
-    early_ms = operator.index(early_ms)
+    early_ms = _int64(early_ms)
     if early_ms < 0:
         raise ValueError("early_ms must not be negative")
     early_ms = min(early_ms, _MAX_LINGER_MS)

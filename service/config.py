@@ -137,7 +137,9 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in (
     ConfigKey("acks", _to_acks, -1, doc="all (-1), 1 or 0 acknowledgements"),
     ConfigKey("linger.ms", int, 5, 0, INT_MAX, doc="how long the daemon lets a client's batch wait for more records "
               "before it claims the batch (clients may override for their own; the daemon looks at the clients' open "
-              "batches at least this often; a reload applies to clients that connect after it)", live=True),
+              "batches at least this often; once a batch of a client lingering this long at least is due, it claims "
+              "with it every batch due within this, at most once this often; a reload applies to the clients that "
+              "connect after it, and to how often and how early the daemon claims at once)", live=True),
     ConfigKey("batch.size", int, 16384, 1, INT_MAX,
               doc="the size of a shared-memory block of the BufferPool, so of a batch of small records (a larger "
                   "record gets several blocks in a row)"),

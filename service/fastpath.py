@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from client_stub.fastpath import load
 
-__all__ = ["IMPLEMENTATION", "UNSEEN", "claim_ready", "copy_records", "rebase_records"]
+__all__ = ["IMPLEMENTATION", "MAX_LINGER_MS", "UNSEEN", "claim_ready", "copy_records", "rebase_records"]
 
 if TYPE_CHECKING:
     # Whichever twin load() returns has the names and types of the extension's stub, service/_fastpath.pyi.
@@ -25,5 +25,7 @@ else:
 claim_ready = _module.claim_ready
 # claim_ready()'s first_seen word of a block where no open batch was seen since its last claim (INT64_MIN).
 UNSEEN = -(1 << 63)
+# The longest linger.ms claim_ready() takes from a client's header, and the longest early_ms: a day.
+MAX_LINGER_MS = 86_400_000
 copy_records = _module.copy_records
 rebase_records = _module.rebase_records

@@ -5,11 +5,12 @@ area (:mod:`client_stub.contract.batch_slots`); the daemon lingers and seals. It
 ready, as the Java producer's ``RecordAccumulator.ready()`` finds a batch sendable: linger.ms (the client's)
 after the batch opened, published full (the block is, or the client flushes or ends), the pool exhausted,
 the client's session over (whatever its process published is delivered, dead or alive). Once it claims a
-batch that lingered the daemon's linger.ms at least, it claims with it every open batch of every client
-watched that is due within the next linger.ms (the daemon's), as the Java producer's ``drain()`` takes a batch
-of every partition of a node once one is sendable: the batches of a linger.ms go in one turn of the daemon's
-loop, in one produce request per broker, and usually one DELIVERY a process. At most once a linger.ms, and
-never for a client that lingers less (``linger_ms=0`` asks for its own batches to go at once, not everyone's).
+batch due of a client lingering the daemon's linger.ms at least, it claims with it every open batch of every
+client watched that is due within the next linger.ms (the daemon's), as the Java producer's ``drain()`` takes
+a batch of every partition of a node once one is sendable: the batches of a linger.ms go in one turn of the
+daemon's loop, in one produce request per broker, and usually one DELIVERY a process. At most once a
+linger.ms, and never for a client that lingers less (``linger_ms=0`` asks for its own batches to go at once,
+not everyone's).
 
 The daemon looks at the open batches of each client it watches at least every ``scan_interval_ms`` (its
 linger.ms) or the client's linger.ms if shorter, sooner while it finds full ones or a batch is due, and
@@ -27,6 +28,7 @@ from typing import NamedTuple
 from client_stub.contract import batch_slots
 
 from ..buffer_pool import BufferPool
+from ..fastpath import MAX_LINGER_MS
 from .seals import Seals
 from .sessions import ClientSession, SessionTable
 
@@ -70,8 +72,9 @@ class OpenBatches:
     def use_linger(self, linger_ms: int) -> None:
         """The daemon's linger.ms: how often it looks at a client it watches at least, and how early a batch is
         claimed with one that is due."""
-        self.linger_ms = linger_ms
-        self.scan_interval_ms = max(linger_ms, 1)
+        # A linger.ms is a day at most, as claim_ready() takes the clients' and the window it claims early in.
+        self.linger_ms = min(linger_ms, MAX_LINGER_MS)
+        self.scan_interval_ms = max(self.linger_ms, 1)
 
     def stop(self) -> None:
         """Claim nothing more: the producer is closing and would fail what it is handed, which the clients keep for
@@ -94,7 +97,7 @@ class OpenBatches:
         (after each poll); once one that lingered the daemon's linger.ms is claimed, those due within the next
         linger.ms of every client watched with it."""
         woken, self._woken = self._woken, set()
-        if not woken and (not self._watched or now < self._earliest_look_ms):
+        if self._stopped or (not woken and (not self._watched or now < self._earliest_look_ms)):
             return
         looks: dict[ClientSession, Look] = {}
         for session in list(self._watched):
@@ -131,7 +134,8 @@ class OpenBatches:
 
     def claim_all(self, session: ClientSession, now: int) -> None:
         """Claim every batch the client has published records in (its session ends, or the pool is exhausted)."""
-        self._scan(session, now, claim_all=True)
+        if not self._stopped:
+            self._scan(session, now, claim_all=True)
 
     def forget(self, session: ClientSession) -> None:
         """The session is over: it is watched no more."""
@@ -167,9 +171,9 @@ class OpenBatches:
         return linger_ms if 0 < linger_ms < self.scan_interval_ms else self.scan_interval_ms
 
     def _client_linger_ms(self, session: ClientSession) -> int:
-        """The linger.ms the client's header says (0 without a segment)."""
+        """The linger.ms the client's header says, a day at most (0 without a segment)."""
         control = self.pool.control(session.client_id)
-        return 0 if control is None else control.header(batch_slots.LINGER_NS) // 1_000_000
+        return 0 if control is None else min(control.header(batch_slots.LINGER_NS) // 1_000_000, MAX_LINGER_MS)
 
     def _look(self, session: ClientSession, now: int, early_ms: int) -> Look | None:
         """Claim the batches of a client watched that are ready or due within ``early_ms`` (:meth:`_scan`); None if
@@ -182,8 +186,6 @@ class OpenBatches:
     def _scan(self, session: ClientSession, now: int, *, claim_all: bool, early_ms: int = 0) -> Look:
         """Claim the client's batches that are ready or due within ``early_ms`` (all that hold records, with
         ``claim_all``) and hand them over."""
-        if self._stopped:
-            return Look(False, False, None, False)
         claimed, next_due, still_open, found_full, found_due = self.pool.claim_ready(session.client_id, now, claim_all,
                                                                                       early_ms)
         # A batch refused may end the session (a reply it does not take), which claims and hands over what is left

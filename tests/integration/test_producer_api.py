@@ -172,7 +172,8 @@ def test_the_batches_of_a_linger_ms_are_claimed_together_and_reported_in_one_mes
         return int(process["delivery-messages-total"])
 
     with Producer(daemon.endpoint) as producer:
-        producer.send(topic, b"first").result(HANG_S)
+        producer.send(topic, b"first")
+        assert producer.flush(HANG_S) == 0
         before = delivery_messages()
         called_back = Deliveries()
         # A batch a partition, opened 10 ms apart: each due 10 ms after the one before, all within the linger.ms

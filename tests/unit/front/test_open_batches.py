@@ -1,6 +1,7 @@
 """The open batches: the daemon watches the clients that woke it, claims each batch a client published when it is
-due (linger.ms after it opened, full, the pool exhausted, the session over), and a client's slots concern its own
-records only."""
+due (linger.ms after it opened, full, the pool exhausted, the session over) and with one due those due soon, and a
+client's slots concern its own records only (but for when the others' due soon are claimed, at most once a
+linger.ms)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import pytest
 
 from client_stub.contract import batch_slots, ipc
 from service.buffer_pool import FREE, OWNED, SEALED
+from service.config import ProducerConfig
+from service.front import FrontSettings
 from service.front.open_batches import WATCH_MS, Look
-from tests.support.front import BLOCKS, T0, TIMEOUT_MS, Client, Env, deliveries, notice
+from tests.support.front import BLOCK, BLOCKS, MAX_REQUEST_SIZE, T0, TIMEOUT_MS, Client, Env, deliveries, notice
 
 LINGER_MS = 20  # the clients' linger.ms; the daemon's (its scan interval) is 5, unless a test says otherwise
 _DAY_MS = 86_400_000
@@ -318,6 +321,28 @@ def test_a_daemon_lingering_past_a_day_claims_with_a_batch_due_every_other() -> 
         # Due now (a linger.ms is a day at most): with it every batch due within the daemon's, a day at most too.
         due.publish(notice(batch_id=1, first=due_block, ago=_DAY_MS), full=False)
         assert origins(env) == [(due_id, 1)] and origins(env, partition=1) == [(long_id, 1)]
+    finally:
+        env.close()
+
+
+def test_a_reload_of_linger_ms_changes_how_early_the_others_are_claimed() -> None:
+    env = Env(linger_ms=5)
+    try:
+        config = ProducerConfig({"bootstrap.servers": "127.0.0.1:9", "max.request.size": MAX_REQUEST_SIZE,
+                                 "sidecar.client.timeout.ms": TIMEOUT_MS, "linger.ms": 20})
+        env.front.use_settings(FrontSettings.from_config(config, BLOCK, BLOCKS))
+        due, other = env.client(), env.client()
+        due_id, other_id = due.hello(), other.hello()
+        lingering(due)
+        lingering(other, 40)
+        due_block, other_block = due.blocks(1)[0], other.blocks(1)[0]
+        other.publish(notice(batch_id=1, first=other_block, partition=1), full=False)  # due in 40 ms
+        due.publish(notice(batch_id=1, first=due_block, ago=LINGER_MS), full=False)  # due now
+        # Due in 40 ms: not within the reloaded linger.ms of 20.
+        assert origins(env) == [(due_id, 1)] and origins(env, partition=1) == []
+        advance(env, 20)
+        due.publish(notice(batch_id=2, first=due.blocks(1)[0], ago=LINGER_MS), full=False)
+        assert origins(env, partition=1) == [(other_id, 1)]  # due in 20 ms: within the reloaded linger.ms
     finally:
         env.close()
 
