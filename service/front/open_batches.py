@@ -94,8 +94,8 @@ class OpenBatches:
 
     def scan(self, now: int) -> None:
         """Claim the batches that are ready of the clients woken, and of every client watched that is due a look
-        (after each poll); once one that lingered the daemon's linger.ms is claimed, those due within the next
-        linger.ms of every client watched with it."""
+        (after each poll); once one is claimed due of a client lingering the daemon's linger.ms at least, those
+        due within the next linger.ms of every client watched with it."""
         woken, self._woken = self._woken, set()
         if self._stopped or (not woken and (not self._watched or now < self._earliest_look_ms)):
             return
