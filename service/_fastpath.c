@@ -8,6 +8,8 @@
  * checked as rebase_records checks, so that no malformed batch reaches a broker. claim_ready(), with
  * which it claims the batches of a client's segment that are due (OpenBatches in
  * service/front/open_batches.py): one pass over the client's slots, every few milliseconds per client.
+ * seal_claimed(), with which it seals each batch claimed as it hands it over (Seals.claim in
+ * service/front/seals.py): the checks of its fields and blocks in one call, not a Python check a field.
  * Its pure-Python twin is service/_fastpath_py.py; service.fastpath chooses between the two at import,
  * as client_stub.fastpath chooses the client's.
  */
@@ -416,10 +418,58 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(seal_claimed_doc,
+"seal_claimed($module, state, owned, sealed, block_size, claimed, /)\n--\n\n"
+"Seal a batch claim_ready() claimed (``claimed``, as it returns one): make its blocks' bytes in ``state``\n"
+"``sealed`` and return True if its fields are in range for blocks of ``block_size`` bytes, as\n"
+"service/front/checks.py's check_notice() checks a notice, and its blocks are all ``owned``; else leave\n"
+"``state`` as it is and return False.");
+
+static PyObject *seal_claimed(PyObject *module, PyObject *args) {
+    Py_buffer state;
+    unsigned char owned, sealed;
+    Py_ssize_t block_size;
+    PyObject *claimed;
+    if (!PyArg_ParseTuple(args, "w*bbnO!:seal_claimed", &state, &owned, &sealed, &block_size, &PyTuple_Type,
+                          &claimed)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t block;
+    long long record_count, length, base_timestamp, max_timestamp, batch_id, topic_index, partition, block_count,
+        opened_ns;
+    if (!PyArg_ParseTuple(claimed, "nLLLLLLLLL:seal_claimed", &block, &record_count, &length, &base_timestamp,
+                          &max_timestamp, &batch_id, &topic_index, &partition, &block_count, &opened_ns)) {
+        goto done;
+    }
+    if (block_size < 1) {
+        PyErr_SetString(PyExc_ValueError, "block_size must be positive");
+        goto done;
+    }
+    /* The length of the records and their count are the claim's; the rest is the client's word. block_count is at
+       most state.len where the product is taken, which cannot overflow. */
+    int in_range = block >= 0 && block < state.len && batch_id >= 0 && partition >= 0 && partition <= INT32_MAX &&
+                   base_timestamp >= -1 && max_timestamp >= -1 && block_count >= 1 &&
+                   block_count <= state.len - block && record_count >= 1 && record_count <= length &&
+                   (unsigned long long)length <= (unsigned long long)block_count * (unsigned long long)block_size;
+    unsigned char *states = state.buf;
+    for (Py_ssize_t b = block; in_range && b < block + block_count; b++) {
+        in_range = states[b] == owned;
+    }
+    if (in_range) {
+        memset(states + block, sealed, (size_t)block_count);
+    }
+    result = PyBool_FromLong(in_range);
+done:
+    PyBuffer_Release(&state);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"rebase_records", (PyCFunction)rebase_records, METH_VARARGS, rebase_records_doc},
     {"copy_records", (PyCFunction)copy_records, METH_VARARGS, copy_records_doc},
     {"claim_ready", (PyCFunction)claim_ready, METH_VARARGS, claim_ready_doc},
+    {"seal_claimed", (PyCFunction)seal_claimed, METH_VARARGS, seal_claimed_doc},
     {NULL},
 };
 
@@ -427,8 +477,9 @@ static struct PyModuleDef fastpath_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "service._fastpath",
     .m_doc = "The daemon's per-record work in C: rebase_records(), for coalescing batches,\n"
-             "copy_records(), for reading the others, and claim_ready(), for claiming the batches of a\n"
-             "client's segment (its pure-Python twin: service._fastpath_py; service.fastpath chooses).",
+             "copy_records(), for reading the others, claim_ready(), for claiming the batches of a\n"
+             "client's segment, and seal_claimed(), for sealing each batch claimed (its pure-Python twin:\n"
+             "service._fastpath_py; service.fastpath chooses).",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -437,7 +488,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     PyObject *module = PyModule_Create(&fastpath_module);
 #ifdef Py_GIL_DISABLED
     /* rebase_records() and copy_records() keep no state, and read their argument once, into a copy of their own;
-       claim_ready() writes only the buffers it is given, which the daemon's loop alone uses. */
+       claim_ready() and seal_claimed() write only the buffers they are given, which the daemon's loop alone uses. */
     if (module != NULL && PyUnstable_Module_SetGIL(module, Py_MOD_GIL_NOT_USED) < 0) {
         Py_CLEAR(module);
     }

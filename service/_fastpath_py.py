@@ -1,9 +1,9 @@
 """The daemon's per-record work in pure Python: the twin of the C extension ``service._fastpath``.
 
 rebase_records(), with which the daemon coalesces small batches of one partition into one,
-copy_records(), with which it reads every other batch before its first send, and claim_ready(), with which
-it claims the batches of a client's segment that are due, as ``service/_fastpath.c`` does them (its
-comments are the specification), with the same errors. The
+copy_records(), with which it reads every other batch before its first send, claim_ready(), with which
+it claims the batches of a client's segment that are due, and seal_claimed(), with which it seals each, as
+``service/_fastpath.c`` does them (its comments are the specification), with the same errors. The
 reference for the C code, and the daemon of machines where the extension could not be built;
 ``service.fastpath`` chooses between the two when first imported.
 """
@@ -86,6 +86,14 @@ def _int64(value: object) -> int:
     value = operator.index(value)
     if not _INT64_MIN <= value <= _INT64_MAX:
         raise OverflowError("int too big to convert")
+    return value
+
+
+def _byte(value: object) -> int:
+    """``value`` as the C argument parser takes an unsigned byte: TypeError, or OverflowError outside [0, 255]."""
+    value = operator.index(value)
+    if not 0 <= value <= 255:
+        raise OverflowError("unsigned byte integer is out of range")
     return value
 
 
@@ -203,3 +211,26 @@ def claim_ready(control: batch_slots.ControlArea, state: ReadableBuffer, owned: 
     # A partition's batches go in the order the client opened them (its batch ids).
     claimed.sort(key=lambda batch: batch[5])
     return claimed, next_due, still_open, found_full, found_due
+
+
+def seal_claimed(state: WriteableBuffer, owned: int, sealed: int, block_size: int, claimed: tuple[int, ...], /) -> bool:
+    """Seal a batch claim_ready() claimed, if its fields are in range and its blocks all ``owned``
+    (``service/_fastpath.c`` says what it checks)."""
+    states = memoryview(state).cast("B")
+    owned, sealed, block_size = _byte(owned), _byte(sealed), _int64(block_size)
+    if not isinstance(claimed, tuple):
+        raise TypeError(f"seal_claimed() argument 5 must be tuple, not {type(claimed).__name__}")
+    if len(claimed) != 10:
+        raise TypeError(f"seal_claimed() takes a tuple of 10 items, not {len(claimed)}")
+    block, record_count, length, base_timestamp, max_timestamp, batch_id, _, partition, block_count, _ = map(
+        _int64, claimed)
+    if block_size < 1:
+        raise ValueError("block_size must be positive")
+    # The length of the records and their count are the claim's; the rest is the client's word.
+    if not (0 <= block < len(states) and batch_id >= 0 and 0 <= partition <= 2**31 - 1 and base_timestamp >= -1
+            and max_timestamp >= -1 and 1 <= block_count <= len(states) - block and 1 <= record_count <= length
+            and length <= block_count * block_size
+            and all(value == owned for value in states[block:block + block_count])):
+        return False
+    states[block:block + block_count] = bytes([sealed]) * block_count
+    return True

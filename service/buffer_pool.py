@@ -391,6 +391,18 @@ class BufferPool:
             first_seen.extend(array("q", [fastpath.UNSEEN]) * (last + 1 - len(first_seen)))
         return fastpath.claim_ready(memory.control, memory.state, OWNED, first_seen, now_ms, claim_all, early_ms)
 
+    def seal_claimed(self, client_id: int, claimed: tuple[int, ...]) -> memoryview | None:
+        """Seal a batch :meth:`claim_ready` claimed and return the view of its records; None, and nothing changed,
+        if what its client wrote of it is out of range or its blocks are not all the client's unsealed (as
+        :func:`service.fastpath.seal_claimed` says: :meth:`seal` says why)."""
+        memory = self._memory.get(client_id)
+        if memory is None or not memory.attached or not fastpath.seal_claimed(memory.state, OWNED, SEALED,
+                                                                                self.block_size, claimed):
+            return None
+        first, length, count = claimed[0], claimed[2], claimed[8]
+        self._queue.sealed(count)
+        return self._records(memory, first, length)
+
     def control(self, client_id: int) -> ControlArea | None:
         """The control area of a client's segment, if it has one."""
         memory = self._memory.get(client_id)
@@ -404,6 +416,10 @@ class BufferPool:
         memory = self._memory[client_id]
         memory.state[first:first + count] = bytes([SEALED]) * count
         self._queue.sealed(count)
+        return self._records(memory, first, length)
+
+    def _records(self, memory: ClientMemory, first: int, length: int) -> memoryview:
+        """The view of the ``length`` bytes a client's blocks hold from ``first`` on."""
         start = self.layout.block_offset(first)
         return memory.segment.buf[start:start + length]
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from client_stub.fastpath import load
 
-__all__ = ["IMPLEMENTATION", "MAX_LINGER_MS", "UNSEEN", "claim_ready", "copy_records", "rebase_records"]
+__all__ = ["IMPLEMENTATION", "MAX_LINGER_MS", "UNSEEN", "claim_ready", "copy_records", "rebase_records",
+           "seal_claimed"]
 
 if TYPE_CHECKING:
     # Whichever twin load() returns has the names and types of the extension's stub, service/_fastpath.pyi.
@@ -29,3 +30,4 @@ UNSEEN = -(1 << 63)
 MAX_LINGER_MS = 86_400_000
 copy_records = _module.copy_records
 rebase_records = _module.rebase_records
+seal_claimed = _module.seal_claimed

@@ -82,7 +82,9 @@ def notice_fields(notice: Any) -> dict[str, Any]:
 
 def check_notice(raw: Any, block_count: int, block_size: int) -> ipc.SealNotice:
     """A seal notice whose fields are each in range for a pool of ``block_count`` blocks of ``block_size``
-    bytes; ClientError if not (whether the blocks are the client's is the pool's to say)."""
+    bytes; ClientError if not (whether the blocks are the client's is the pool's to say). The fast path's
+    seal_claimed() checks a batch claimed alike, in one call (tests/unit/test_claim_ready.py holds them
+    to it)."""
     if not isinstance(raw, list) or len(raw) != len(ipc.SealNotice._fields):
         raise ClientError(f"a seal notice has the fields {', '.join(ipc.SealNotice._fields)}")
     notice = ipc.SealNotice._make(raw)

@@ -5,7 +5,10 @@ A batch comes as a seal notice: one the daemon read from the batch's slot as it 
 back with the session of a daemon that is gone (:meth:`Seals.seal`). Each is checked on its own
 (a bad one, or one past the client's limits, fails its batch only, with a report, and the blocks
 it named that the client still held go back to the pool); the batch's view is of the client's own
-segment, which the daemon reads once when it sends the batch.
+segment, which the daemon reads once when it sends the batch. A batch claimed is checked and sealed
+in one call of the fast path (:func:`service.fastpath.seal_claimed`), the daemon's work for each of
+them; one that fails it, and each handed back, is checked field by field (:func:`check_notice`),
+which says why it is refused.
 """
 
 from __future__ import annotations
@@ -64,19 +67,29 @@ class Seals:
 
     def claim(self, session: ClientSession, claimed: tuple[int, ...], now: int) -> None:
         """Hand over a batch the daemon claimed (as :func:`service.fastpath.claim_ready` returns it): its records
-        and length as the claim read them, the rest as its slot says, checked as a notice."""
+        and length as the claim read them, the rest as its slot says, sealed in one check of its fields and blocks
+        (:meth:`BufferPool.seal_claimed`); one that fails it is checked as a notice, which says why."""
         (block, record_count, length, base_timestamp, max_timestamp, batch_id, topic_index, partition, block_count,
          opened_ns) = claimed
         names = session.topic_names
-        created_ms_ago = min(max(now - opened_ns // 1_000_000, 0), 2**40)
-        notice = [batch_id, block, block_count, None, partition, record_count, length, base_timestamp, max_timestamp,
-                  created_ms_ago]
+        notice = ipc.SealNotice(batch_id, block, block_count, names[topic_index] if topic_index < len(names) else "",
+                                partition, record_count, length, base_timestamp, max_timestamp,
+                                min(max(now - opened_ns // 1_000_000, 0), 2**40))
         if topic_index >= len(names):
-            self._refused(session, notice, ClientError(f"no topic is number {topic_index} of this session: "
-                                                       f"it follows {len(names)}"))
+            self._refused(session, list(notice), ClientError(f"no topic is number {topic_index} of this session: "
+                                                             f"it follows {len(names)}"))
             return
-        notice[3] = names[topic_index]
-        self._hand_over(session, notice, now)
+        records = self.pool.seal_claimed(session.client_id, claimed)
+        if records is None:
+            self._hand_over(session, list(notice), now)  # checked as a notice, which says why it is refused
+            return
+        try:
+            self._admit(session, notice)
+        except ClientError as exc:
+            self.pool.free(session.client_id, range(block, block + block_count))
+            self._refused(session, list(notice), exc)
+            return
+        self._queue(self._producer_batch(session, notice, records, now))
 
     def _hand_over(self, session: ClientSession, notice: Any, now: int) -> None:
         """The batch of one notice to the producer, or failed (the client's fault: refused, with a report)."""
@@ -85,6 +98,10 @@ class Seals:
         except ClientError as exc:
             self._refused(session, notice, exc)
             return
+        self._queue(batch)
+
+    def _queue(self, batch: ProducerBatch) -> None:
+        """A batch to the producer."""
         try:
             self.append(batch)
         except Exception as exc:
@@ -110,6 +127,13 @@ class Seals:
 
     def _batch(self, session: ClientSession, raw: Any, now: int) -> ProducerBatch:
         notice = check_notice(raw, self.pool.block_count, self.pool.block_size)
+        self._admit(session, notice)
+        view = self.pool.seal(session.client_id, notice.first_block, notice.block_count, notice.length)
+        return self._producer_batch(session, notice, view, now)
+
+    def _admit(self, session: ClientSession, notice: ipc.SealNotice) -> None:
+        """ClientError unless the session may produce to the notice's topic, its partition exists (as far as the
+        daemon knows) and its batch is within max.request.size."""
         topic, partition, length = notice.topic, notice.partition, notice.length
         self.quotas.admit_topic(session, topic)
         partitions = self.topics.partition_count(topic)
@@ -117,12 +141,14 @@ class Seals:
             raise ClientError(f"partition {partition} of topic {topic} does not exist: it has {partitions}")
         if length + BATCH_HEADER_SIZE > self.settings.max_request_size:
             raise ClientError(f"a batch of {length} bytes (and its header) is larger than max.request.size")
-        first, count = notice.first_block, notice.block_count
-        view = self.pool.seal(session.client_id, first, count, length)
+
+    def _producer_batch(self, session: ClientSession, notice: ipc.SealNotice, records: memoryview,
+                        now: int) -> ProducerBatch:
+        """The batch of a notice whose blocks are sealed, ``records`` the view of them."""
         session.unreported[notice.batch_id] = notice.record_count
         self.records_sealed += notice.record_count
-        client_id, blocks = session.client_id, range(first, first + count)
-        return ProducerBatch(TopicPartition(topic, partition), view, notice.record_count,
+        client_id, blocks = session.client_id, range(notice.first_block, notice.first_block + notice.block_count)
+        return ProducerBatch(TopicPartition(notice.topic, notice.partition), records, notice.record_count,
                              base_timestamp=notice.base_timestamp, max_timestamp=notice.max_timestamp,
                              created_ms=now - notice.created_ms_ago, on_complete=self.reports.batch_done,
                              release=lambda: self.pool.free(client_id, blocks),

@@ -1,4 +1,5 @@
-"""claim_ready: the daemon's claims of the batches a client publishes in its segment's control area.
+"""claim_ready and seal_claimed: the daemon's claims of the batches a client publishes in its segment's control
+area, and the seal of each batch claimed.
 
 Every test runs against both twins (``fastpath``), the C extension ``service._fastpath`` and its pure-Python
 twin ``service._fastpath_py``; the last one gives both the same segments, whatever a client wrote in them, and
@@ -17,7 +18,9 @@ from hypothesis import strategies as st
 from client_stub.contract import batch_slots
 from client_stub.contract.shared_memory import Layout
 from service import _fastpath_py
+from service.client_error import ClientError
 from service.fastpath import UNSEEN
+from service.front.checks import check_notice
 from tests.support.fastpath import DAEMON, c_extension, mapped_segment
 
 BLOCKS = 16
@@ -77,6 +80,49 @@ def test_claims_what_is_due_full_or_lingered_in_batch_id_order_and_leaves_the_re
         assert seen[6] == UNSEEN
         assert fastpath.claim_ready(control, state, OWNED, seen, NOW_MS + 4, False, 0) == ([], None, False, False,
                                                                                           False)
+
+
+def test_a_batch_claimed_is_sealed_if_in_range_on_the_clients_blocks_and_left_as_it_was_if_not(
+        fastpath: ModuleType) -> None:
+    with mapped_segment(Layout(4096, BLOCKS)) as shared:
+        control = shared.daemon
+        state = bytearray([OWNED] * BLOCKS)
+        state[3] = FREE
+        open_batch(control, 1, 2, batch_id=1, opened_ms=NOW_MS)
+        open_batch(control, 2, 1, batch_id=2, opened_ms=NOW_MS, block_count=2)  # over a block not the client's
+        open_batch(control, 5, 1, batch_id=3, opened_ms=NOW_MS)
+        control.publish(5, 1, 4097, 1_700_000_000_001)  # longer than its one block
+        open_batch(control, 7, 1, batch_id=4, opened_ms=NOW_MS, block_count=BLOCKS - 6)  # past the pool's end
+        open_batch(control, 10, 1, batch_id=5, opened_ms=NOW_MS, block_count=2)  # the first to name block 11
+        open_batch(control, 11, 1, batch_id=6, opened_ms=NOW_MS)
+        open_batch(control, 13, 1, batch_id=7, opened_ms=NOW_MS, block_count=0)
+        open_batch(control, 14, 1, batch_id=8, opened_ms=NOW_MS, partition=2**31 - 1, topic_index=2**32 - 1)
+        claimed, *_ = fastpath.claim_ready(control, state, OWNED, unseen(), NOW_MS, True, 0)
+        sealed = [fastpath.seal_claimed(state, OWNED, SEALED, 4096, batch) for batch in claimed]
+        assert [batch[0] for batch in claimed] == [1, 2, 5, 7, 10, 11, 13, 14]
+        assert sealed == [True, False, False, False, True, False, False, True]
+        assert [block for block in range(BLOCKS) if state[block] == SEALED] == [1, 10, 11, 14]
+        # Sealed once: the same batch again finds its blocks sealed.
+        assert fastpath.seal_claimed(state, OWNED, SEALED, 4096, claimed[0]) is False
+
+
+def test_seal_claimed_refuses_what_claim_ready_never_returns(fastpath: ModuleType) -> None:
+    state = bytearray([OWNED] * BLOCKS)
+    batch = (0, 1, 100, -1, -1, 0, 0, 0, 1, 0)
+    with pytest.raises(TypeError):
+        fastpath.seal_claimed(state, OWNED, SEALED, 4096, list(batch))
+    with pytest.raises(TypeError):
+        fastpath.seal_claimed(state, OWNED, SEALED, 4096, batch[:9])
+    with pytest.raises(OverflowError):
+        fastpath.seal_claimed(state, OWNED, SEALED, 4096, (2**63, *batch[1:]))
+    with pytest.raises(OverflowError):
+        fastpath.seal_claimed(state, 256, SEALED, 4096, batch)
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        fastpath.seal_claimed(state, OWNED, SEALED, 0, batch)
+    with pytest.raises(TypeError):
+        fastpath.seal_claimed(bytes(state), OWNED, SEALED, 4096, batch)
+    assert state == bytearray([OWNED] * BLOCKS)
+    assert fastpath.seal_claimed(state, OWNED, SEALED, 4096, (BLOCKS, *batch[1:])) is False  # past the pool's end
 
 
 def test_a_client_that_says_its_batch_opened_later_waits_no_longer_than_linger_ms_from_first_seen(
@@ -171,10 +217,12 @@ SLOT = st.one_of(
     st.lists(WORD, min_size=8, max_size=8),
     # Slots of batches open with records, as clients write them (their batch ids anything, some equal).
     # opened_ns near now, or any word (one far in the past or the future puts due far from now).
-    st.tuples(st.integers(1, 50), st.integers(0, 4096), st.booleans(), st.integers(-5, 5), WORD,
-              st.one_of(st.integers(NOW_MS - 20, NOW_MS + 20).map(lambda ms: ms * 1_000_000), WORD)).map(
+    # Their block counts from past the pool to none, some naming the same blocks.
+    st.tuples(st.integers(1, 50), st.integers(0, 3 * 4096), st.booleans(), st.integers(-5, 5), WORD,
+              st.one_of(st.integers(NOW_MS - 20, NOW_MS + 20).map(lambda ms: ms * 1_000_000), WORD),
+              st.integers(-1, 4)).map(
         lambda s: [batch_slots.pack_published(s[0], s[1], s[2]), 0, 1_700_000_000_000, s[4], s[3],
-                   s[0] | (s[0] << 32), 1, s[5]]),
+                   s[0] | (s[0] << 32), s[6], s[5]]),
 )
 
 
@@ -183,9 +231,9 @@ SLOT = st.one_of(
 @given(slots=st.lists(SLOT, min_size=BLOCKS, max_size=BLOCKS), state=st.lists(st.sampled_from([FREE, OWNED, SEALED]),
        min_size=BLOCKS, max_size=BLOCKS), linger=WORD, seen=st.lists(st.sampled_from([UNSEEN, NOW_MS - 10, NOW_MS]),
        max_size=BLOCKS), claim_all=st.booleans(), early_ms=st.sampled_from([0, 1, 7, 86_400_000, 2**62, 2**63 - 1]))
-def test_both_twins_claim_the_same_from_whatever_a_client_wrote(slots: list[list[int]], state: list[int],
-                                                                 linger: int, seen: list[int],
-                                                                 claim_all: bool, early_ms: int) -> None:
+def test_both_twins_claim_and_seal_the_same_from_whatever_a_client_wrote(slots: list[list[int]], state: list[int],
+                                                                          linger: int, seen: list[int],
+                                                                          claim_all: bool, early_ms: int) -> None:
     c_fastpath = c_extension("service._fastpath")
     results = []
     with mapped_segment(Layout(4096, BLOCKS)) as c_shared, mapped_segment(Layout(4096, BLOCKS)) as py_shared:
@@ -195,6 +243,29 @@ def test_both_twins_claim_the_same_from_whatever_a_client_wrote(slots: list[list
                 for word, value in enumerate(words):
                     control.words[batch_slots.HEADER_SIZE // 8 + block * 8 + word] = value % 2**64
             first_seen = array("q", seen)
-            answer = module.claim_ready(control, bytearray(state), OWNED, first_seen, NOW_MS, claim_all, early_ms)
-            results.append((answer, first_seen.tolist(), control.words.tolist()))
+            blocks = bytearray(state)
+            answer = module.claim_ready(control, blocks, OWNED, first_seen, NOW_MS, claim_all, early_ms)
+            sealed = [module.seal_claimed(blocks, OWNED, SEALED, 4096, batch) for batch in answer[0]]
+            results.append((answer, sealed, blocks, first_seen.tolist(), control.words.tolist()))
     assert results[0] == results[1]
+    # Sealed in batch-id order, each if the notice the daemon makes of it passes the checks of one a client hands
+    # back, on blocks the client holds unsealed: of two batches naming the same block, the first takes it.
+    (claimed, *_), sealed, blocks, *_ = results[0]
+    held = bytearray(state)
+    for batch, was_sealed in zip(claimed, sealed, strict=True):
+        assert was_sealed is passes_the_checks(batch, held), batch
+        if was_sealed:
+            held[batch[0]:batch[0] + batch[8]] = bytes([SEALED]) * batch[8]
+    assert blocks == held
+
+
+def passes_the_checks(batch: tuple[int, ...], state: bytearray) -> bool:
+    """Whether a batch claimed passes the checks of the notice the daemon makes of it (a client's notice), on
+    blocks the client holds unsealed in ``state``."""
+    block, record_count, length, base_timestamp, max_timestamp, batch_id, _, partition, block_count, _ = batch
+    try:
+        check_notice([batch_id, block, block_count, "topic", partition, record_count, length, base_timestamp,
+                      max_timestamp, 0], BLOCKS, 4096)
+    except ClientError:
+        return False
+    return block + block_count <= BLOCKS and all(state[b] == OWNED for b in range(block, block + block_count))
