@@ -420,7 +420,8 @@ done:
 
 PyDoc_STRVAR(seal_claimed_doc,
 "seal_claimed($module, state, owned, sealed, block_size, claimed, /)\n--\n\n"
-"Seal a batch claim_ready() claimed (``claimed``, as it returns one): make its blocks' bytes in ``state``\n"
+"Seal a batch claim_ready() claimed (``claimed``, a tuple as it returns one, whose items it takes as\n"
+"integers): make its blocks' bytes in ``state``\n"
 "``sealed`` and return True if its fields are in range for blocks of ``block_size`` bytes, as\n"
 "service/front/checks.py's check_notice() checks a notice, and its blocks are all ``owned``; else leave\n"
 "``state`` as it is and return False.");
@@ -446,12 +447,12 @@ static PyObject *seal_claimed(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "block_size must be positive");
         goto done;
     }
-    /* The length of the records and their count are the claim's; the rest is the client's word. block_count is at
-       most state.len where the product is taken, which cannot overflow. */
+    /* The length of the records and their count are the claim's; the rest is the client's word. The length fits
+       block_count blocks, length <= block_count * block_size, tested by a division: the product may overflow. */
     int in_range = block >= 0 && block < state.len && batch_id >= 0 && partition >= 0 && partition <= INT32_MAX &&
                    base_timestamp >= -1 && max_timestamp >= -1 && block_count >= 1 &&
                    block_count <= state.len - block && record_count >= 1 && record_count <= length &&
-                   (unsigned long long)length <= (unsigned long long)block_count * (unsigned long long)block_size;
+                   (length - 1) / block_size < block_count;
     unsigned char *states = state.buf;
     for (Py_ssize_t b = block; in_range && b < block + block_count; b++) {
         in_range = states[b] == owned;

@@ -20,7 +20,7 @@ from client_stub.contract.records import varint
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer
 
-__all__ = ["claim_ready", "copy_records", "rebase_records"]
+__all__ = ["claim_ready", "copy_records", "rebase_records", "seal_claimed"]
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -217,13 +217,15 @@ def seal_claimed(state: WriteableBuffer, owned: int, sealed: int, block_size: in
     """Seal a batch claim_ready() claimed, if its fields are in range and its blocks all ``owned``
     (``service/_fastpath.c`` says what it checks)."""
     states = memoryview(state).cast("B")
+    if states.readonly:
+        raise TypeError(f"seal_claimed() argument 1 must be read-write bytes-like object, not {type(state).__name__}")
     owned, sealed, block_size = _byte(owned), _byte(sealed), _int64(block_size)
     if not isinstance(claimed, tuple):
         raise TypeError(f"seal_claimed() argument 5 must be tuple, not {type(claimed).__name__}")
     if len(claimed) != 10:
         raise TypeError(f"seal_claimed() takes a tuple of 10 items, not {len(claimed)}")
-    block, record_count, length, base_timestamp, max_timestamp, batch_id, _, partition, block_count, _ = map(
-        _int64, claimed)
+    fields = [_int64(item) for item in claimed]
+    block, record_count, length, base_timestamp, max_timestamp, batch_id, _, partition, block_count, _ = fields
     if block_size < 1:
         raise ValueError("block_size must be positive")
     # The length of the records and their count are the claim's; the rest is the client's word.

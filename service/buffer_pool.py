@@ -394,7 +394,8 @@ class BufferPool:
     def seal_claimed(self, client_id: int, claimed: tuple[int, ...]) -> memoryview | None:
         """Seal a batch :meth:`claim_ready` claimed and return the view of its records; None, and nothing changed,
         if what its client wrote of it is out of range or its blocks are not all the client's unsealed (as
-        :func:`service.fastpath.seal_claimed` says: :meth:`seal` says why)."""
+        :func:`service.fastpath.seal_claimed` checks; :func:`service.front.checks.check_notice` and :meth:`seal`
+        say why)."""
         memory = self._memory.get(client_id)
         if memory is None or not memory.attached or not fastpath.seal_claimed(memory.state, OWNED, SEALED,
                                                                                 self.block_size, claimed):
@@ -417,6 +418,12 @@ class BufferPool:
         memory.state[first:first + count] = bytes([SEALED]) * count
         self._queue.sealed(count)
         return self._records(memory, first, length)
+
+    def unseal(self, client_id: int, first: int, count: int) -> None:
+        """Undo :meth:`seal_claimed` for a batch refused before it was queued: its blocks are the client's
+        unsealed again, not finished (the queue limit follows what the daemon sends)."""
+        self._memory[client_id].state[first:first + count] = bytes([OWNED]) * count
+        self._queue.unsealed(count)
 
     def _records(self, memory: ClientMemory, first: int, length: int) -> memoryview:
         """The view of the ``length`` bytes a client's blocks hold from ``first`` on."""

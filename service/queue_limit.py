@@ -51,6 +51,10 @@ class QueueLimit:
         """``count`` blocks were sealed."""
         self._sealed += count
 
+    def unsealed(self, count: int) -> None:
+        """``count`` blocks sealed are the client's unsealed again, unsent: not finished."""
+        self._sealed -= count
+
     def finished(self, count: int) -> None:
         """``count`` sealed blocks came back to the pool."""
         self._sealed -= count

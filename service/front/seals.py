@@ -72,13 +72,13 @@ class Seals:
         (block, record_count, length, base_timestamp, max_timestamp, batch_id, topic_index, partition, block_count,
          opened_ns) = claimed
         names = session.topic_names
-        notice = ipc.SealNotice(batch_id, block, block_count, names[topic_index] if topic_index < len(names) else "",
-                                partition, record_count, length, base_timestamp, max_timestamp,
-                                min(max(now - opened_ns // 1_000_000, 0), 2**40))
         if topic_index >= len(names):
-            self._refused(session, list(notice), ClientError(f"no topic is number {topic_index} of this session: "
-                                                             f"it follows {len(names)}"))
+            self._refused(session, [batch_id, block, block_count, None, partition, record_count, length,
+                                    base_timestamp, max_timestamp, 0],
+                          ClientError(f"no topic is number {topic_index} of this session: it follows {len(names)}"))
             return
+        notice = ipc.SealNotice(batch_id, block, block_count, names[topic_index], partition, record_count, length,
+                                base_timestamp, max_timestamp, min(max(now - opened_ns // 1_000_000, 0), 2**40))
         records = self.pool.seal_claimed(session.client_id, claimed)
         if records is None:
             self._hand_over(session, list(notice), now)  # checked as a notice, which says why it is refused
@@ -86,10 +86,10 @@ class Seals:
         try:
             self._admit(session, notice)
         except ClientError as exc:
-            self.pool.free(session.client_id, range(block, block + block_count))
+            self.pool.unseal(session.client_id, block, block_count)  # then freed as a refused batch's blocks are
             self._refused(session, list(notice), exc)
             return
-        self._queue(self._producer_batch(session, notice, records, now))
+        self._to_producer(self._producer_batch(session, notice, records, now))
 
     def _hand_over(self, session: ClientSession, notice: Any, now: int) -> None:
         """The batch of one notice to the producer, or failed (the client's fault: refused, with a report)."""
@@ -98,10 +98,10 @@ class Seals:
         except ClientError as exc:
             self._refused(session, notice, exc)
             return
-        self._queue(batch)
+        self._to_producer(batch)
 
-    def _queue(self, batch: ProducerBatch) -> None:
-        """A batch to the producer."""
+    def _to_producer(self, batch: ProducerBatch) -> None:
+        """Queue a batch in the producer's accumulator."""
         try:
             self.append(batch)
         except Exception as exc:

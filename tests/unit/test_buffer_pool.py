@@ -620,9 +620,9 @@ def test_states_follow_every_change(pool: BufferPool) -> None:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_use_and_abuse_keeps_the_books(seed: int) -> None:
-    """Grants, seals, deliveries, detaches and expiries mixed with abuse (blocks named twice, blocks
-    of others, sealed or free blocks given back or sealed, clients without a segment): the pool's
-    books stay exact, a client's segment goes once it is detached and its last batch is sent."""
+    """Grants, seals (of claims too, some undone), deliveries, detaches and expiries mixed with abuse (blocks
+    named twice, blocks of others, sealed or free blocks given back or sealed, clients without a segment): the
+    pool's books stay exact, a client's segment goes once it is detached and its last batch is sent."""
     rng = random.Random(seed)
     limit = 5
     pool = BufferPool(BLOCKS * BLOCK, BLOCK, max_blocks_per_process=limit)
@@ -668,12 +668,21 @@ def test_random_use_and_abuse_keeps_the_books(seed: int) -> None:
             elif op == 3:
                 run = range(rng.randrange(BLOCKS), rng.randrange(BLOCKS) + 1)
                 legit = len(run) > 0 and all(model.get((anyone, b)) == OWNED for b in run)
-                try:
-                    pool.seal(anyone, run.start, len(run), 1).release()
-                except BlockError:
-                    assert not legit
+                if rng.random() < 0.5:  # a batch the daemon claimed, and its client's notice
+                    view = pool.seal_claimed(anyone, (run.start, 1, 1, -1, -1, step, 0, 0, len(run), 0))
+                    assert (view is not None) is legit
+                    if view is not None:
+                        view.release()
                 else:
-                    assert legit
+                    try:
+                        pool.seal(anyone, run.start, len(run), 1).release()
+                    except BlockError:
+                        assert not legit
+                    else:
+                        assert legit
+                if legit and rng.random() < 0.2:  # refused once sealed: its client's unsealed again
+                    pool.unseal(anyone, run.start, len(run))
+                elif legit:
                     model.update(((anyone, b), SEALED) for b in run)
                     sealed.append((anyone, run))
             elif op == 4 and sealed:  # a batch is delivered
@@ -706,6 +715,8 @@ def test_random_use_and_abuse_keeps_the_books(seed: int) -> None:
             assert pool.held() == held and all(count <= limit for count in held.values())
             # Each client is a process of its own here; a process that holds nothing is not kept.
             assert pool._process_held == {-owner: count for owner, count in held.items() if count}
+            # The queue limit's count of the blocks sealed and not finished follows every change.
+            assert pool._queue._sealed == pool.block_states()[1] == sum(state == SEALED for state in model.values())
             for owner in kept:
                 assert states(pool, owner) == [model.get((owner, b), FREE) for b in range(BLOCKS)]
             assert {w.client_id for w in pool.waiters} <= set(live)

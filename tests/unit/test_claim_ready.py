@@ -2,8 +2,9 @@
 area, and the seal of each batch claimed.
 
 Every test runs against both twins (``fastpath``), the C extension ``service._fastpath`` and its pure-Python
-twin ``service._fastpath_py``; the last one gives both the same segments, whatever a client wrote in them, and
-checks that they claim the same batches, answer the same and leave the same words behind.
+twin ``service._fastpath_py``; the last ones give both the same segments, whatever a client wrote in them, and
+check that they claim and seal the same batches, answer the same and leave the same words behind, and that a
+batch is sealed exactly when the notice made of it passes the checks of one a client hands back.
 """
 
 from __future__ import annotations
@@ -119,10 +120,63 @@ def test_seal_claimed_refuses_what_claim_ready_never_returns(fastpath: ModuleTyp
         fastpath.seal_claimed(state, 256, SEALED, 4096, batch)
     with pytest.raises(ValueError, match="block_size must be positive"):
         fastpath.seal_claimed(state, OWNED, SEALED, 0, batch)
-    with pytest.raises(TypeError):
-        fastpath.seal_claimed(bytes(state), OWNED, SEALED, 4096, batch)
+    for refused in (batch, (BLOCKS, *batch[1:])):  # a read-only state, whether the batch would be sealed or not
+        with pytest.raises(TypeError):
+            fastpath.seal_claimed(bytes(state), OWNED, SEALED, 4096, refused)
     assert state == bytearray([OWNED] * BLOCKS)
-    assert fastpath.seal_claimed(state, OWNED, SEALED, 4096, (BLOCKS, *batch[1:])) is False  # past the pool's end
+
+
+# A batch of record_count 1, length 100, timestamps -1 on blocks 0..0: each field at its bounds.
+ONE = (0, 1, 100, -1, -1, 0, 0, 0, 1, 0)
+
+
+def _field(index: int, value: int) -> tuple[int, ...]:
+    return (*ONE[:index], value, *ONE[index + 1:])
+
+
+@pytest.mark.parametrize(("claimed", "sealed"), [
+    (ONE, True),
+    (_field(0, -1), False), (_field(0, BLOCKS - 1), True), (_field(0, BLOCKS), False),  # block
+    (_field(1, 0), False), ((0, 100, 100, *ONE[3:]), True), ((0, 101, 100, *ONE[3:]), False),  # record_count
+    (_field(2, 4096), True), (_field(2, 4097), False),  # length: one block's
+    ((0, 1, 2 * 4096, *ONE[3:8], 2, 0), True), ((0, 1, 2 * 4096 + 1, *ONE[3:8], 2, 0), False),
+    (_field(3, -2), False), (_field(4, -2), False), (_field(3, 2**63 - 1), True),  # timestamps
+    (_field(5, -1), False), (_field(5, 2**63 - 1), True),  # batch_id
+    (_field(7, -1), False), (_field(7, 2**31 - 1), True), (_field(7, 2**31), False),  # partition
+    (_field(8, 0), False), (_field(8, BLOCKS), True), (_field(8, BLOCKS + 1), False),  # block_count
+    ((BLOCKS - 1, *ONE[1:8], 2, 0), False), (_field(8, 2**63 - 1), False), (_field(8, -(2**63)), False),
+    (_field(6, -1), True), (_field(9, 2**63 - 1), True),  # topic_index and opened_ns are not the seal's
+])
+def test_seal_claimed_checks_each_field_at_its_bounds(fastpath: ModuleType, claimed: tuple[int, ...],
+                                                       sealed: bool) -> None:
+    state = bytearray([OWNED] * BLOCKS)
+    assert fastpath.seal_claimed(state, OWNED, SEALED, 4096, claimed) is sealed
+    expected = bytearray([OWNED] * BLOCKS)
+    if sealed:
+        expected[claimed[0]:claimed[0] + claimed[8]] = bytes([SEALED]) * claimed[8]
+    assert state == expected
+
+
+ANY_INT = st.one_of(st.integers(-3, BLOCKS + 3), st.integers(-(2**64), 2**64))
+STATE = st.lists(st.sampled_from([FREE, OWNED, SEALED]), min_size=BLOCKS, max_size=BLOCKS)
+
+
+@pytest.mark.skipif(c_extension("service._fastpath") is None, reason="service._fastpath is not built")
+@settings(max_examples=300, deadline=None)
+@given(claimed=st.lists(ANY_INT, min_size=9, max_size=11).map(tuple), state=STATE,
+       owned=st.integers(-1, 256), block_size=st.one_of(st.integers(-1, 8192), st.integers(-(2**64), 2**64)))
+def test_both_twins_seal_the_same_whatever_they_are_given(claimed: tuple[int, ...], state: list[int], owned: int,
+                                                          block_size: int) -> None:
+    results = []
+    for module in (c_extension("service._fastpath"), _fastpath_py):
+        assert module is not None
+        blocks = bytearray(state)
+        try:
+            answer: object = module.seal_claimed(blocks, owned, SEALED, block_size, claimed)
+        except (TypeError, ValueError, OverflowError) as exc:
+            answer = type(exc)
+        results.append((answer, blocks))
+    assert results[0] == results[1]
 
 
 def test_a_client_that_says_its_batch_opened_later_waits_no_longer_than_linger_ms_from_first_seen(
@@ -228,9 +282,9 @@ SLOT = st.one_of(
 
 @pytest.mark.skipif(c_extension("service._fastpath") is None, reason="service._fastpath is not built")
 @settings(max_examples=200, deadline=None)
-@given(slots=st.lists(SLOT, min_size=BLOCKS, max_size=BLOCKS), state=st.lists(st.sampled_from([FREE, OWNED, SEALED]),
-       min_size=BLOCKS, max_size=BLOCKS), linger=WORD, seen=st.lists(st.sampled_from([UNSEEN, NOW_MS - 10, NOW_MS]),
-       max_size=BLOCKS), claim_all=st.booleans(), early_ms=st.sampled_from([0, 1, 7, 86_400_000, 2**62, 2**63 - 1]))
+@given(slots=st.lists(SLOT, min_size=BLOCKS, max_size=BLOCKS), state=STATE, linger=WORD,
+       seen=st.lists(st.sampled_from([UNSEEN, NOW_MS - 10, NOW_MS]), max_size=BLOCKS), claim_all=st.booleans(),
+       early_ms=st.sampled_from([0, 1, 7, 86_400_000, 2**62, 2**63 - 1]))
 def test_both_twins_claim_and_seal_the_same_from_whatever_a_client_wrote(slots: list[list[int]], state: list[int],
                                                                           linger: int, seen: list[int],
                                                                           claim_all: bool, early_ms: int) -> None:

@@ -166,6 +166,27 @@ def test_a_claimed_block_is_not_read_again_until_it_is_granted_again(env: Env) -
     assert env.state(client_id, 0) == SEALED  # the first batch holds it
 
 
+def test_a_batch_refused_once_sealed_is_not_one_finished_while_the_brokers_take_nothing(env: Env) -> None:
+    # Sealed by its claim, then refused for its partition: its blocks were never sent. Were they counted finished,
+    # a pool whose brokers are away would think batches flow and limit its queue to their rate, not buffer whole.
+    env.pool.limit_queue(50, 1)
+    env.pool.follow_queue(env.clock())
+    client = env.client()
+    client_id = client.hello()
+    client.send(ipc.Metadata.TYPE, "t")
+    env.pump()
+    env.core.metadata.update(metadata_response({"t": [1, 1, 1]}), env.clock())
+    env.front.serve_due()
+    client.recv()
+    assert client.blocks(1) == [0]
+    client.publish(notice(batch_id=1, first=0, partition=3))
+    assert "partition 3 of topic t does not exist" in client.error()
+    assert env.state(client_id, 0) == FREE
+    env.clock.advance(100)
+    env.pool.follow_queue(env.clock())
+    assert env.pool.queue_limit == BLOCKS
+
+
 def test_seal_of_a_partition_the_topic_does_not_have_is_refused(env: Env) -> None:
     client = env.client()
     client_id = client.hello()
