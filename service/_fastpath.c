@@ -421,10 +421,9 @@ done:
 PyDoc_STRVAR(seal_claimed_doc,
 "seal_claimed($module, state, owned, sealed, block_size, claimed, /)\n--\n\n"
 "Seal a batch claim_ready() claimed (``claimed``, a tuple as it returns one, whose items it takes as\n"
-"integers): make its blocks' bytes in ``state``\n"
-"``sealed`` and return True if its fields are in range for blocks of ``block_size`` bytes, as\n"
-"service/front/checks.py's check_notice() checks a notice, and its blocks are all ``owned``; else leave\n"
-"``state`` as it is and return False.");
+"integers): make its blocks' bytes in ``state`` ``sealed`` and return True if its fields are in range for\n"
+"blocks of ``block_size`` bytes, as service/front/checks.py's check_notice() checks a notice, and its blocks\n"
+"are all ``owned``; else leave ``state`` as it is and return False.");
 
 static PyObject *seal_claimed(PyObject *module, PyObject *args) {
     Py_buffer state;
