@@ -336,6 +336,12 @@ class Env:
     def queued(self, topic: str = "t", partition: int = 0) -> list[ProducerBatch]:
         return queued(self.core.accumulator, TopicPartition(topic, partition))
 
+    def __enter__(self) -> Env:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         for client in self.clients:
             client.close()

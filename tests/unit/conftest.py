@@ -12,11 +12,8 @@ from tests.support.front import Env
 
 @pytest.fixture
 def env() -> Iterator[Env]:
-    env = Env()
-    try:
+    with Env() as env:
         yield env
-    finally:
-        env.close()
 
 
 @pytest.fixture

@@ -70,8 +70,7 @@ def test_one_waiting_request_of_each_kind_per_client(env: Env) -> None:
 
 
 def test_a_client_at_its_limit_is_asked_for_its_spare_blocks_and_the_others_are_served() -> None:
-    env = Env(max_blocks_per_process=4)
-    try:
+    with Env(max_blocks_per_process=4) as env:
         a, b = env.client(), env.client()
         a_id = a.hello()
         b.hello()
@@ -89,13 +88,10 @@ def test_a_client_at_its_limit_is_asked_for_its_spare_blocks_and_the_others_are_
         env.front.serve_due()
         assert a.recv() == [ipc.Grant.TYPE, 9, held[:1]]
         assert env.pool.held_by(a_id) == 4
-    finally:
-        env.close()
 
 
 def test_a_run_larger_than_a_client_may_hold_fails_at_once() -> None:
-    env = Env(max_blocks_per_process=4)
-    try:
+    with Env(max_blocks_per_process=4) as env:
         client = env.client()
         client.hello()
         client.send(ipc.Blocks.TYPE, 3, 5, True, 60_000)
@@ -103,8 +99,6 @@ def test_a_run_larger_than_a_client_may_hold_fails_at_once() -> None:
         assert "a process may hold 4 of the pool's 8" in client.error()
         assert client.recv()[:2] == [ipc.GrantFailed.TYPE, 3]
         assert not env.pool.waiters
-    finally:
-        env.close()
 
 
 def test_release_gives_blocks_back(env: Env) -> None:

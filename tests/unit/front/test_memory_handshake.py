@@ -268,13 +268,10 @@ def restarted_daemon(env: Env, **options: Any) -> Iterator[tuple[Client, Env, Cl
     that offers it the old session."""
     old = env.client()
     old.hello()
-    restarted = Env(**options)
-    try:
+    with Env(**options) as restarted:
         client = Client(restarted)
         restarted.clients.append(client)
         yield old, restarted, client
-    finally:
-        restarted.close()
 
 
 def test_a_new_daemon_takes_back_the_segment_and_the_sealed_batches(env: Env) -> None:

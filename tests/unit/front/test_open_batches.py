@@ -167,8 +167,7 @@ def test_the_header_of_a_watched_client_says_until_when_and_how_often_the_daemon
 
 
 def test_the_next_timer_has_the_looks_only_while_clients_are_watched() -> None:
-    env = Env(linger_ms=100)  # the daemon looks every 100 ms, or at the linger.ms of a client lingering less
-    try:
+    with Env(linger_ms=100) as env:  # the daemon looks every 100 ms, or at the linger.ms of a client lingering less
         client = env.client()
         client_id = client.hello()
         lingering(client, 500)
@@ -187,13 +186,10 @@ def test_the_next_timer_has_the_looks_only_while_clients_are_watched() -> None:
         for _ in range(WATCH_MS // LINGER_MS):
             advance(env, LINGER_MS)
         assert env.front.next_timer_ms() == TIMEOUT_MS - (env.clock() - T0)  # the watch is over: the silence timeout
-    finally:
-        env.close()
 
 
 def test_each_client_is_looked_at_at_its_own_pace() -> None:
-    env = Env(linger_ms=100)
-    try:
+    with Env(linger_ms=100) as env:
         quick, slow = env.client(), env.client()
         quick_id, slow_id = quick.hello(), slow.hello()
         lingering(quick, 10)
@@ -209,16 +205,13 @@ def test_each_client_is_looked_at_at_its_own_pace() -> None:
         for _ in range(5):
             advance(env, 100)
         assert origins(env, partition=1) == [(slow_id, 1)]
-    finally:
-        env.close()
 
 
 # -- drained together -----------------------------------------------------------------------------
 
 
 def test_a_batch_due_brings_the_claim_of_every_batch_due_within_the_daemons_linger() -> None:
-    env = Env(linger_ms=10)  # the daemon's linger.ms: how early a batch is claimed with one that is due
-    try:
+    with Env(linger_ms=10) as env:  # the daemon's linger.ms: how early a batch is claimed with one that is due
         first, soon, later, slow = (env.client() for _ in range(4))
         ids = [client.hello() for client in (first, soon, later, slow)]
         for client in (first, soon, later):
@@ -241,8 +234,6 @@ def test_a_batch_due_brings_the_claim_of_every_batch_due_within_the_daemons_ling
         assert claim_word(later, blocks[2][0]) == claim_word(slow, blocks[3][0]) == 0
         advance(env, 11)
         assert origins(env, partition=2) == [(ids[2], 1)] and origins(env, partition=3) == []
-    finally:
-        env.close()
 
 
 def test_a_full_batch_claims_only_itself(env: Env) -> None:
@@ -262,8 +253,7 @@ def test_a_full_batch_claims_only_itself(env: Env) -> None:
 
 
 def test_a_client_lingering_less_than_the_daemon_has_only_its_own_batches_claimed_sooner() -> None:
-    env = Env(linger_ms=10)
-    try:
+    with Env(linger_ms=10) as env:
         hasty, patient = env.client(), env.client()
         hasty_id, patient_id = hasty.hello(), patient.hello()
         lingering(hasty, 0)  # linger_ms=0: each batch asks to go at once
@@ -275,15 +265,12 @@ def test_a_client_lingering_less_than_the_daemon_has_only_its_own_batches_claime
         assert origins(env) == [(hasty_id, 1)] and origins(env, partition=1) == []
         advance(env, 5)
         assert origins(env, partition=1) == [(patient_id, 1)]
-    finally:
-        env.close()
 
 
 def test_batches_due_at_once_claim_the_others_early_at_most_once_a_linger_ms() -> None:
     # A client whose every batch is due at once (its slots say they opened long ago) cannot have everyone's batches
     # claimed young more often than a client lingering as the daemon does would.
-    env = Env(linger_ms=10)
-    try:
+    with Env(linger_ms=10) as env:
         hostile, other = env.client(), env.client()
         hostile_id, other_id = hostile.hello(), other.hello()
         lingering(hostile, 10)
@@ -303,13 +290,10 @@ def test_batches_due_at_once_claim_the_others_early_at_most_once_a_linger_ms() -
         assert origins(env, partition=1) == [(other_id, 1)]
         advance(env, 1)
         assert origins(env, partition=1) == [(other_id, 1), (other_id, 2)]
-    finally:
-        env.close()
 
 
 def test_a_daemon_lingering_past_a_day_claims_with_a_batch_due_every_other() -> None:
-    env = Env(linger_ms=2**31 - 1)
-    try:
+    with Env(linger_ms=2**31 - 1) as env:
         due, lingering_long = env.client(), env.client()
         due_id, long_id = due.hello(), lingering_long.hello()
         lingering(due, 2**31 - 1)
@@ -321,13 +305,10 @@ def test_a_daemon_lingering_past_a_day_claims_with_a_batch_due_every_other() -> 
         # Due now (a linger.ms is a day at most): with it every batch due within the daemon's, a day at most too.
         due.publish(notice(batch_id=1, first=due_block, ago=_DAY_MS), full=False)
         assert origins(env) == [(due_id, 1)] and origins(env, partition=1) == [(long_id, 1)]
-    finally:
-        env.close()
 
 
 def test_a_reload_of_linger_ms_changes_how_early_the_others_are_claimed() -> None:
-    env = Env(linger_ms=5)
-    try:
+    with Env(linger_ms=5) as env:
         config = ProducerConfig({"bootstrap.servers": "127.0.0.1:9", "max.request.size": MAX_REQUEST_SIZE,
                                  "sidecar.client.timeout.ms": TIMEOUT_MS, "linger.ms": 20})
         env.front.use_settings(FrontSettings.from_config(config, BLOCK, BLOCKS))
@@ -343,8 +324,6 @@ def test_a_reload_of_linger_ms_changes_how_early_the_others_are_claimed() -> Non
         advance(env, 20)
         due.publish(notice(batch_id=2, first=due.blocks(1)[0], ago=LINGER_MS), full=False)
         assert origins(env, partition=1) == [(other_id, 1)]  # due in 20 ms: within the reloaded linger.ms
-    finally:
-        env.close()
 
 
 def test_once_the_daemon_reads_nothing_more_of_its_clients_their_batches_stay_theirs(env: Env) -> None:
@@ -459,8 +438,7 @@ def test_the_exhausted_pool_claims_what_everyone_published_then_says_seal_now(en
 
 
 def test_a_client_at_its_limit_has_its_own_batches_claimed() -> None:
-    env = Env(max_blocks_per_process=4)
-    try:
+    with Env(max_blocks_per_process=4) as env:
         full, other = env.client(), env.client()
         full_id, other_id = full.hello(), other.hello()
         for client in (full, other):
@@ -472,14 +450,11 @@ def test_a_client_at_its_limit_has_its_own_batches_claimed() -> None:
         env.front.serve_due()
         assert origins(env) == [(full_id, 1)] and full.recv() == [ipc.SealNow.TYPE]
         assert other.quiet() and env.state(other_id, 0) == OWNED
-    finally:
-        env.close()
 
 
 def test_a_client_waiting_at_its_processs_limit_has_the_batches_of_the_process_claimed() -> None:
     # The blocks it waits for may be any client's of its process: one lingering for an hour holds them all.
-    env = Env(max_blocks_per_process=4)
-    try:
+    with Env(max_blocks_per_process=4) as env:
         lingerer, waiter, elsewhere = env.client(own_process=False), env.client(own_process=False), env.client()
         lingerer_id, waiter_id, elsewhere_id = lingerer.hello(), waiter.hello(), elsewhere.hello()
         for client in (lingerer, elsewhere):
@@ -495,8 +470,6 @@ def test_a_client_waiting_at_its_processs_limit_has_the_batches_of_the_process_c
         env.queued()[0].done(1, -1, None)
         env.front.serve_due()
         assert waiter.recv() == [ipc.Grant.TYPE, 9, [0]] and env.pool.held_by(waiter_id) == 1
-    finally:
-        env.close()
 
 
 def test_blocks_has_the_clients_full_batches_claimed_in_the_same_turn(env: Env) -> None:
@@ -537,8 +510,7 @@ def test_a_block_granted_again_keeps_its_claim_until_a_batch_opens_there(env: En
 
 
 def test_a_session_ended_by_its_refusals_during_a_look_ends_the_look_for_it_only() -> None:
-    env = Env(reply_buffer_bytes=1 << 20)
-    try:
+    with Env(reply_buffer_bytes=1 << 20) as env:
         reader, client = env.client(), env.client(receive_hwm=1)
         reader_id = reader.hello()
         client_id = client.hello()
@@ -565,8 +537,6 @@ def test_a_session_ended_by_its_refusals_during_a_look_ends_the_look_for_it_only
         advance(env, 5)  # the looks go on, for the others
         reader.publish(notice(batch_id=2, first=1))
         assert origins(env)[-1] == (reader_id, 2)
-    finally:
-        env.close()
 
 
 # -- isolation ------------------------------------------------------------------------------------

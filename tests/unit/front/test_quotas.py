@@ -20,11 +20,8 @@ from tests.support.front import (
 @contextmanager
 def topic_limits(limit: int, unknown_limit: int | None = None) -> Iterator[Env]:
     """A daemon whose processes may follow ``limit`` topics, ``unknown_limit`` the cluster does not have."""
-    env = Env(sidecar_process_max_topics=limit, sidecar_process_max_unknown_topics=unknown_limit or limit)
-    try:
+    with Env(sidecar_process_max_topics=limit, sidecar_process_max_unknown_topics=unknown_limit or limit) as env:
         yield env
-    finally:
-        env.close()
 
 
 def test_a_process_produces_to_a_limited_number_of_topics() -> None:
@@ -98,8 +95,7 @@ def test_a_process_waits_for_a_limited_number_of_topics_the_cluster_does_not_hav
 
 
 def test_a_process_has_a_limited_number_of_sessions() -> None:
-    env = Env(sidecar_process_max_sessions=2)
-    try:
+    with Env(sidecar_process_max_sessions=2) as env:
         first, second, third = (env.client(own_process=False) for _ in range(3))
         elsewhere = env.client()
         first.hello()
@@ -115,13 +111,10 @@ def test_a_process_has_a_limited_number_of_sessions() -> None:
         env.pump()
         third.hello()
         assert len(env.front.sessions) == 3
-    finally:
-        env.close()
 
 
 def test_the_sessions_of_a_process_share_its_blocks() -> None:
-    env = Env(max_blocks_per_process=4)
-    try:
+    with Env(max_blocks_per_process=4) as env:
         a, b, elsewhere = env.client(own_process=False), env.client(own_process=False), env.client()
         a.hello()
         b.hello()
@@ -130,5 +123,3 @@ def test_the_sessions_of_a_process_share_its_blocks() -> None:
         assert len(b.blocks(3)) == 1  # what is left of the process's share
         assert len(elsewhere.blocks(3)) == 3  # another process has its own
         assert env.pool.held_by_process(os.getpid()) == 4
-    finally:
-        env.close()

@@ -65,8 +65,7 @@ def test_an_error_quotes_at_most_a_few_hundred_characters_of_what_it_refuses(env
 
 def test_a_client_that_does_not_read_is_ended_past_its_reply_buffer_and_takes_its_session_back(
         caplog: pytest.LogCaptureFixture) -> None:
-    env = Env(reply_buffer_bytes=65536)
-    try:
+    with Env(reply_buffer_bytes=65536) as env:
         client, other = env.client(receive_hwm=1, own_process=False), env.client()
         client_id = client.hello()
         other.hello()
@@ -106,8 +105,6 @@ def test_a_client_that_does_not_read_is_ended_past_its_reply_buffer_and_takes_it
         env.front.serve_due()
         assert deliveries(client) == [[1, 0, 1, 41, -1, None]]
         assert env.sidecar_metrics()["sessions-kept"] == 0 and env.pool.held_by(client_id) == 1
-    finally:
-        env.close()
 
 
 def test_an_answer_to_a_socket_without_a_session_that_zeromq_will_not_take_is_dropped_and_counted(env: Env) -> None:

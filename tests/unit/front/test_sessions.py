@@ -211,14 +211,11 @@ def test_a_session_is_taken_back_by_its_own_process_only(env: Env) -> None:
 
 
 def test_a_session_is_taken_back_at_the_limit_of_sessions_of_its_process() -> None:
-    env = Env(sidecar_process_max_sessions=1)
-    try:
+    with Env(sidecar_process_max_sessions=1) as env:
         client = env.client(own_process=False)
         client_id = _kept(env, client)
         resume = resume_of(env.front.daemon_id, [notice(batch_id=1, first=0)], client_id=client_id)
         assert client.hello(hand_over=client.fd, **resume) == client_id  # the kept one is the one taken back
-    finally:
-        env.close()
 
 
 def test_sessions_waiting_for_their_memory_handshake_are_bounded(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:

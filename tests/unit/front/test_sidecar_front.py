@@ -161,8 +161,7 @@ def test_hello_again_ends_the_first_session(env: Env) -> None:
 
 
 def test_next_timer_follows_sessions_and_waiters() -> None:
-    env = Env(linger_ms=100)  # the daemon looks at the open batches of the clients it watches every 100 ms
-    try:
+    with Env(linger_ms=100) as env:  # the daemon looks at the open batches of the clients it watches every 100 ms
         # Nothing to poll processes for: the memory connections' end wakes the loop.
         assert env.front.next_timer_ms() == TIMEOUT_MS
         client = env.client()
@@ -181,8 +180,6 @@ def test_next_timer_follows_sessions_and_waiters() -> None:
         assert env.front.next_timer_ms() == 30  # the waiter's deadline comes before the SEAL_NOW repeat
         env.clock.advance(40)
         assert env.front.next_timer_ms() == 0
-    finally:
-        env.close()
 
 
 # -- robustness -----------------------------------------------------------------------------------
