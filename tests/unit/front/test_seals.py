@@ -15,6 +15,7 @@ from tests.support.front import (
     BLOCKS,
     MAX_REQUEST_SIZE,
     T0,
+    Client,
     Env,
     deliveries,
     metadata_response,
@@ -166,6 +167,15 @@ def test_a_claimed_block_is_not_read_again_until_it_is_granted_again(env: Env) -
     assert env.state(client_id, 0) == SEALED  # the first batch holds it
 
 
+def follow_three_partitions(env: Env, client: Client) -> list[Any]:
+    """The client follows topic t, which the daemon's metadata says has partitions 0..2; the TOPIC it is told."""
+    client.send(ipc.Metadata.TYPE, "t")
+    env.pump()
+    env.core.metadata.update(metadata_response({"t": [1, 1, 1]}), env.clock())
+    env.front.serve_due()
+    return client.recv()
+
+
 def test_a_batch_refused_once_sealed_is_not_one_finished_while_the_brokers_take_nothing(env: Env) -> None:
     # Sealed by its claim, then refused for its partition: its blocks were never sent. Were they counted finished,
     # a pool whose brokers are away would think batches flow and limit its queue to their rate, not buffer whole.
@@ -173,11 +183,7 @@ def test_a_batch_refused_once_sealed_is_not_one_finished_while_the_brokers_take_
     env.pool.follow_queue(env.clock())
     client = env.client()
     client_id = client.hello()
-    client.send(ipc.Metadata.TYPE, "t")
-    env.pump()
-    env.core.metadata.update(metadata_response({"t": [1, 1, 1]}), env.clock())
-    env.front.serve_due()
-    client.recv()
+    follow_three_partitions(env, client)
     assert client.blocks(1) == [0]
     client.publish(notice(batch_id=1, first=0, partition=3))
     assert "partition 3 of topic t does not exist" in client.error()
@@ -190,11 +196,7 @@ def test_a_batch_refused_once_sealed_is_not_one_finished_while_the_brokers_take_
 def test_seal_of_a_partition_the_topic_does_not_have_is_refused(env: Env) -> None:
     client = env.client()
     client_id = client.hello()
-    client.send(ipc.Metadata.TYPE, "t")
-    env.pump()
-    env.core.metadata.update(metadata_response({"t": [1, 1, 1]}), env.clock())
-    env.front.serve_due()
-    assert client.recv() == [ipc.Topic.TYPE, "t", 3, [0, 1, 2], None, 0]
+    assert follow_three_partitions(env, client) == [ipc.Topic.TYPE, "t", 3, [0, 1, 2], None, 0]
     assert client.blocks(2, contiguous=True) == [0, 1]
     client.publish(notice(batch_id=1, first=0, partition=3), notice(batch_id=2, first=1, partition=2))
     assert "partition 3 of topic t does not exist: it has 3" in client.error()
