@@ -1030,15 +1030,59 @@ static int release_lock(Appender *self, int failed) {
     return failed || released < 0 ? -1 : 0;
 }
 
-/* seal(batch) with the producer's lock held, as Python code that changes batches must be. Taking the
-   lock may wait, and let other threads run: seal() finds out whether the batch is still open. */
+/* Records without a key of the batch's topic stick to another partition once its batch is sealed, as the
+   Partitioner's batch_sealed() has them. */
+static int unstick(Appender *self, OpenBatch *batch) {
+    if (self->sticky == Py_None) {
+        return 0;
+    }
+    PyObject *sticky = PyDict_GetItemWithError(self->sticky, batch->topic);
+    if (sticky == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    if (!PyLong_CheckExact(sticky)) {
+        return 0;
+    }
+    int overflow;
+    long partition = PyLong_AsLongAndOverflow(sticky, &overflow);
+    if (overflow || partition != batch->partition) {
+        return 0;
+    }
+    return PyDict_DelItem(self->sticky, batch->topic);
+}
+
+/* seal(batch) with the producer's lock held, as the accumulator seals a batch (its seal_if_open()): nothing if it
+   is not the open batch of its partition any more. A batch that took records, the common case, is sealed here
+   without a Python frame (out of the open batches, its partition no longer sticky, published full and let go);
+   one that took none is seal()'s, which gives its blocks back. 0, or -1 on error. */
+static int seal_open(Appender *self, OpenBatch *batch) {
+    if (batch->futures == NULL || PyList_GET_SIZE(batch->futures) == 0) {
+        PyObject *sealed = PyObject_CallOneArg(self->seal, (PyObject *)batch);
+        Py_XDECREF(sealed);
+        return sealed == NULL ? -1 : 0;
+    }
+    PyObject *key = open_key(batch->topic, batch->partition);
+    if (key == NULL) {
+        return -1;
+    }
+    PyObject *current = PyDict_GetItemWithError(self->open, key);
+    int failed = current == NULL ? PyErr_Occurred() != NULL
+                                 : current == (PyObject *)batch &&
+                                       (PyDict_DelItem(self->open, key) < 0 || unstick(self, batch) < 0);
+    Py_DECREF(key);
+    if (!failed && current == (PyObject *)batch) {
+        Py_DECREF(OpenBatch_release(batch, NULL));
+    }
+    return failed ? -1 : 0;
+}
+
+/* seal_open() with the producer's lock held, as Python code that changes batches must be. Taking the lock may
+   wait, and let other threads run: seal_open() finds out whether the batch is still open. */
 static int seal_full(Appender *self, OpenBatch *batch) {
     if (call_truth(self->lock_acquire) < 0) {
         return -1;
     }
-    PyObject *sealed = PyObject_CallOneArg(self->seal, (PyObject *)batch);
-    Py_XDECREF(sealed);
-    return release_lock(self, sealed == NULL);
+    return release_lock(self, seal_open(self, batch) < 0);
 }
 
 /* A batch for a record of ``size`` bytes on a spare block of the attached segment, opened as the accumulator opens
@@ -1130,9 +1174,7 @@ static int first_published(Appender *self, OpenBatch *batch) {
 static int finish_opened(Appender *self, OpenBatch *batch, int appended, int full) {
     int failed = appended > 0 && first_published(self, batch) < 0;
     if (!failed && (full || appended == 0)) {
-        PyObject *sealed = PyObject_CallOneArg(self->seal, (PyObject *)batch);
-        Py_XDECREF(sealed);
-        failed = sealed == NULL;
+        failed = seal_open(self, batch) < 0;
     }
     return release_lock(self, failed);
 }
@@ -1441,7 +1483,132 @@ static PyObject *Appender_count_done(Appender *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* A report row's field ``index`` as a Py_ssize_t (ints beyond it saturate: a count past the batch's end counts up
+   to its end), or -1 with TypeError if it is not an int. */
+static int row_field(PyObject *row, Py_ssize_t index, Py_ssize_t *out) {
+    PyObject *field = PySequence_Fast_GET_ITEM(row, index);
+    if (!PyLong_Check(field)) {
+        PyErr_Format(PyExc_TypeError, "a delivery report's field %zd must be an int, not %.100s", index,
+                     Py_TYPE(field)->tp_name);
+        return -1;
+    }
+    int overflow;
+    long long value = PyLong_AsLongLongAndOverflow(field, &overflow);
+    if (value == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = overflow > 0 || value > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX
+           : overflow < 0 || value < PY_SSIZE_T_MIN ? PY_SSIZE_T_MIN : (Py_ssize_t)value;
+    return 0;
+}
+
+/* Of the futures[first:first + count] of a batch reported in part before, those not completed yet. */
+static Py_ssize_t pending_futures(Appender *self, OpenBatch *batch, Py_ssize_t first, Py_ssize_t count) {
+    Py_ssize_t pending = 0;
+    for (Py_ssize_t i = first; i < first + count && i < PyList_GET_SIZE(batch->futures); i++) {
+        PyObject *future = PyList_GET_ITEM(batch->futures, i);
+        if (!PyObject_TypeCheck(future, self->slots.type)) {
+            PyErr_Format(PyExc_TypeError, "futures must be %.100s, got %.100s", self->slots.type->tp_name,
+                         Py_TYPE(future)->tp_name);
+            return -1;
+        }
+        PyObject *state = SLOT(future, self->slots.state);
+        int finished = state == NULL ? 0 : PyObject_RichCompareBool(state, str_finished, Py_EQ);
+        if (finished < 0) {
+            return -1;
+        }
+        pending += !finished;
+    }
+    return pending;
+}
+
+/* One report row counted against its batch (see Appender_reported): appended to ``out`` as (batch, first, count,
+   base_offset, log_append_time_ms, error), and its records reported for the first time added to ``counts``
+   (delivered, failed). */
+static int count_report(Appender *self, PyObject *row, PyObject *out, Py_ssize_t counts[2]) {
+    PyObject *fields = PySequence_Fast(row, "a delivery report must be a sequence");
+    if (fields == NULL) {
+        return -1;
+    }
+    int result = -1;
+    Py_ssize_t first, count;
+    OpenBatch *batch = NULL;
+    if (PySequence_Fast_GET_SIZE(fields) != 6) {
+        PyErr_Format(PyExc_ValueError, "a delivery report has 6 fields, not %zd", PySequence_Fast_GET_SIZE(fields));
+    } else if (row_field(fields, 1, &first) == 0 && row_field(fields, 2, &count) == 0) {
+        PyObject *found = PyDict_GetItemWithError(self->unreported, PySequence_Fast_GET_ITEM(fields, 0));
+        if (found == NULL) {
+            result = PyErr_Occurred() ? -1 : 0; /* of a batch given up on, or of another session */
+        } else if (!PyObject_TypeCheck(found, &OpenBatchType)) {
+            PyErr_Format(PyExc_TypeError, "unreported batches must be %s, got %.100s", OpenBatchType.tp_name,
+                         Py_TYPE(found)->tp_name);
+        } else if (first < 0) {
+            PyErr_SetString(PyExc_ValueError, "a delivery report's first record must not be negative");
+        } else {
+            batch = (OpenBatch *)Py_NewRef(found);
+        }
+    }
+    if (batch != NULL && seal_open(self, batch) == 0) { /* the daemon claimed it: it takes no more records */
+        PyObject *error = PySequence_Fast_GET_ITEM(fields, 5);
+        Py_ssize_t record_count = PyList_GET_SIZE(batch->futures);
+        Py_ssize_t left = record_count > first ? record_count - first : 0;
+        Py_ssize_t span = count < left ? (count > 0 ? count : 0) : left;
+        /* Part of it reported before (split by the daemon, or sent again whole by the daemon that took the
+           session back): only the records whose futures are not done count now. */
+        Py_ssize_t fresh = batch->reported ? pending_futures(self, batch, first, span) : span;
+        if (fresh >= 0) {
+            if (fresh > record_count - batch->reported) {
+                fresh = record_count - batch->reported;
+            }
+            batch->reported += fresh;
+            counts[error != Py_None] += fresh;
+            PyObject *entry = Py_BuildValue("(OnnOOO)", batch, first, span, PySequence_Fast_GET_ITEM(fields, 3),
+                                            PySequence_Fast_GET_ITEM(fields, 4), error);
+            if (entry != NULL && PyList_Append(out, entry) == 0 &&
+                (batch->reported < record_count ||
+                 PyDict_DelItem(self->unreported, PySequence_Fast_GET_ITEM(fields, 0)) == 0)) {
+                result = 0;
+            }
+            Py_XDECREF(entry);
+        }
+    }
+    Py_XDECREF(batch);
+    Py_DECREF(fields);
+    return result;
+}
+
+PyDoc_STRVAR(Appender_reported_doc,
+"reported($self, rows, /)\n--\n\n"
+"Count delivery reports (DeliveryReport rows) against the unreported batches they report on, with the\n"
+"producer's lock held: each batch is sealed if it is still open (the daemon claimed it), and forgotten once\n"
+"all its records are reported. Returns ([(batch, first, count, base_offset, log_append_time_ms, error), ...],\n"
+"delivered, failed): a row for each batch still known, its count within the batch, and the records reported\n"
+"delivered and failed for the first time.");
+
+static PyObject *Appender_reported(Appender *self, PyObject *rows) {
+    if (!PyList_Check(rows)) {
+        PyErr_Format(PyExc_TypeError, "rows must be a list, not %.100s", Py_TYPE(rows)->tp_name);
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    Py_ssize_t counts[2] = {0, 0};
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+        PyObject *row = Py_NewRef(PyList_GET_ITEM(rows, i)); /* the list may change as a seal runs Python code */
+        int failed = count_report(self, row, out, counts) < 0;
+        Py_DECREF(row);
+        if (failed) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return Py_BuildValue("(Nnn)", out, counts[0], counts[1]);
+}
+
 static PyMethodDef Appender_methods[] = {
+    {"reported", (PyCFunction)Appender_reported, METH_O, Appender_reported_doc},
     {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL | METH_KEYWORDS, Appender_send_doc},
     {"attach", (PyCFunction)(void (*)(void))Appender_attach, METH_FASTCALL, Appender_attach_doc},
     {"first_published", (PyCFunction)Appender_first_published, METH_O, Appender_first_published_doc},

@@ -477,6 +477,16 @@ class OpenBatch:
 
 # -- Appender: the common case of Producer.send() --------------------------------------------------------------
 
+def _report_field(fields: list[Any] | tuple[Any, ...], index: int) -> int:
+    """A report row's field ``index``, saturated to a Py_ssize_t as C has it (a count past the batch's end counts up
+    to its end); TypeError if it is not an int."""
+    field = fields[index]
+    if not isinstance(field, int):
+        raise TypeError(f"a delivery report's field {index} must be an int, not {type(field).__name__}")
+    return min(max(field, _INT64_MIN), _INT64_MAX)
+
+
+
 _MISSING: Any = object()
 
 
@@ -672,7 +682,7 @@ class Appender:
                 raise TypeError(f"open batches must be {OpenBatch.__module__}.OpenBatch, got {type(batch).__name__}")
             before = batch._pos
             if batch._view is None or not batch._write(fields, timestamp, future):
-                self._seal(batch)
+                self._seal_open(batch)
                 # One it opened was claimed before its first record: the Python path opens another.
                 return None if opened else False
             self._outstanding += 1
@@ -682,10 +692,89 @@ class Appender:
                 self.first_published(batch)
             # Full, or nearly: the next record like this one would not fit.
             if batch.capacity - batch._pos < batch._pos - before:
-                self._seal(batch)
+                self._seal_open(batch)
         finally:
             self._release()
         return True
+
+    def _seal_open(self, batch: OpenBatch) -> None:
+        """seal(batch), as the accumulator seals a batch (its seal_if_open()): nothing if it is not the open batch of
+        its partition any more. A batch that took records is sealed here (out of the open batches, its partition no
+        longer sticky, published full and let go); one that took none is seal()'s, which gives its blocks back."""
+        if not batch._futures:
+            self._seal(batch)
+            return
+        key = (batch._topic, batch._partition)
+        if self._open.get(key) is not batch:
+            return
+        del self._open[key]
+        # Records without a key of the topic stick to another partition once its batch is sealed, as the
+        # Partitioner's batch_sealed() has them.
+        sticky = self._sticky
+        if sticky is not None:
+            chosen = sticky.get(batch._topic)
+            if type(chosen) is int and chosen == batch._partition:
+                del sticky[batch._topic]
+        batch.release()
+
+    def reported(self, rows: list[Any], /) -> tuple[list[tuple[OpenBatch, int, int, Any, Any, Any]], int, int]:
+        """reported(rows)
+
+        Count delivery reports (DeliveryReport rows) against the unreported batches they report on, with the
+        producer's lock held: each batch is sealed if it is still open (the daemon claimed it), and forgotten once
+        all its records are reported. Returns ([(batch, first, count, base_offset, log_append_time_ms, error), ...],
+        delivered, failed): a row for each batch still known, its count within the batch, and the records reported
+        delivered and failed for the first time.
+        """
+        if not isinstance(rows, list):
+            raise TypeError(f"rows must be a list, not {type(rows).__name__}")
+        out: list[tuple[OpenBatch, int, int, Any, Any, Any]] = []
+        counts = [0, 0]
+        i = 0
+        while i < len(rows):  # the list may change as a seal runs Python code
+            self._count_report(rows[i], out, counts)
+            i += 1
+        return out, counts[0], counts[1]
+
+    def _count_report(self, row: Any, out: list[tuple[OpenBatch, int, int, Any, Any, Any]], counts: list[int]) -> None:
+        """One report row counted against its batch (see reported())."""
+        try:
+            fields = row if type(row) in (list, tuple) else list(row)
+        except TypeError:
+            raise TypeError("a delivery report must be a sequence") from None
+        if len(fields) != 6:
+            raise ValueError(f"a delivery report has 6 fields, not {len(fields)}")
+        first, count = (_report_field(fields, index) for index in (1, 2))
+        batch = self._unreported.get(fields[0])
+        if batch is None:
+            return  # of a batch given up on, or of another session
+        if not isinstance(batch, OpenBatch):
+            raise TypeError(f"unreported batches must be {OpenBatch.__module__}.OpenBatch, got {type(batch).__name__}")
+        if first < 0:
+            raise ValueError("a delivery report's first record must not be negative")
+        self._seal_open(batch)  # the daemon claimed it: it takes no more records
+        record_count = len(batch._futures)
+        span = min(max(count, 0), max(record_count - first, 0))
+        # Part of it reported before (split by the daemon, or sent again whole by the daemon that took the session
+        # back): only the records whose futures are not done count now.
+        fresh = self._pending_futures(batch, first, span) if batch.reported else span
+        fresh = min(fresh, record_count - batch.reported)
+        batch.reported += fresh
+        error = fields[5]
+        counts[error is not None] += fresh
+        out.append((batch, first, span, fields[3], fields[4], error))
+        if batch.reported >= record_count:
+            del self._unreported[fields[0]]
+
+    def _pending_futures(self, batch: OpenBatch, first: int, count: int) -> int:
+        """Of the futures[first:first + count] of a batch reported in part before, those not completed yet."""
+        slots = self._slots
+        pending = 0
+        for future in batch._futures[first:first + count]:
+            if not issubclass(type(future), slots.type):
+                raise TypeError(f"futures must be {slots.type.__name__}, got {type(future).__name__}")
+            pending += _slot(slots.state, future) != FINISHED
+        return pending
 
     def _open_on_spare(self, topic: str, partition: int, timestamp: int, size: int) -> OpenBatch | None:
         """A batch for a record of ``size`` bytes on a spare block of the attached segment, opened as the accumulator

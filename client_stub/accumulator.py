@@ -7,8 +7,9 @@ lingers, and claims each batch when it is due. This side closes a batch (publish
 full, and writes no more into it) when it is full, when the daemon has claimed it, on
 flush() and close(), and when the session ends; the daemon is told of a batch's first
 record (WAKEUP, by the Appender) only when it would not look in time otherwise. Until its
-records are reported, a batch is kept here: its futures, and what its report is counted
-against. Every method is called with the producer's lock held.
+records are reported, a batch is kept here, with its futures; the Appender counts the reports
+against it, and closes it there too (``Appender.reported``), as it does the batches it fills.
+Every method is called with the producer's lock held.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from typing import Any
 
 from .contract import batch_slots, ipc
 from .contract.batch_slots import ControlArea
@@ -88,9 +88,10 @@ class RecordAccumulator:
     def granted(self, blocks: list[int]) -> None:
         """Blocks granted: any of them that an open batch here is on was that batch's, which the daemon claimed,
         sent and freed before this process saw the claim (and could write no more into it since): it is closed."""
+        granted = set(blocks)
         for batch in list(self.open.values()):
             first = batch.first_block
-            if any(first <= block < first + batch.block_count for block in blocks):
+            if not granted.isdisjoint(range(first, first + batch.block_count)):
                 self.seal(batch)
 
     def seal_if_open(self, batch: OpenBatch[RecordFuture]) -> None:
@@ -123,31 +124,6 @@ class RecordAccumulator:
         """Notices of every batch not reported yet, in the order opened: for the daemon that takes back the
         session of one that is gone (every batch is closed by then)."""
         return [_notice(batch, now) for batch in self.unreported.values()]
-
-    def reported(self, rows: list[Any], now: float) -> list[tuple[OpenBatch[RecordFuture], ipc.DeliveryReport, int]]:
-        """Count delivery reports against their batches; the batches still known, each with its report
-        (its record_count within the batch) and how many of its records it reports for the first time."""
-        reported = []
-        for row in rows:
-            report = ipc.DeliveryReport._make(row)
-            batch = self.unreported.get(report.batch_id)
-            if batch is None:
-                continue  # of a batch given up on, or of another session
-            self.seal_if_open(batch)  # the daemon claimed it: it takes no more records
-            # WHOLE_BATCH, and anything past the batch's end, count up to the batch's end.
-            span = max(min(report.record_count, batch.record_count - report.first_record), 0)
-            if batch.reported:
-                # Part of it was reported before (a batch the daemon split, sent again whole by the daemon
-                # that took the session back): only records whose futures are not done count now.
-                fresh = sum(not f.completed() for f in batch.futures[report.first_record:report.first_record + span])
-            else:
-                fresh = span
-            fresh = min(fresh, batch.record_count - batch.reported)
-            batch.reported += fresh
-            if batch.reported >= batch.record_count:
-                del self.unreported[batch.batch_id]
-            reported.append((batch, report._replace(record_count=span), fresh))
-        return reported
 
     def overdue(self, now: float, limit_s: float) -> list[OpenBatch[RecordFuture]]:
         """Forget and return the batches unreported ``limit_s`` after they opened."""

@@ -306,21 +306,19 @@ class IoThread:
     def _deliver(self, delivery: ipc.Delivery) -> None:
         # Only the bookkeeping holds the lock: send() must not wait while futures complete.
         with self._cond:
-            reported = self._accumulator.reported(delivery.reports, time.monotonic())
+            reported, delivered, failed = self._appender.reported(delivery.reports)
             if delivery.spare:
                 # After the reports: an open batch here on one of these blocks was reported, and is closed.
                 self._accumulator.granted(delivery.spare)
                 self._grants.handed_back(delivery.spare)
         try:
-            for batch, report, _ in reported:
-                completer.complete(batch.futures, report.first_record, report.record_count, batch.topic,
-                                   batch.partition, report.base_offset, report.log_append_time_ms,
-                                   ipc.error_from_wire(report.error))
+            for batch, first, count, base_offset, log_append_time_ms, error in reported:
+                completer.complete(batch.futures, first, count, batch.topic, batch.partition, base_offset,
+                                   log_append_time_ms, None if error is None else ipc.error_from_wire(error))
         finally:
             # Counted out after the callbacks ran: flush() returns once they have, as in the Java client.
             with self._cond:
-                self.count_done(delivered=sum(newly for _, report, newly in reported if report.error is None),
-                                failed=sum(newly for _, report, newly in reported if report.error is not None))
+                self.count_done(delivered=delivered, failed=failed)
                 if not self._appender.outstanding:
                     # Under the lock, which send() holds (or finds free, in the fast path) to add one.
                     self._accumulator.reports_settled()

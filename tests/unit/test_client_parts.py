@@ -5,7 +5,7 @@ real segment, the daemon's side of its control area read and claimed as the daem
 from __future__ import annotations
 
 import itertools
-import time
+import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -18,7 +18,8 @@ from client_stub.block_grants import BlockGrants
 from client_stub.contract import batch_slots, ipc
 from client_stub.contract.batch_slots import ControlArea
 from client_stub.contract.shared_memory import Layout
-from client_stub.fastpath import OpenBatch
+from client_stub.errors import KafkaError
+from client_stub.fastpath import Appender, OpenBatch
 from client_stub.futures import RecordFuture, completer
 from client_stub.partitioner import Partitioner
 from tests.support.fastpath import MappedSegment, mapped_segment
@@ -164,6 +165,13 @@ def accumulator(shared: MappedSegment, posted: list[ipc.Message]) -> Iterator[Re
     made.control.release()
 
 
+@pytest.fixture
+def appender(accumulator: RecordAccumulator) -> Appender[RecordFuture]:
+    """The producer's Appender over ``accumulator``, as the producer makes it: what counts the reports."""
+    return Appender(threading.Lock(), accumulator.open, {"t": 3, "u": 2}, RecordFuture, accumulator.seal_if_open,
+                    print, {}, True, {"t": 0, "u": 1}, accumulator.unreported, accumulator.batch_ids, print)
+
+
 def open_on(accumulator: RecordAccumulator, shared: MappedSegment, blocks: list[int], *, topic: str = "t",
             partition: int = 0, records: int = 0) -> OpenBatch[RecordFuture]:
     """A batch opened on ``blocks`` (the session's topic 0), with ``records`` records appended."""
@@ -181,31 +189,57 @@ def closed_batch(accumulator: RecordAccumulator, shared: MappedSegment, records:
 
 
 def test_a_batch_is_never_counted_out_for_more_records_than_it_holds(accumulator: RecordAccumulator,
+                                                                     appender: Appender[RecordFuture],
                                                                      shared: MappedSegment) -> None:
     # The records outstanding are counted down by these counts, and may not go below zero: a daemon that
     # reported records twice would otherwise leave flush() waiting on a count that never comes down.
     batch = closed_batch(accumulator, shared, 5)
-    counted = accumulator.reported([[batch.batch_id, 0, 3, 10, -1, None],
-                                    [batch.batch_id, 0, 3, 10, -1, None],
-                                    [batch.batch_id, 0, ipc.WHOLE_BATCH, 10, -1, None]], time.monotonic())
-    assert sum(fresh for _, _, fresh in counted) == 5
+    _, delivered, failed = appender.reported([[batch.batch_id, 0, 3, 10, -1, None],
+                                              [batch.batch_id, 0, 3, 10, -1, None],
+                                              [batch.batch_id, 0, ipc.WHOLE_BATCH, 10, -1, None]])
+    assert (delivered, failed) == (5, 0)
     assert batch.batch_id not in accumulator.unreported
 
 
 def test_a_batch_reported_in_part_and_then_whole_completes_the_rest(accumulator: RecordAccumulator,
+                                                                    appender: Appender[RecordFuture],
                                                                     shared: MappedSegment) -> None:
     # The daemon split a batch and reported its first part; then it died, and the daemon that took the
     # session back sent the whole batch again and reports it whole: the other records complete now.
     batch = closed_batch(accumulator, shared, 10)
-    [(_, first_part, fresh)] = accumulator.reported([[batch.batch_id, 0, 4, 100, -1, None]], time.monotonic())
-    assert (first_part.first_record, first_part.record_count, fresh) == (0, 4, 4)
+    assert appender.reported([[batch.batch_id, 0, 4, 100, -1, None]]) == ([(batch, 0, 4, 100, -1, None)], 4, 0)
     completer.complete(batch.futures, 0, 4, "t", 0, 100, -1, None)
-    [(_, whole, fresh)] = accumulator.reported([[batch.batch_id, 0, ipc.WHOLE_BATCH, 500, -1, None]],
-                                               time.monotonic())
-    assert (whole.first_record, whole.record_count, fresh) == (0, 10, 6)
+    assert appender.reported([[batch.batch_id, 0, ipc.WHOLE_BATCH, 500, -1, None]]) == (
+        [(batch, 0, 10, 500, -1, None)], 6, 0)
     completer.complete(batch.futures, 0, 10, "t", 0, 500, -1, None)
     assert [f.result(0).offset for f in batch.futures] == [100, 101, 102, 103, 504, 505, 506, 507, 508, 509]
     assert batch.batch_id not in accumulator.unreported
+
+
+def test_a_failed_report_counts_its_records_failed(accumulator: RecordAccumulator, appender: Appender[RecordFuture],
+                                                   shared: MappedSegment) -> None:
+    delivered, failed = closed_batch(accumulator, shared, 2), closed_batch(accumulator, shared, 3)
+    error = ipc.error_to_wire(KafkaError("refused"))
+    rows = [[delivered.batch_id, 0, ipc.WHOLE_BATCH, 7, -1, None], [failed.batch_id, 0, ipc.WHOLE_BATCH, -1, -1, error],
+            [12345, 0, 1, 0, -1, None]]  # of no batch here: of a lost session, or given up on
+    assert appender.reported(rows) == ([(delivered, 0, 2, 7, -1, None), (failed, 0, 3, -1, -1, error)], 2, 3)
+    assert accumulator.unreported == {}
+
+
+@pytest.mark.parametrize(("row", "exception"), [
+    ([1, 0, 1, 0, -1], ValueError),  # five fields
+    ([1, "0", 1, 0, -1, None], TypeError),
+    ([1, 0, None, 0, -1, None], TypeError),
+    ([1, -1, 1, 0, -1, None], ValueError),
+    (7, TypeError),
+])
+def test_a_report_that_is_not_one_is_refused(accumulator: RecordAccumulator, appender: Appender[RecordFuture],
+                                             shared: MappedSegment, row: object, exception: type[Exception]) -> None:
+    batch = closed_batch(accumulator, shared, 1)
+    assert batch.batch_id == 1
+    with pytest.raises(exception):
+        appender.reported([row])
+    assert accumulator.unreported == {1: batch} and batch.reported == 0
 
 
 def test_seal_all_closes_every_open_batch_and_says_wakeup_once(accumulator: RecordAccumulator,
@@ -243,26 +277,35 @@ def test_blocks_granted_again_close_the_open_batch_that_was_on_them(accumulator:
     assert claimed.capacity == 0 and claimed.batch_id in accumulator.unreported  # its report is still to come
 
 
-def test_a_report_of_a_batch_still_open_closes_it(accumulator: RecordAccumulator, shared: MappedSegment,
-                                                  posted: list[ipc.Message]) -> None:
+def test_a_report_of_a_batch_still_open_closes_it(accumulator: RecordAccumulator, appender: Appender[RecordFuture],
+                                                  shared: MappedSegment, posted: list[ipc.Message]) -> None:
     # The daemon claimed it at its linger and reports it before this process appended again.
     batch = open_on(accumulator, shared, [1], records=3)
     shared.daemon.claim(1)
     posted.clear()
-    [(reported, report, fresh)] = accumulator.reported([[batch.batch_id, 0, ipc.WHOLE_BATCH, 40, -1, None]],
-                                                       time.monotonic())
-    assert reported is batch and (report.record_count, fresh) == (3, 3)
+    assert appender.reported([[batch.batch_id, 0, ipc.WHOLE_BATCH, 40, -1, None]]) == (
+        [(batch, 0, 3, 40, -1, None)], 3, 0)
     assert accumulator.open == {} and accumulator.unreported == {} and batch.capacity == 0
     assert posted == []  # its blocks are the daemon's to free
 
 
-def test_resume_notices_name_every_batch_not_wholly_reported_in_the_order_opened(
+def test_a_report_of_a_batch_still_open_moves_its_topics_records_without_a_key_on(
         accumulator: RecordAccumulator, shared: MappedSegment) -> None:
+    # As a batch the fast path fills: the sticky partition of records without a key was the batch's.
+    sticky = {"t": 2, "u": 2}
+    appender = Appender(threading.Lock(), accumulator.open, {"t": 3, "u": 3}, RecordFuture, accumulator.seal_if_open,
+                        print, sticky, True, {"t": 0, "u": 1}, accumulator.unreported, accumulator.batch_ids, print)
+    batch = open_on(accumulator, shared, [1], partition=2, records=1)
+    appender.reported([[batch.batch_id, 0, ipc.WHOLE_BATCH, 40, -1, None]])
+    assert sticky == {"u": 2}
+
+
+def test_resume_notices_name_every_batch_not_wholly_reported_in_the_order_opened(
+        accumulator: RecordAccumulator, appender: Appender[RecordFuture], shared: MappedSegment) -> None:
     reported = open_on(accumulator, shared, [0], partition=0, records=1)
     in_part = open_on(accumulator, shared, [1, 2], partition=1, records=4)
     unreported = open_on(accumulator, shared, [4], topic="u", partition=0, records=2)
-    accumulator.reported([[reported.batch_id, 0, ipc.WHOLE_BATCH, 0, -1, None],
-                          [in_part.batch_id, 0, 2, 0, -1, None]], time.monotonic())
+    appender.reported([[reported.batch_id, 0, ipc.WHOLE_BATCH, 0, -1, None], [in_part.batch_id, 0, 2, 0, -1, None]])
     accumulator.seal_all()  # the session ends: every batch is closed before the next HELLO offers them
     now = unreported.created + 1.5
     assert accumulator.resume_notices(now) == [

@@ -32,9 +32,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from client_stub import _fastpath_py
-from client_stub.contract import batch_slots
+from client_stub.contract import batch_slots, ipc
 from client_stub.contract.batch_slots import ControlArea
 from client_stub.contract.records import decode_records
 from client_stub.contract.shared_memory import Layout
@@ -120,7 +122,8 @@ def appender_with_batches(fastpath: ModuleType, partitions: int, *, capacity: in
                           control: mmap.mmap | None = None) -> tuple[Any, threading.Lock, list[Any],
                                                                      dict[tuple[str, int], Any]]:
     """An enabled Appender (murmur2_random) for TOPIC with an open batch on every partition (that of partition p
-    on block p of ``control``, if given), what its seal() got, and its open batches."""
+    on block p of ``control``, if given), what its seal() got (the batches sealed with no record), and its open
+    batches."""
     lock = threading.Lock()
     slow_sends.clear()
     sealed: list[Any] = []
@@ -897,8 +900,9 @@ def test_the_fast_path_appends_and_seals_a_full_batch(fastpath: ModuleType) -> N
     futures = [appender.send(TOPIC, b"v" * 100, b"key", partition=0, timestamp_ms=BASE_TS + n) for n in range(3)]
     assert batch.futures == futures and batch.record_count == 3
     assert [f.timestamp_ms for f in futures] == [BASE_TS + n for n in range(3)]
-    # The third left too little room for a fourth like it: sealed at once, with the producer's lock held.
-    assert sealed == [batch]
+    # The third left too little room for a fourth like it: sealed at once (published full, out of the open batches).
+    assert open_batches == {} and batch.capacity == 0 and sealed == []
+    assert type(appender.send(TOPIC, b"v", b"key", partition=0)) is not RecordFuture  # the Python path opens one
 
 
 class SpareBlocks:
@@ -944,8 +948,8 @@ def appender_on_spare_blocks(fastpath: ModuleType, blocks: int, block_size: int 
                              linger_ns: int = LINGER_NS) -> tuple[
         Any, SpareBlocks, list[Any], dict[tuple[str, int], Any], dict[int, Any]]:
     """An enabled Appender with no open batch, attached to a segment of ``blocks`` spare blocks, and TOPIC numbered
-    TOPIC_INDEX in its session; what its seal() got, its open batches (seal() removes a batch from them, as the
-    producer's does) and its unreported batches."""
+    TOPIC_INDEX in its session; what its seal() got (the batches sealed with no record: it removes them from the
+    open batches, as the producer's does), its open batches and its unreported batches."""
     lock = threading.Lock()
     slow_sends.clear()
     spare = SpareBlocks(lock, blocks, block_size)
@@ -1019,8 +1023,8 @@ def test_a_record_that_fills_the_batch_it_opens_seals_it(fastpath: ModuleType) -
     appender, spare, sealed, open_batches, unreported = appender_on_spare_blocks(fastpath, 1, block_size=128)
     future = appender.send(TOPIC, b"v" * 100, b"key", partition=0)
     [batch] = unreported.values()
-    assert batch.futures == [future] and spare.wakeups == 1 and sealed == [batch] and open_batches == {}
-    assert not spare.lock.locked()
+    assert batch.futures == [future] and spare.wakeups == 1 and open_batches == {} and batch.capacity == 0
+    assert not spare.lock.locked() and sealed == []
 
 
 @pytest.mark.parametrize("spare_left", [1, 0])
@@ -1039,12 +1043,12 @@ def test_a_batch_that_refuses_the_record_is_sealed_and_another_opened(fastpath: 
         daemon.claim(0)  # the daemon claimed the batch after its linger.ms
         daemon.release()
     second = appender.send(TOPIC, value, b"key", partition=0)
-    assert sealed[0] is refusing and refusing.futures == [first]
+    assert refusing.capacity == 0 and refusing.futures == [first] and sealed == []
     if spare_left:
         [_, opened] = unreported.values()
         assert opened.futures == [second] and spare.wakeups == 2 and slow_sends == [] and appender.outstanding == 2
         # A record too large for what was left fills most of a block: the next like it would not fit there either.
-        assert sealed == [refusing, opened] if case == "no-room" else sealed == [refusing]
+        assert open_batches == ({} if case == "no-room" else {(TOPIC, 0): opened})
     else:
         # No spare block at hand: the Python path waits for one.
         assert second is DECLINED and len(slow_sends) == 1 and open_batches == {} and appender.outstanding == 1
@@ -1053,11 +1057,12 @@ def test_a_batch_that_refuses_the_record_is_sealed_and_another_opened(fastpath: 
 
 def test_an_appender_disabled_while_a_refusing_batch_is_sealed_takes_the_record_no_further(
         fastpath: ModuleType) -> None:
-    # Sealing runs Python code, which may let another thread close the producer (disable its Appender) meanwhile.
+    # Sealing a batch that took no record runs Python code (its blocks go back), which may let another thread close
+    # the producer (disable its Appender) meanwhile. This one was opened by the Python path, on a block too small.
     lock = threading.Lock()
     slow_sends.clear()
     spare = SpareBlocks(lock, 2, 128)
-    open_batches: dict[tuple[str, int], Any] = {}
+    open_batches: dict[tuple[str, int], Any] = {(TOPIC, 0): new_batch(fastpath, 64)[0]}
 
     def seal(batch: Any) -> None:
         del open_batches[(batch.topic, batch.partition)]
@@ -1067,9 +1072,8 @@ def test_an_appender_disabled_while_a_refusing_batch_is_sealed_takes_the_record_
                                  {TOPIC: TOPIC_INDEX}, {}, itertools.count(1), spare.wakeup)
     appender.attach(memoryview(spare.memory), memoryview(spare.control), 128, 128, LINGER_NS, spare.take_spare)
     appender.enable()
-    assert type(appender.send(TOPIC, b"v" * 10, b"key", partition=0)) is RecordFuture
     assert appender.send(TOPIC, b"v" * 100, b"key", partition=0) is DECLINED  # refused: sealed, and disabled
-    assert spare.taken == 1 and open_batches == {} and len(slow_sends) == 1 and not lock.locked()
+    assert spare.taken == 0 and open_batches == {} and len(slow_sends) == 1 and not lock.locked()
 
 
 @pytest.mark.parametrize("case", ["no-spare-block", "larger-than-a-block", "topic-not-numbered", "detached"])
@@ -1256,3 +1260,77 @@ def test_negative_timestamps_are_refused_so_that_no_delta_overflows(fastpath: Mo
     assert snapshot(batch, memory) == before
     # The largest timestamp is a delta of 2**63 - 1 - BASE_TS from the base: within int64.
     assert batch.append(b"k", b"v", (), 2**63 - 1, RecordFuture(None, 2**63 - 1, 1, 1)) is True
+
+
+# -- Appender.reported: delivery reports counted against their batches ---------------------------------------
+
+REPORT_FIELD = st.one_of(st.integers(-3, 12), st.just(ipc.WHOLE_BATCH), st.just(2**70), st.just(-(2**70)),
+                         st.sampled_from([None, "2", 1.5]))
+REPORT_ROWS = st.lists(st.one_of(
+    st.tuples(st.integers(0, 5), REPORT_FIELD, REPORT_FIELD, st.integers(-1, 9), st.just(-1),
+              st.sampled_from([None, ["KafkaError", 2, "CORRUPT_MESSAGE", "bad", False]])).map(list),
+    st.lists(st.integers(0, 3), max_size=7), st.just(5)), max_size=8)
+
+
+def reported_by(twin: ModuleType, records: list[int], completed: list[int], sticky: dict[str, int],
+                rows: list[Any]) -> tuple[object, ...]:
+    """What a twin's Appender.reported(rows) returns (batches by id) or raises, and what it leaves: batches 1.. with
+    ``records`` records each, open on partition id - 1 (all but batch 2), the first ``completed`` of each completed
+    and counted reported already."""
+    lock = threading.Lock()
+    open_batches: dict[tuple[str, int], Any] = {}
+    unreported: dict[int, Any] = {}
+    sealed: list[int] = []
+    for batch_id, (count, done) in enumerate(zip(records, completed, strict=True), start=1):
+        batch = twin.OpenBatch(batch_id, TOPIC, batch_id - 1, batch_id - 1, 1, bytearray(1024), BASE_TS,
+                               time.monotonic(), control_area(batch_id), 0)
+        futures = [RecordFuture(None, BASE_TS, 1, 1) for _ in range(count)]
+        for future in futures:
+            assert batch.append(b"k", b"v", (), BASE_TS, future)
+        twin.Completer(RecordFuture, RecordMetadata, _CONDITION_LOCK, _callback_failed).complete(
+            futures, 0, min(done, count), TOPIC, 0, 0, -1, None)
+        batch.reported = min(done, count)
+        unreported[batch_id] = batch
+        if batch_id != 2:
+            open_batches[(TOPIC, batch_id - 1)] = batch
+
+    def seal(batch: Any) -> None:  # as the producer's: a batch that took no record, sealed if still open
+        if open_batches.get((batch.topic, batch.partition)) is batch:
+            sealed.append(batch.batch_id)
+            del open_batches[(batch.topic, batch.partition)]
+
+    appender = twin.Appender(lock, open_batches, {TOPIC: 8}, RecordFuture, seal, slow_send, sticky, True, {TOPIC: 0},
+                             unreported, itertools.count(10), never_woken)
+    try:
+        rows_out, delivered, failed = appender.reported(rows)
+        outcome: object = ([(b.batch_id, *rest) for b, *rest in rows_out], delivered, failed)
+    except Exception as exc:
+        outcome = type(exc)
+    return (outcome, sorted(unreported), {b: unreported[b].reported for b in unreported}, sorted(open_batches),
+            sticky, sealed)
+
+
+@c_only
+@settings(max_examples=300, deadline=None)
+@given(records=st.lists(st.integers(0, 4), min_size=4, max_size=4),
+       completed=st.lists(st.integers(0, 4), min_size=4, max_size=4), sticky=st.integers(0, 4), rows=REPORT_ROWS)
+def test_the_twins_count_any_reports_alike(records: list[int], completed: list[int], sticky: int,
+                                           rows: list[Any]) -> None:
+    # Whatever the daemon sends: the same rows out, counts, error, and batches left unreported, open and sticky.
+    assert (reported_by(C_FASTPATH, records, completed, {TOPIC: sticky}, rows)
+            == reported_by(_fastpath_py, records, completed, {TOPIC: sticky}, rows))
+
+
+def test_reports_close_the_batches_still_open_and_forget_those_wholly_reported(fastpath: ModuleType) -> None:
+    error = ["KafkaError", 2, "CORRUPT_MESSAGE", "bad", False]
+    outcome, unreported, counted, still_open, sticky, sealed = reported_by(
+        fastpath, [3, 2, 0, 4], [0, 0, 0, 2], {TOPIC: 0},
+        [[1, 0, 2, 100, -1, None], [2, 0, ipc.WHOLE_BATCH, -1, -1, error], [3, 0, ipc.WHOLE_BATCH, 7, -1, None],
+         [4, 0, ipc.WHOLE_BATCH, 50, -1, None], [99, 0, 1, 0, -1, None]])
+    # Batch 1 in part, 2 failed whole, 3 (no record: sealed by seal(), which gives its blocks back), 4 the records
+    # not reported before; a report of no batch here counts nothing.
+    assert outcome == ([(1, 0, 2, 100, -1, None), (2, 0, 2, -1, -1, error), (3, 0, 0, 7, -1, None),
+                        (4, 0, 4, 50, -1, None)], 2 + 2, 2)
+    assert unreported == [1] and counted == {1: 2}
+    # Each reported is sealed (the daemon claimed it): out of the open batches, its partition no longer sticky.
+    assert still_open == [] and sticky == {} and sealed == [3]
