@@ -516,7 +516,7 @@ static inline long long now_ms(void) {
 #define SLOT_HEADER_BYTES 64
 #define SLOT_BYTES 64
 enum { PUBLISHED, CLAIM, BASE_TIMESTAMP, MAX_TIMESTAMP, BATCH_ID, TOPIC_PARTITION, BLOCK_COUNT, OPENED_NS };
-enum { HEADER_WATCHED_UNTIL_NS, HEADER_SCAN_INTERVAL_NS, HEADER_LINGER_NS, HEADER_REPORTS_WANTED };
+enum { HEADER_WATCHED_UNTIL_NS, HEADER_SCAN_INTERVAL_NS, HEADER_LINGER_NS, HEADER_REPORTS_WANTED, HEADER_SPARE_WANTED };
 #define PUBLISHED_FULL (1ULL << 63)
 #define CLAIM_CLAIMING (1ULL << 63)
 #define CLAIM_COUNT_MASK ((1ULL << 31) - 1)
@@ -836,6 +836,14 @@ typedef struct {
     PyObject *blocks;           /* its blocks (a memoryview), or NULL */
     PyObject *control;          /* its control area */
     PyObject *take_spare;       /* take_spare(): a spare block's number, or None; called with the lock held */
+    /* The spare blocks at hand (the producer's list, or NULL), which a batch opened here takes the last of itself
+       while it leaves at least ``spare_floor - 1`` and the clock is before ``spare_until_ns``: the cases where
+       take_spare() would ask for nothing and measure nothing (see spare_policy()). */
+    PyObject *spare;
+    Py_ssize_t spare_floor;
+    long long spare_until_ns;
+    Py_ssize_t spare_wanted_base; /* the header's spare_wanted is this less the blocks at hand, at least 0 */
+    Py_ssize_t spare_taken;     /* blocks taken here since spare_policy() last said */
     Py_ssize_t block_size;
     Py_ssize_t max_record_size; /* the largest record a batch of one block takes (max.request.size included) */
     long long linger_ns;        /* the producer's linger.ms */
@@ -913,6 +921,7 @@ static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
     Py_VISIT(self->blocks);
     Py_VISIT(self->control);
     Py_VISIT(self->take_spare);
+    Py_VISIT(self->spare);
     Py_VISIT(self->slots.type);
     return 0;
 }
@@ -933,6 +942,7 @@ static int Appender_clear(Appender *self) {
     Py_CLEAR(self->blocks);
     Py_CLEAR(self->control);
     Py_CLEAR(self->take_spare);
+    Py_CLEAR(self->spare);
     Py_CLEAR(self->slots.type);
     return 0;
 }
@@ -1085,6 +1095,36 @@ static int seal_full(Appender *self, OpenBatch *batch) {
     return release_lock(self, seal_open(self, batch) < 0);
 }
 
+/* The last spare block at hand, taken without take_spare()'s Python frame where the policy allows it (see
+   spare_policy()): a new reference, or NULL (take_spare() decides; or an error). */
+static PyObject *take_quick(Appender *self) {
+    if (self->spare == NULL) {
+        return NULL;
+    }
+    Py_ssize_t held = PyList_GET_SIZE(self->spare);
+    if (held == 0 || held < self->spare_floor || monotonic_ns() >= self->spare_until_ns) {
+        return NULL;
+    }
+    PyObject *block = Py_NewRef(PyList_GET_ITEM(self->spare, held - 1));
+    if (PyList_SetSlice(self->spare, held - 1, held, NULL) < 0) {
+        Py_DECREF(block);
+        return NULL;
+    }
+    self->spare_taken++;
+    return block;
+}
+
+/* After a block taken here: the header says how many more spare blocks this client would take, as take_spare()
+   would have said. */
+static void say_spare_wanted(Appender *self, OpenBatch *batch) {
+    uint64_t *header = (uint64_t *)batch->control.buf;
+    Py_ssize_t wanted = self->spare_wanted_base - PyList_GET_SIZE(self->spare);
+    uint64_t word = wanted > 0 ? (uint64_t)wanted : 0;
+    if (__atomic_load_n(&header[HEADER_SPARE_WANTED], __ATOMIC_RELAXED) != word) {
+        __atomic_store_n(&header[HEADER_SPARE_WANTED], word, __ATOMIC_RELAXED);
+    }
+}
+
 /* A batch for a record of ``size`` bytes on a spare block of the attached segment, opened as the accumulator opens
    one (in the open batches under ``key_of_batch``, and in the unreported), with the producer's lock taken without
    waiting: everything read here before is as it was when the lock was seen free (with the GIL held throughout,
@@ -1113,7 +1153,11 @@ static OpenBatch *open_on_spare(Appender *self, PyObject *topic, PyObject *key_o
         return NULL; /* or an error */
     }
     Py_DECREF(acquired);
-    PyObject *block_obj = PyObject_CallNoArgs(self->take_spare);
+    PyObject *block_obj = take_quick(self);
+    int quick = block_obj != NULL;
+    if (!quick && !PyErr_Occurred()) {
+        block_obj = PyObject_CallNoArgs(self->take_spare);
+    }
     if (block_obj == NULL || block_obj == Py_None) {
         Py_XDECREF(block_obj);
         release_lock(self, 0);
@@ -1142,6 +1186,9 @@ static OpenBatch *open_on_spare(Appender *self, PyObject *topic, PyObject *key_o
         if (batch != NULL && (PyDict_SetItem(self->open, key_of_batch, batch) < 0 ||
                               PyDict_SetItem(self->unreported, batch_id, batch) < 0)) {
             Py_CLEAR(batch);
+        }
+        if (batch != NULL && quick) {
+            say_spare_wanted(self, (OpenBatch *)batch);
         }
     }
     Py_XDECREF(view);
@@ -1452,7 +1499,47 @@ static PyObject *Appender_detach(Appender *self, PyObject *unused) {
     Py_CLEAR(self->blocks);
     Py_CLEAR(self->control);
     Py_CLEAR(self->take_spare);
+    Py_CLEAR(self->spare);
     Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Appender_spare_policy_doc,
+"spare_policy($self, spare, floor, until_ns, wanted_base, /)\n--\n\n"
+"When send() may open a batch on a spare block without take_spare(): it takes the last of the list ``spare``\n"
+"(None: never) while that holds at least ``floor`` blocks and time.monotonic_ns() is before ``until_ns``, and\n"
+"then says in the segment's header that it would take max(wanted_base - len(spare), 0) more. Called with the\n"
+"producer's lock held; returns the blocks it took so since the last call.");
+
+static PyObject *Appender_spare_policy(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "spare_policy() takes 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (args[0] != Py_None && !PyList_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "spare must be a list or None, not %.100s", Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    Py_ssize_t floor = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    if (floor == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *until = PyNumber_Index(args[2]);
+    long long until_ns = until == NULL ? -1 : PyLong_AsLongLong(until);
+    Py_XDECREF(until);
+    if (until_ns == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t wanted_base = PyNumber_AsSsize_t(args[3], PyExc_OverflowError);
+    if (wanted_base == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_XSETREF(self->spare, args[0] == Py_None ? NULL : Py_NewRef(args[0]));
+    self->spare_floor = floor;
+    self->spare_until_ns = until_ns;
+    self->spare_wanted_base = wanted_base;
+    Py_ssize_t taken = self->spare_taken;
+    self->spare_taken = 0;
+    return PyLong_FromSsize_t(taken);
 }
 
 static PyObject *Appender_enable(Appender *self, PyObject *unused) {
@@ -1612,6 +1699,7 @@ static PyMethodDef Appender_methods[] = {
     {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL | METH_KEYWORDS, Appender_send_doc},
     {"attach", (PyCFunction)(void (*)(void))Appender_attach, METH_FASTCALL, Appender_attach_doc},
     {"first_published", (PyCFunction)Appender_first_published, METH_O, Appender_first_published_doc},
+    {"spare_policy", (PyCFunction)(void (*)(void))Appender_spare_policy, METH_FASTCALL, Appender_spare_policy_doc},
     {"detach", (PyCFunction)Appender_detach, METH_NOARGS,
      PyDoc_STR("detach($self, /)\n--\n\nLet go of the segment (before it is unmapped): no batch is opened here.")},
     {"enable", (PyCFunction)Appender_enable, METH_NOARGS,

@@ -500,7 +500,8 @@ class Appender:
 
     __slots__ = ("_acquire", "_release", "_open", "_partition_counts", "_sticky", "_seal", "_slow_send", "_slots",
                  "_enabled", "_murmur2_keys", "_outstanding", "_topic_indexes", "_unreported", "_batch_ids", "_wakeup",
-                 "_blocks", "_control", "_take_spare", "_block_size", "_max_record_size", "_linger_ns")
+                 "_blocks", "_control", "_take_spare", "_block_size", "_max_record_size", "_linger_ns", "_spare",
+                 "_spare_floor", "_spare_until_ns", "_spare_wanted_base", "_spare_taken")
     # The producer's lock, which guards its open batches and the counts: its acquire and release.
     _acquire: Callable[[bool], bool]
     _release: Callable[[], None]
@@ -520,6 +521,14 @@ class Appender:
     _blocks: memoryview | None
     _control: memoryview | None
     _take_spare: Callable[[], int | None] | None
+    # The spare blocks at hand (the producer's list, or None), which a batch opened here takes the last of itself
+    # while it leaves at least _spare_floor - 1 and the clock is before _spare_until_ns: the cases where take_spare()
+    # would ask for nothing and measure nothing (see spare_policy()).
+    _spare: list[int] | None
+    _spare_floor: int
+    _spare_until_ns: int
+    _spare_wanted_base: int  # the header's spare_wanted is this less the blocks at hand, at least 0
+    _spare_taken: int  # blocks taken here since spare_policy() last said
     _block_size: int
     _max_record_size: int
     _linger_ns: int
@@ -553,8 +562,9 @@ class Appender:
         self._unreported = unreported
         self._batch_ids = batch_ids
         self._wakeup = wakeup
-        self._blocks = self._control = self._take_spare = None
+        self._blocks = self._control = self._take_spare = self._spare = None
         self._block_size = self._max_record_size = self._linger_ns = 0
+        self._spare_floor = self._spare_until_ns = self._spare_wanted_base = self._spare_taken = 0
         self._murmur2_keys = bool(murmur2_keys)
         self._enabled = False
         self._outstanding = 0
@@ -606,7 +616,34 @@ class Appender:
 
     def detach(self) -> None:
         """Let go of the segment (before it is unmapped): no batch is opened here."""
-        self._blocks = self._control = self._take_spare = None
+        self._blocks = self._control = self._take_spare = self._spare = None
+
+    def spare_policy(self, spare: list[int] | None, floor: int, until_ns: int, wanted_base: int, /) -> int:
+        """spare_policy(spare, floor, until_ns, wanted_base)
+
+        When send() may open a batch on a spare block without take_spare(): it takes the last of the list ``spare``
+        (None: never) while that holds at least ``floor`` blocks and time.monotonic_ns() is before ``until_ns``, and
+        then says in the segment's header that it would take max(wanted_base - len(spare), 0) more. Called with the
+        producer's lock held; returns the blocks it took so since the last call.
+        """
+        if spare is not None and not isinstance(spare, list):
+            raise TypeError(f"spare must be a list or None, not {type(spare).__name__}")
+        floor, until_ns, wanted_base = _ssize(operator.index(floor)), _int64(until_ns), _ssize(operator.index(
+            wanted_base))
+        self._spare, self._spare_floor, self._spare_until_ns, self._spare_wanted_base = (spare, floor, until_ns,
+                                                                                          wanted_base)
+        taken, self._spare_taken = self._spare_taken, 0
+        return taken
+
+    def _take_quick(self) -> int | None:
+        """The last spare block at hand, taken without take_spare() where the policy allows it (see
+        spare_policy()); None: take_spare() decides."""
+        spare = self._spare
+        if (spare is None or not spare or len(spare) < self._spare_floor
+                or time.monotonic_ns() >= self._spare_until_ns):
+            return None
+        self._spare_taken += 1
+        return spare.pop()
 
     def enable(self) -> None:
         """Let send() take records (the session is up)."""
@@ -786,7 +823,10 @@ class Appender:
         topic_index = self._topic_indexes.get(topic)
         if type(topic_index) is not int or not 0 <= topic_index <= 0xFFFFFFFF:
             return None
-        block = take_spare()
+        block = self._take_quick()
+        quick = block is not None
+        if block is None:
+            block = take_spare()
         if block is None:
             return None
         block = operator.index(block)
@@ -800,6 +840,12 @@ class Appender:
                           timestamp, time.monotonic(), control, topic_index)
         self._open[(topic, partition)] = batch
         self._unreported[batch_id] = batch
+        if quick:
+            # The header says how many more spare blocks this client would take, as take_spare() would have said.
+            assert self._spare is not None and batch._control is not None
+            wanted = max(self._spare_wanted_base - len(self._spare), 0)
+            if batch._control.header(batch_slots.SPARE_WANTED) != wanted:
+                batch._control.set_header(batch_slots.SPARE_WANTED, wanted)
         return batch
 
     def first_published(self, batch: OpenBatch, /) -> None:

@@ -6,8 +6,11 @@ contiguous blocks for a record larger than one. It says in its segment's header
 how many more spare blocks it would take now (``spare_wanted``), and the daemon
 hands it that many, at most one a batch reported, with its delivery reports: at a
 steady rate the blocks of the batches reported come back with their reports, and
-the client asks for none. Every method is called with the producer's lock held;
-the waiting is the producer's.
+the client asks for none. send() takes a spare block itself, in the fast path's
+Appender, where take_spare() would ask for nothing and measure nothing (the
+Appender's spare_policy(), which this side keeps up to date): take_spare() runs
+when a request may be due, and once a _GRANT_HORIZON_S. Every method is called with
+the producer's lock held; the waiting is the producer's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from .contract.batch_slots import ControlArea
 _MIN_GRANT = 4
 _GRANT_HORIZON_S = 0.025
 _MAX_GRANT_SHARE = 16
+
+# The Appender's spare_policy(spare, floor, until_ns, wanted_base): the blocks send() took itself since the last call.
+SparePolicy = Callable[[list[int] | None, int, int, int], int]
 
 
 class BlockRequest:
@@ -60,14 +66,21 @@ class BlockGrants:
         self.pool_blocks = 0  # the pool's size, once welcomed
         # The session's segment's control area, where ``spare_wanted`` is said (None between sessions).
         self._control: ControlArea | None = None
+        # The Appender's spare_policy() in a session: when send() takes spare blocks itself.
+        self._spare_policy: SparePolicy | None = None
 
-    def attach(self, control: ControlArea) -> None:
-        """A new session, with its segment: say what spare blocks this client would take."""
+    def attach(self, control: ControlArea, spare_policy: SparePolicy) -> None:
+        """A new session, with its segment: say what spare blocks this client would take, and when the Appender's
+        send() may take them itself (``spare_policy``)."""
         self._control = control
+        self._spare_policy = spare_policy
         self._say_wanted()
 
     def take_spare(self, max_block_ms: int) -> int | None:
         """A spare block, if there is one; the next are asked for before they are needed."""
+        if self._spare_policy is not None:
+            # The blocks send() took itself count for the rate; it takes none until this is done.
+            self._blocks_taken += self._spare_policy(None, 0, 0, 0)
         block = self.spare.pop() if self.spare else None
         if block is not None:
             self._blocks_taken += 1
@@ -146,12 +159,19 @@ class BlockGrants:
 
     def _say_wanted(self) -> None:
         """Say in the header how many more spare blocks this client would take now: a grant's worth, less what it
-        has and has asked for."""
+        has and has asked for; and let send() take spare blocks itself while take_spare() would do nothing more:
+        no request to make (one is in flight, or more than half a grant's worth would be left) and within the
+        horizon of the rate being measured."""
         control = self._control
         if control is not None:
-            wanted = max(self._grant - len(self.spare) - self._spare_asked, 0)
+            base = self._grant - self._spare_asked
+            wanted = max(base - len(self.spare), 0)
             if control.header(batch_slots.SPARE_WANTED) != wanted:
                 control.set_header(batch_slots.SPARE_WANTED, wanted)
+            floor = 1 if self._spare_asked else self._grant // 2 + 2
+            until_ns = int((self._rate_since + _GRANT_HORIZON_S) * 1e9) if self._rate_since else 0
+            assert self._spare_policy is not None, "attach() gives both"
+            self._blocks_taken += self._spare_policy(self.spare, floor, until_ns, base)
 
     def refused(self, failed: ipc.GrantFailed) -> None:
         """The daemon could not grant a request in time, or refused it."""
@@ -179,6 +199,9 @@ class BlockGrants:
         self._spare_asked = 0
         self._session_first_request = self._next_request_id
         control, self._control = self._control, None
+        if self._spare_policy is not None:
+            self._spare_policy(None, 0, 0, 0)  # the blocks send() took were this session's
+            self._spare_policy = None
         if control is not None:
             # A segment taken back by the next session must not say what this one wanted.
             with contextlib.suppress(ValueError):  # the segment was let go of already

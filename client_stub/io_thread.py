@@ -514,7 +514,7 @@ class IoThread:
         # Records in flight from the lost session may be waited on (a flush, their callbacks): their reports come
         # at once, until nothing is in flight.
         control.set_header(batch_slots.REPORTS_WANTED, 1 if self._appender.outstanding else 0)
-        self._grants.attach(control)
+        self._grants.attach(control, self._appender.spare_policy)
         self._metadata.new_session()
         settings = welcome.settings
         # The fast path opens batches of a block, for a record that fits in one within max.request.size.

@@ -49,12 +49,18 @@ def test_a_waiter_that_gives_up_sends_a_late_grant_back() -> None:
 
 class SpareGrants(NamedTuple):
     """A client's block grants (``posted``: what they ask the daemon), and both sides of its segment's control
-    area; the grants are attached to a session by the test."""
+    area; the grants are attached to a session by the test (with :meth:`policy` for the Appender's)."""
 
     grants: BlockGrants
     posted: list[ipc.Message]
     client: ControlArea
     daemon: ControlArea
+    policies: list[tuple[list[int] | None, int, int, int]]
+
+    def policy(self, spare: list[int] | None, floor: int, until_ns: int, wanted_base: int) -> int:
+        """An Appender's spare_policy() that takes no block itself: what it was told."""
+        self.policies.append((spare, floor, until_ns, wanted_base))
+        return 0
 
     def wanted(self) -> int:
         """The spare blocks the header says the client would take, as the daemon reads it."""
@@ -67,7 +73,7 @@ def spare() -> Iterator[SpareGrants]:
     with mapped_segment(LAYOUT) as shared:
         client = ControlArea(shared.segment.control, LAYOUT.block_count)
         try:
-            yield SpareGrants(BlockGrants(posted.append), posted, client, shared.daemon)
+            yield SpareGrants(BlockGrants(posted.append), posted, client, shared.daemon, [])
         finally:
             client.release()
 
@@ -77,7 +83,7 @@ def test_the_header_says_how_many_spare_blocks_the_client_would_take_and_blocks_
     grants, posted = spare.grants, spare.posted
     grants.handed_back([1])  # no session yet: not this client's
     assert grants.spare == []
-    grants.attach(spare.client)
+    grants.attach(spare.client, spare.policy)
     assert spare.wanted() == 4  # a grant's worth
     assert grants.take_spare(1000) is None
     [request] = posted
@@ -102,7 +108,7 @@ def test_after_a_burst_the_spare_blocks_handed_back_fall_to_what_the_rate_needs(
     monkeypatch.setattr(block_grants, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     grants, posted = spare.grants, spare.posted
     grants.pool_blocks = 4096
-    grants.attach(spare.client)
+    grants.attach(spare.client, spare.policy)
     fresh = itertools.count()
 
     def send(every_s: float) -> None:
@@ -127,7 +133,7 @@ def test_after_a_burst_the_spare_blocks_handed_back_fall_to_what_the_rate_needs(
 
 
 def test_a_request_for_spare_blocks_says_so_in_the_header(spare: SpareGrants) -> None:
-    spare.grants.attach(spare.client)
+    spare.grants.attach(spare.client, spare.policy)
     assert spare.wanted() == 4
     spare.grants.top_up(1000)  # as a send() waiting for a block does
     [request] = spare.posted

@@ -28,14 +28,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client_stub import _fastpath_py
+from client_stub import _fastpath_py, block_grants
 from client_stub.contract import batch_slots, ipc
 from client_stub.contract.batch_slots import ControlArea
 from client_stub.contract.records import decode_records
@@ -1334,3 +1334,112 @@ def test_reports_close_the_batches_still_open_and_forget_those_wholly_reported(f
     assert unreported == [1] and counted == {1: 2}
     # Each reported is sealed (the daemon claimed it): out of the open batches, its partition no longer sticky.
     assert still_open == [] and sticky == {} and sealed == [3]
+
+
+# -- spare blocks taken by send() itself --------------------------------------------------------------------
+
+SPARE_BLOCKS = 64
+
+
+def batches_opened(fastpath: ModuleType, monkeypatch: pytest.MonkeyPatch, *, quick: bool) -> tuple[list[tuple], int]:
+    """A producer's Appender and BlockGrants opening a batch at every send() on a segment of SPARE_BLOCKS blocks of
+    256 bytes, the daemon granting each request at once and handing back a spare block with the report of every
+    other batch when the header asks for one (as the daemon does, with reports that come for two batches at a
+    time); with ``quick``, send() takes spare blocks itself where the grants'
+    policy lets it, else never. BlockGrants' clock stands still, far ahead of the Appender's: every step is within
+    the horizon of the rate (whose end :func:`test_send_leaves_the_spare_blocks_to_take_spare_past_the_policy`
+    covers). What each step showed (record taken, on which block, what was asked of the daemon, the header's
+    spare_wanted), and the take_spare() calls."""
+    now = time.monotonic() + 1e6
+    monkeypatch.setattr(block_grants, "time", SimpleNamespace(monotonic=lambda: now))
+    lock = threading.Lock()
+    slow_sends.clear()
+    posted: list[ipc.Message] = []
+    grants = block_grants.BlockGrants(posted.append)
+    grants.pool_blocks = 4096
+    calls = [0]
+
+    def take_spare() -> int | None:
+        calls[0] += 1
+        return grants.take_spare(1000)
+
+    open_batches: dict[tuple[str, int], Any] = {}
+    appender = fastpath.Appender(lock, open_batches, {TOPIC: 1}, RecordFuture, print, slow_send, {}, True,
+                                 {TOPIC: TOPIC_INDEX}, {}, itertools.count(1), lambda: None)
+    memory, control = bytearray(SPARE_BLOCKS * 256), control_area(SPARE_BLOCKS)
+    area = ControlArea(memoryview(control), SPARE_BLOCKS)
+
+    def never(spare: list[int] | None, floor: int, until_ns: int, wanted_base: int) -> int:
+        return int(appender.spare_policy(None, floor, until_ns, wanted_base))
+
+    grants.attach(area, appender.spare_policy if quick else never)
+    appender.attach(memoryview(memory), memoryview(control), 256, 256, LINGER_NS, take_spare)
+    appender.enable()
+    fresh = itertools.count()
+    steps = []
+    for step in range(300):
+        taken = type(appender.send(TOPIC, b"v", b"k", partition=0)) is RecordFuture
+        batch = open_batches.pop((TOPIC, 0), None)
+        if batch is not None:
+            batch.release()
+        asked = list(posted)
+        posted.clear()
+        with lock:
+            for request in asked:
+                if isinstance(request, ipc.Blocks):
+                    grants.granted(ipc.Grant(request.request_id,
+                                             [next(fresh) % SPARE_BLOCKS for _ in range(request.count)]))
+            if step % 2 and area.header(batch_slots.SPARE_WANTED):
+                grants.handed_back([next(fresh) % SPARE_BLOCKS])
+        steps.append((taken, None if batch is None else batch.first_block, asked,
+                      area.header(batch_slots.SPARE_WANTED)))
+    area.release()
+    return steps, calls[0]
+
+
+def test_send_takes_spare_blocks_itself_where_take_spare_would_do_nothing_more(
+        fastpath: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every step the same: the same blocks, the same requests and the same header; take_spare() runs only where a
+    # request may be due (half a grant's worth left, none asked for).
+    quick, quick_calls = batches_opened(fastpath, monkeypatch, quick=True)
+    slow, slow_calls = batches_opened(fastpath, monkeypatch, quick=False)
+    assert quick == slow
+    # The first send() finds no spare block (the Python path waits for the first grant); every other takes one.
+    assert [taken for taken, *_ in quick] == [False] + [True] * 299 and any(asked for _, _, asked, _ in quick[1:])
+    assert slow_calls == 300 and quick_calls < 150
+
+
+@pytest.mark.parametrize(("held", "floor", "until_s", "quick"), [
+    pytest.param(3, 3, 60, True, id="allowed"),
+    pytest.param(2, 3, 60, False, id="fewer-than-the-floor"),
+    pytest.param(3, 3, -1, False, id="past-its-time"),
+    pytest.param(0, 0, 60, False, id="none-at-hand"),
+])
+def test_send_leaves_the_spare_blocks_to_take_spare_past_the_policy(fastpath: ModuleType, held: int, floor: int,
+                                                                    until_s: float, quick: bool) -> None:
+    appender, spare, _, open_batches, _ = appender_on_spare_blocks(fastpath, 8)
+    at_hand = [5, 6, 7][:held]
+    assert appender.spare_policy(at_hand, floor, time.monotonic_ns() + int(until_s * 1e9), 6) == 0
+    appender.send(TOPIC, b"v", b"k", partition=0)
+    [batch] = open_batches.values()
+    header = ControlArea(memoryview(spare.control), 8)
+    if quick:
+        # The last block at hand, without take_spare(); the header says the spare blocks wanted as it would have.
+        assert batch.first_block == 7 and at_hand == [5, 6] and spare.taken == 0
+        assert header.header(batch_slots.SPARE_WANTED) == 6 - 2
+        assert appender.spare_policy(None, 0, 0, 0) == 1
+    else:
+        assert batch.first_block == 0 and spare.taken == 1 and len(at_hand) == held
+        assert appender.spare_policy(None, 0, 0, 0) == 0
+    header.release()
+
+
+def test_a_spare_policy_is_checked(fastpath: ModuleType) -> None:
+    appender, _, _, _ = appender_with_batches(fastpath, 1)
+    with pytest.raises(TypeError):
+        appender.spare_policy((1, 2), 1, 0, 0)
+    with pytest.raises(TypeError):
+        appender.spare_policy([1], 1.5, 0, 0)
+    with pytest.raises(OverflowError):
+        appender.spare_policy([1], 1, 2**64, 0)
+    assert appender.spare_policy([1], 1, 0, 0) == 0
