@@ -825,8 +825,9 @@ typedef struct {
     PyObject *partition_counts; /* the producer metadata's dict topic -> partition count, for the topics
                                    known without error, read here */
     PyObject *sticky;           /* dict: topic -> partition for records without a key, or None */
-    PyObject *seal;             /* seal(batch), called with the lock held when a batch is full or refuses a
-                                   record, and sealing it unless another thread has meanwhile */
+    PyObject *seal;             /* seal(batch), called with the lock held for a batch to seal that took no record
+                                   (its blocks go back), sealing it unless another thread has meanwhile; this
+                                   fast path seals the others itself (seal_open()) */
     PyObject *slow_send;        /* the producer's Python path, for what the fast path does not take */
     PyObject *topic_indexes;    /* the producer metadata's dict topic -> the session's number for it, read here */
     PyObject *unreported;       /* the accumulator's dict batch id -> batch, where a batch opened here goes */
@@ -1096,8 +1097,9 @@ static int seal_full(Appender *self, OpenBatch *batch) {
 }
 
 /* The last spare block at hand, taken without take_spare()'s Python frame where the policy allows it (see
-   spare_policy()): a new reference, or NULL (take_spare() decides; or an error). */
-static PyObject *take_quick(Appender *self) {
+   spare_policy()): a new reference, or NULL (take_spare() decides; or an error). ``wanted``: what the header is to
+   say of the spare blocks this client would take then, as take_spare() would have said. */
+static PyObject *take_quick(Appender *self, uint64_t *wanted) {
     if (self->spare == NULL) {
         return NULL;
     }
@@ -1111,17 +1113,16 @@ static PyObject *take_quick(Appender *self) {
         return NULL;
     }
     self->spare_taken++;
+    /* Both are at least 0 (spare_policy() says so). */
+    *wanted = self->spare_wanted_base > held - 1 ? (uint64_t)(self->spare_wanted_base - (held - 1)) : 0;
     return block;
 }
 
-/* After a block taken here: the header says how many more spare blocks this client would take, as take_spare()
-   would have said. */
-static void say_spare_wanted(Appender *self, OpenBatch *batch) {
+/* The header's spare_wanted, after a block taken here. */
+static void say_spare_wanted(OpenBatch *batch, uint64_t wanted) {
     uint64_t *header = (uint64_t *)batch->control.buf;
-    Py_ssize_t wanted = self->spare_wanted_base - PyList_GET_SIZE(self->spare);
-    uint64_t word = wanted > 0 ? (uint64_t)wanted : 0;
-    if (__atomic_load_n(&header[HEADER_SPARE_WANTED], __ATOMIC_RELAXED) != word) {
-        __atomic_store_n(&header[HEADER_SPARE_WANTED], word, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&header[HEADER_SPARE_WANTED], __ATOMIC_RELAXED) != wanted) {
+        __atomic_store_n(&header[HEADER_SPARE_WANTED], wanted, __ATOMIC_RELAXED);
     }
 }
 
@@ -1153,7 +1154,8 @@ static OpenBatch *open_on_spare(Appender *self, PyObject *topic, PyObject *key_o
         return NULL; /* or an error */
     }
     Py_DECREF(acquired);
-    PyObject *block_obj = take_quick(self);
+    uint64_t wanted = 0;
+    PyObject *block_obj = take_quick(self, &wanted);
     int quick = block_obj != NULL;
     if (!quick && !PyErr_Occurred()) {
         block_obj = PyObject_CallNoArgs(self->take_spare);
@@ -1188,7 +1190,7 @@ static OpenBatch *open_on_spare(Appender *self, PyObject *topic, PyObject *key_o
             Py_CLEAR(batch);
         }
         if (batch != NULL && quick) {
-            say_spare_wanted(self, (OpenBatch *)batch);
+            say_spare_wanted((OpenBatch *)batch, wanted);
         }
     }
     Py_XDECREF(view);
@@ -1240,8 +1242,8 @@ static int append_to_partition(Appender *self, PyObject *topic, long partition, 
        while this one holds the GIL. So the producer's lock is not taken per record; it is enough that
        no thread holds it now, in the middle of a change to the batches (a thread blocked on the lock
        may take it meanwhile, but cannot act on it before the GIL is released). If one holds it, the
-       Python path waits for it. A batch to open is the exception: taking a spare block runs Python code,
-       and the lock is held from it until the record is in. */
+       Python path waits for it. A batch to open is the exception: taking a spare block may run Python code
+       (take_spare()), and the lock is held from it until the record is in. */
     int locked = call_truth(self->lock_locked);
     OpenBatch *batch = NULL; /* a new reference */
     int opened = 0;
@@ -1533,6 +1535,10 @@ static PyObject *Appender_spare_policy(Appender *self, PyObject *const *args, Py
     if (wanted_base == -1 && PyErr_Occurred()) {
         return NULL;
     }
+    if (floor < 0 || wanted_base < 0) {
+        PyErr_SetString(PyExc_ValueError, "floor and wanted_base must not be negative");
+        return NULL;
+    }
     Py_XSETREF(self->spare, args[0] == Py_None ? NULL : Py_NewRef(args[0]));
     self->spare_floor = floor;
     self->spare_until_ns = until_ns;
@@ -1570,10 +1576,10 @@ static PyObject *Appender_count_done(Appender *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* A report row's field ``index`` as a Py_ssize_t (ints beyond it saturate: a count past the batch's end counts up
+/* A report row's (a tuple's) field ``index`` as a Py_ssize_t (ints beyond it saturate: a count past the batch's end counts up
    to its end), or -1 with TypeError if it is not an int. */
 static int row_field(PyObject *row, Py_ssize_t index, Py_ssize_t *out) {
-    PyObject *field = PySequence_Fast_GET_ITEM(row, index);
+    PyObject *field = PyTuple_GET_ITEM(row, index);
     if (!PyLong_Check(field)) {
         PyErr_Format(PyExc_TypeError, "a delivery report's field %zd must be an int, not %.100s", index,
                      Py_TYPE(field)->tp_name);
@@ -1609,21 +1615,34 @@ static Py_ssize_t pending_futures(Appender *self, OpenBatch *batch, Py_ssize_t f
     return pending;
 }
 
+/* A batch wholly reported leaves the unreported (one that took no record may have left them as it was sealed). */
+static int forget_reported(Appender *self, PyObject *batch_id) {
+    if (PyDict_DelItem(self->unreported, batch_id) == 0) {
+        return 0;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+        return -1;
+    }
+    PyErr_Clear();
+    return 0;
+}
+
 /* One report row counted against its batch (see Appender_reported): appended to ``out`` as (batch, first, count,
    base_offset, log_append_time_ms, error), and its records reported for the first time added to ``counts``
    (delivered, failed). */
 static int count_report(Appender *self, PyObject *row, PyObject *out, Py_ssize_t counts[2]) {
-    PyObject *fields = PySequence_Fast(row, "a delivery report must be a sequence");
+    /* A copy: sealing may run Python code, which may change the row. */
+    PyObject *fields = PySequence_Tuple(row);
     if (fields == NULL) {
         return -1;
     }
     int result = -1;
     Py_ssize_t first, count;
     OpenBatch *batch = NULL;
-    if (PySequence_Fast_GET_SIZE(fields) != 6) {
-        PyErr_Format(PyExc_ValueError, "a delivery report has 6 fields, not %zd", PySequence_Fast_GET_SIZE(fields));
+    if (PyTuple_GET_SIZE(fields) != 6) {
+        PyErr_Format(PyExc_ValueError, "a delivery report has 6 fields, not %zd", PyTuple_GET_SIZE(fields));
     } else if (row_field(fields, 1, &first) == 0 && row_field(fields, 2, &count) == 0) {
-        PyObject *found = PyDict_GetItemWithError(self->unreported, PySequence_Fast_GET_ITEM(fields, 0));
+        PyObject *found = PyDict_GetItemWithError(self->unreported, PyTuple_GET_ITEM(fields, 0));
         if (found == NULL) {
             result = PyErr_Occurred() ? -1 : 0; /* of a batch given up on, or of another session */
         } else if (!PyObject_TypeCheck(found, &OpenBatchType)) {
@@ -1636,7 +1655,7 @@ static int count_report(Appender *self, PyObject *row, PyObject *out, Py_ssize_t
         }
     }
     if (batch != NULL && seal_open(self, batch) == 0) { /* the daemon claimed it: it takes no more records */
-        PyObject *error = PySequence_Fast_GET_ITEM(fields, 5);
+        PyObject *error = PyTuple_GET_ITEM(fields, 5);
         Py_ssize_t record_count = PyList_GET_SIZE(batch->futures);
         Py_ssize_t left = record_count > first ? record_count - first : 0;
         Py_ssize_t span = count < left ? (count > 0 ? count : 0) : left;
@@ -1649,12 +1668,10 @@ static int count_report(Appender *self, PyObject *row, PyObject *out, Py_ssize_t
             }
             batch->reported += fresh;
             counts[error != Py_None] += fresh;
-            PyObject *entry = Py_BuildValue("(OnnOOO)", batch, first, span, PySequence_Fast_GET_ITEM(fields, 3),
-                                            PySequence_Fast_GET_ITEM(fields, 4), error);
-            if (entry != NULL && PyList_Append(out, entry) == 0 &&
-                (batch->reported < record_count ||
-                 PyDict_DelItem(self->unreported, PySequence_Fast_GET_ITEM(fields, 0)) == 0)) {
-                result = 0;
+            PyObject *entry = Py_BuildValue("(OnnOOO)", batch, first, span, PyTuple_GET_ITEM(fields, 3),
+                                            PyTuple_GET_ITEM(fields, 4), error);
+            if (entry != NULL && PyList_Append(out, entry) == 0) {
+                result = batch->reported < record_count ? 0 : forget_reported(self, PyTuple_GET_ITEM(fields, 0));
             }
             Py_XDECREF(entry);
         }

@@ -477,14 +477,13 @@ class OpenBatch:
 
 # -- Appender: the common case of Producer.send() --------------------------------------------------------------
 
-def _report_field(fields: list[Any] | tuple[Any, ...], index: int) -> int:
+def _report_field(fields: tuple[Any, ...], index: int) -> int:
     """A report row's field ``index``, saturated to a Py_ssize_t as C has it (a count past the batch's end counts up
     to its end); TypeError if it is not an int."""
     field = fields[index]
     if not isinstance(field, int):
         raise TypeError(f"a delivery report's field {index} must be an int, not {type(field).__name__}")
     return min(max(field, _INT64_MIN), _INT64_MAX)
-
 
 
 _MISSING: Any = object()
@@ -510,7 +509,8 @@ class Appender:
     _open: dict[tuple[str, int], OpenBatch]
     _partition_counts: dict[str, int]
     _sticky: dict[str, int] | None  # topic -> partition for records without a key, or None
-    # seal(batch), called with the lock held when a batch is full or refuses a record.
+    # seal(batch), called with the lock held for a batch to seal that took no record (its blocks go back); the others
+    # are sealed here (_seal_open()).
     _seal: Callable[[OpenBatch], object]
     _slow_send: Callable[..., Any]  # the producer's Python path, for what the fast path does not take
     _topic_indexes: dict[str, int]  # the producer metadata's topic -> the session's number for it, read here
@@ -628,22 +628,26 @@ class Appender:
         """
         if spare is not None and not isinstance(spare, list):
             raise TypeError(f"spare must be a list or None, not {type(spare).__name__}")
-        floor, until_ns, wanted_base = _ssize(operator.index(floor)), _int64(until_ns), _ssize(operator.index(
-            wanted_base))
+        floor, until_ns = _ssize(operator.index(floor)), _int64(until_ns)
+        wanted_base = _ssize(operator.index(wanted_base))
+        if floor < 0 or wanted_base < 0:
+            raise ValueError("floor and wanted_base must not be negative")
         self._spare, self._spare_floor, self._spare_until_ns, self._spare_wanted_base = (spare, floor, until_ns,
                                                                                           wanted_base)
         taken, self._spare_taken = self._spare_taken, 0
         return taken
 
-    def _take_quick(self) -> int | None:
+    def _take_quick(self) -> tuple[Any, int] | None:
         """The last spare block at hand, taken without take_spare() where the policy allows it (see
-        spare_policy()); None: take_spare() decides."""
+        spare_policy()), and what the header is to say of the spare blocks this client would take then, as
+        take_spare() would have said; None: take_spare() decides."""
         spare = self._spare
         if (spare is None or not spare or len(spare) < self._spare_floor
                 or time.monotonic_ns() >= self._spare_until_ns):
             return None
         self._spare_taken += 1
-        return spare.pop()
+        block = spare.pop()
+        return block, max(self._spare_wanted_base - len(spare), 0)
 
     def enable(self) -> None:
         """Let send() take records (the session is up)."""
@@ -775,10 +779,7 @@ class Appender:
 
     def _count_report(self, row: Any, out: list[tuple[OpenBatch, int, int, Any, Any, Any]], counts: list[int]) -> None:
         """One report row counted against its batch (see reported())."""
-        try:
-            fields = row if type(row) in (list, tuple) else list(row)
-        except TypeError:
-            raise TypeError("a delivery report must be a sequence") from None
+        fields = tuple(row)  # a copy: sealing may run Python code, which may change the row
         if len(fields) != 6:
             raise ValueError(f"a delivery report has 6 fields, not {len(fields)}")
         first, count = (_report_field(fields, index) for index in (1, 2))
@@ -801,7 +802,8 @@ class Appender:
         counts[error is not None] += fresh
         out.append((batch, first, span, fields[3], fields[4], error))
         if batch.reported >= record_count:
-            del self._unreported[fields[0]]
+            # A batch that took no record may have left the unreported as it was sealed.
+            self._unreported.pop(fields[0], None)
 
     def _pending_futures(self, batch: OpenBatch, first: int, count: int) -> int:
         """Of the futures[first:first + count] of a batch reported in part before, those not completed yet."""
@@ -823,10 +825,8 @@ class Appender:
         topic_index = self._topic_indexes.get(topic)
         if type(topic_index) is not int or not 0 <= topic_index <= 0xFFFFFFFF:
             return None
-        block = self._take_quick()
-        quick = block is not None
-        if block is None:
-            block = take_spare()
+        quick = self._take_quick()
+        block = take_spare() if quick is None else quick[0]
         if block is None:
             return None
         block = operator.index(block)
@@ -840,12 +840,10 @@ class Appender:
                           timestamp, time.monotonic(), control, topic_index)
         self._open[(topic, partition)] = batch
         self._unreported[batch_id] = batch
-        if quick:
-            # The header says how many more spare blocks this client would take, as take_spare() would have said.
-            assert self._spare is not None and batch._control is not None
-            wanted = max(self._spare_wanted_base - len(self._spare), 0)
-            if batch._control.header(batch_slots.SPARE_WANTED) != wanted:
-                batch._control.set_header(batch_slots.SPARE_WANTED, wanted)
+        if quick is not None:
+            assert batch._control is not None
+            if batch._control.header(batch_slots.SPARE_WANTED) != quick[1]:
+                batch._control.set_header(batch_slots.SPARE_WANTED, quick[1])
         return batch
 
     def first_published(self, batch: OpenBatch, /) -> None:

@@ -200,7 +200,8 @@ class BlockGrants:
         self._session_first_request = self._next_request_id
         control, self._control = self._control, None
         if self._spare_policy is not None:
-            self._spare_policy(None, 0, 0, 0)  # the blocks send() took were this session's
+            # The blocks send() took count for the rate, as take_spare()'s do.
+            self._blocks_taken += self._spare_policy(None, 0, 0, 0)
             self._spare_policy = None
         if control is not None:
             # A segment taken back by the next session must not say what this one wanted.

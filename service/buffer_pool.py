@@ -36,7 +36,7 @@ from client_stub.contract.shared_memory import Layout
 
 from . import fastpath
 from .client_error import ClientError
-from .client_segments import FREE, FREE_BYTE, OWNED, OWNED_BYTE, SEALED, ClientMemory, ClientSegments
+from .client_segments import FREE, FREE_BYTE, OWNED, OWNED_BYTE, SEALED, SEALED_BYTE, ClientMemory, ClientSegments
 from .queue_limit import QueueLimit
 
 log = logging.getLogger(__name__)
@@ -445,6 +445,31 @@ class BufferPool:
             log.error("blocks of client %s are freed but it has no segment: ignored", client_id)
             return 0
         state = memory.state
+        if (isinstance(blocks, range) and blocks.step == 1 and 0 <= blocks.start <= blocks.stop <= len(state)
+                and state.find(FREE_BYTE, blocks.start, blocks.stop) < 0):
+            # A batch's run of blocks, none free (every batch sent): one slice, not a step a block.
+            freed: list[int] | range = blocks
+            sealed = state.count(SEALED_BYTE, blocks.start, blocks.stop)
+            state[blocks.start:blocks.stop] = FREE_BYTE * len(blocks)
+            memory.stack.extend(blocks)
+        else:
+            freed, sealed = self._free_each(client_id, memory, blocks)
+        if sealed:
+            self._queue.finished(sealed)
+        self._count_held(memory.process, -len(freed))
+        self._free_count += len(freed)
+        if len(memory.stack) > 2 * self.block_count:
+            memory.stack = [b for b in memory.stack if state[b] == FREE]
+        self._memory.cool(client_id, freed)
+        if memory.unused:
+            self._memory.drop(client_id)
+        return len(freed)
+
+    @staticmethod
+    def _free_each(client_id: int, memory: ClientMemory, blocks: list[int] | range) -> tuple[list[int], int]:
+        """Free a client's blocks one by one, those free already left as they are; the blocks freed, and how many
+        of them were sealed."""
+        state = memory.state
         freed = []
         sealed = 0
         for block in blocks:
@@ -457,16 +482,7 @@ class BufferPool:
             state[block] = FREE
             memory.stack.append(block)
             freed.append(block)
-        if sealed:
-            self._queue.finished(sealed)
-        self._count_held(memory.process, -len(freed))
-        self._free_count += len(freed)
-        if len(memory.stack) > 2 * self.block_count:
-            memory.stack = [b for b in memory.stack if state[b] == FREE]
-        self._memory.cool(client_id, freed)
-        if memory.unused:
-            self._memory.drop(client_id)
-        return len(freed)
+        return freed, sealed
 
     def free_unsealed(self, client_id: int, first: int, count: int) -> int:
         """Free those of blocks first..first+count-1 that ``client_id`` holds unsealed; leave the others."""

@@ -10,6 +10,7 @@ twice the pool's.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
 import os
@@ -31,6 +32,7 @@ OWNED = 1
 SEALED = 2
 FREE_BYTE = bytes([FREE])
 OWNED_BYTE = bytes([OWNED])
+SEALED_BYTE = bytes([SEALED])
 
 
 @dataclass(eq=False, slots=True)
@@ -206,9 +208,9 @@ class ClientSegments:
         if self._resident > self._resident_limit:
             self._trim()
 
-    def cool(self, client_id: int, blocks: list[int]) -> None:
+    def cool(self, client_id: int, blocks: list[int] | range) -> None:
         """A client's blocks are free: the longest free give their pages back first."""
-        self._cold.extend((client_id, block) for block in blocks)
+        self._cold.extend(zip(itertools.repeat(client_id), blocks))
         if len(self._cold) > 4 * self.layout.block_count:
             self._cold = deque((c, b) for c, b in self._cold
                                if c in self._memory and self._memory[c].state[b] == FREE and self._memory[c].touched[b])

@@ -346,11 +346,10 @@ def from_fields(fields: list[Any]) -> Message:
     cls = _CLASSES.get(number)
     if cls is None:
         raise ProtocolError(f"unknown message type {number!r}")
-    name = cls.__name__.upper()
     if cls in (Hello, Welcome) and values[:1] != [PROTOCOL_VERSION]:
-        raise VersionMismatchError(name, values[0] if values else None)
+        raise VersionMismatchError(cls.__name__.upper(), values[0] if values else None)
     if len(values) != len(cls._fields):
-        raise ProtocolError(f"{name} has {len(cls._fields)} fields, got {len(values)}")
+        raise ProtocolError(f"{cls.__name__.upper()} has {len(cls._fields)} fields, got {len(values)}")
     if cls is Hello:
         values[3] = _named(HelloOptions, values[3], "HELLO options")
     elif cls is Welcome:

@@ -337,6 +337,19 @@ def test_free_returns_sealed_blocks_to_the_pool(pool: BufferPool) -> None:
     assert states(pool, A) == [OWNED] * BLOCKS
 
 
+def test_a_run_of_blocks_is_freed_whole_and_one_with_a_free_block_block_by_block(
+        pool: BufferPool, caplog: pytest.LogCaptureFixture) -> None:
+    take_all(pool)
+    pool.seal(A, 2, 3, 100).release()
+    assert pool.free(A, range(2, 5)) == 3  # a batch's run, all sealed
+    with caplog.at_level(logging.ERROR, logger="service.buffer_pool"):
+        assert pool.free(A, range(4, 7)) == 2  # 4 is free already: the others are freed
+    assert f"block 4 of client {A} is freed but was free already" in caplog.text
+    assert states(pool, A)[1:8] == [OWNED, FREE, FREE, FREE, FREE, FREE, OWNED]
+    assert pool.free_blocks == 5 and pool.held_by(A) == BLOCKS - 5
+    assert sorted(pool.request(A, 1, BLOCKS, False, 0) or []) == [2, 3, 4, 5, 6]
+
+
 def test_free_unsealed_frees_only_the_clients_unsealed_blocks(pool: BufferPool) -> None:
     assert pool.request(A, 1, 3, True, 0) == [0, 1, 2]
     assert pool.request(B, 2, 1, True, 0) == [0]

@@ -5,6 +5,7 @@ real segment, the daemon's side of its control area read and claimed as the daem
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -130,6 +131,39 @@ def test_after_a_burst_the_spare_blocks_handed_back_fall_to_what_the_rate_needs(
         send(0.02)
     assert spare.wanted() == 0
     assert len(grants.spare) <= after_burst - 195
+
+
+def test_blocks_send_took_itself_count_for_the_rate_and_send_takes_none_past_its_horizon(
+        spare: SpareGrants, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(block_grants, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    grants = spare.grants
+    grants.pool_blocks = 4096
+    taken_by_send = [0]
+
+    def policy(at_hand: list[int] | None, floor: int, until_ns: int, wanted_base: int) -> int:
+        """An Appender's spare_policy() whose send() took ``taken_by_send`` blocks since the last call."""
+        spare.policies.append((at_hand, floor, until_ns, wanted_base))
+        taken, taken_by_send[0] = taken_by_send[0], 0
+        return taken
+
+    grants.attach(spare.client, policy)
+    assert spare.policies[-1][1:] == (4 // 2 + 2, 0, 4)  # no rate measured yet: the first block is take_spare()'s
+    grants.take_spare(1000)  # none at hand: asked for
+    assert spare.policies[-1][1:] == (1, int((1000.0 + block_grants._GRANT_HORIZON_S) * 1e9), 0)
+    # send() took 99 blocks itself in the 30 ms that follow, and then leaves the next to take_spare(): the rate
+    # is of those 99 (3 300 a second), and a grant 25 ms of it.
+    taken_by_send[0] = 99
+    clock[0] += 0.030
+    grants.take_spare(1000)
+    assert spare.wanted() == math.ceil(99 / 0.030 * block_grants._GRANT_HORIZON_S) - 4  # less the 4 asked for
+    # Blocks send() took count when the session ends too: 5 in the next 30 ms, a grant of 5 asked for after them.
+    taken_by_send[0] = 5
+    grants.forget()
+    grants.attach(spare.client, policy)
+    clock[0] += 0.030
+    grants.take_spare(1000)
+    assert isinstance(spare.posted[-1], ipc.Blocks) and spare.posted[-1].count == 5
 
 
 def test_a_request_for_spare_blocks_says_so_in_the_header(spare: SpareGrants) -> None:

@@ -1345,11 +1345,12 @@ def batches_opened(fastpath: ModuleType, monkeypatch: pytest.MonkeyPatch, *, qui
     """A producer's Appender and BlockGrants opening a batch at every send() on a segment of SPARE_BLOCKS blocks of
     256 bytes, the daemon granting each request at once and handing back a spare block with the report of every
     other batch when the header asks for one (as the daemon does, with reports that come for two batches at a
-    time); with ``quick``, send() takes spare blocks itself where the grants'
-    policy lets it, else never. BlockGrants' clock stands still, far ahead of the Appender's: every step is within
-    the horizon of the rate (whose end :func:`test_send_leaves_the_spare_blocks_to_take_spare_past_the_policy`
-    covers). What each step showed (record taken, on which block, what was asked of the daemon, the header's
-    spare_wanted), and the take_spare() calls."""
+    time); with ``quick``, send() takes spare blocks itself where the grants' policy lets it, else never.
+
+    BlockGrants' clock stands still, far ahead of the Appender's: every step is within the horizon of the rate. The
+    Appender's side of that horizon is :func:`test_send_leaves_the_spare_blocks_to_take_spare_past_the_policy`'s,
+    BlockGrants' is test_client_parts.py's. What each step showed (record taken, on which block, what was asked of
+    the daemon, the header's spare_wanted), and the take_spare() calls."""
     now = time.monotonic() + 1e6
     monkeypatch.setattr(block_grants, "time", SimpleNamespace(monotonic=lambda: now))
     lock = threading.Lock()
@@ -1442,4 +1443,33 @@ def test_a_spare_policy_is_checked(fastpath: ModuleType) -> None:
         appender.spare_policy([1], 1.5, 0, 0)
     with pytest.raises(OverflowError):
         appender.spare_policy([1], 1, 2**64, 0)
+    with pytest.raises(ValueError):
+        appender.spare_policy([1], -1, 0, 0)
+    with pytest.raises(ValueError):
+        appender.spare_policy([1], 1, 0, -(2**62))
     assert appender.spare_policy([1], 1, 0, 0) == 0
+
+
+def test_a_spare_list_that_is_not_blocks_leaves_the_record_to_the_python_path(fastpath: ModuleType) -> None:
+    appender, spare, _, open_batches, _ = appender_on_spare_blocks(fastpath, 8)
+    at_hand: list[Any] = [None]
+    appender.spare_policy(at_hand, 1, time.monotonic_ns() + 60 * 10**9, 0)
+    assert appender.send(TOPIC, b"v", b"k", partition=0) is DECLINED
+    assert at_hand == [] and open_batches == {} and spare.taken == 0 and len(slow_sends) == 1
+    assert appender.spare_policy(None, 0, 0, 0) == 1
+
+
+def test_a_report_row_changed_as_its_batch_is_sealed_counts_as_it_came(fastpath: ModuleType) -> None:
+    # Sealing a batch that took no record runs Python code (seal()), which could change the row being counted.
+    row = [1, 0, ipc.WHOLE_BATCH, 7, -1, None]
+    batch = fastpath.OpenBatch(1, TOPIC, 0, 0, 1, bytearray(256), BASE_TS, time.monotonic(), control_area(1), 0)
+    open_batches: dict[tuple[str, int], Any] = {(TOPIC, 0): batch}
+
+    def seal(sealed: Any) -> None:
+        del open_batches[(sealed.topic, sealed.partition)]
+        row.clear()
+
+    appender = fastpath.Appender(threading.Lock(), open_batches, {TOPIC: 1}, RecordFuture, seal, slow_send, {}, True,
+                                 {TOPIC: 0}, {1: batch}, itertools.count(2), never_woken)
+    assert appender.reported([row]) == ([(batch, 0, 0, 7, -1, None)], 0, 0)
+    assert open_batches == {} and row == []
