@@ -164,7 +164,8 @@ class BlockGrants:
         horizon of the rate being measured."""
         control = self._control
         if control is not None:
-            base = self._grant - self._spare_asked
+            # What is asked for may be more than a grant's worth now (the rate fell since): nothing more is wanted.
+            base = max(self._grant - self._spare_asked, 0)
             wanted = max(base - len(self.spare), 0)
             if control.header(batch_slots.SPARE_WANTED) != wanted:
                 control.set_header(batch_slots.SPARE_WANTED, wanted)

@@ -166,6 +166,33 @@ def test_blocks_send_took_itself_count_for_the_rate_and_send_takes_none_past_its
     assert isinstance(spare.posted[-1], ipc.Blocks) and spare.posted[-1].count == 5
 
 
+def test_a_grant_that_falls_below_what_is_asked_for_wants_nothing_more(
+        spare: SpareGrants, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A burst asks for a large grant; before it comes, the rate falls and so does a grant's worth.
+    clock = [1000.0]
+    monkeypatch.setattr(block_grants, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    grants, posted = spare.grants, spare.posted
+    grants.pool_blocks = 4096
+    appender = Appender(threading.Lock(), {}, {}, RecordFuture, print, print, {}, True, {}, {}, itertools.count(1),
+                        print)
+    grants.attach(spare.client, appender.spare_policy)
+    fresh = itertools.count()
+    for _ in range(2000):  # 40 000 blocks a second, each request granted at once
+        clock[0] += 0.000025
+        grants.take_spare(1000)
+        for request in [m for m in posted if isinstance(m, ipc.Blocks)]:
+            grants.granted(ipc.Grant(request.request_id, [next(fresh) for _ in range(request.count)]))
+        posted.clear()
+    while not posted:  # the next request is not granted yet
+        clock[0] += 0.000025
+        grants.take_spare(1000)
+    [asked] = posted
+    assert isinstance(asked, ipc.Blocks) and asked.count > 4
+    clock[0] += 1.0  # then nothing for a second: a grant's worth falls to the least, below what is asked for
+    grants.take_spare(1000)
+    assert spare.wanted() == 0 and posted == [asked]
+
+
 def test_a_request_for_spare_blocks_says_so_in_the_header(spare: SpareGrants) -> None:
     spare.grants.attach(spare.client, spare.policy)
     assert spare.wanted() == 4
