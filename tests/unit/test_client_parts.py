@@ -79,6 +79,14 @@ def spare() -> Iterator[SpareGrants]:
             client.release()
 
 
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """BlockGrants' clock (time.monotonic()), which the test moves on."""
+    now = [1000.0]
+    monkeypatch.setattr(block_grants, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
 def test_the_header_says_how_many_spare_blocks_the_client_would_take_and_blocks_handed_back_are_spare(
         spare: SpareGrants) -> None:
     grants, posted = spare.grants, spare.posted
@@ -104,9 +112,7 @@ def test_the_header_says_how_many_spare_blocks_the_client_would_take_and_blocks_
 
 
 def test_after_a_burst_the_spare_blocks_handed_back_fall_to_what_the_rate_needs(
-        spare: SpareGrants, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [1000.0]
-    monkeypatch.setattr(block_grants, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+        spare: SpareGrants, clock: list[float]) -> None:
     grants, posted = spare.grants, spare.posted
     grants.pool_blocks = 4096
     grants.attach(spare.client, spare.policy)
@@ -134,9 +140,7 @@ def test_after_a_burst_the_spare_blocks_handed_back_fall_to_what_the_rate_needs(
 
 
 def test_blocks_send_took_itself_count_for_the_rate_and_send_takes_none_past_its_horizon(
-        spare: SpareGrants, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [1000.0]
-    monkeypatch.setattr(block_grants, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+        spare: SpareGrants, clock: list[float]) -> None:
     grants = spare.grants
     grants.pool_blocks = 4096
     taken_by_send = [0]
@@ -167,10 +171,8 @@ def test_blocks_send_took_itself_count_for_the_rate_and_send_takes_none_past_its
 
 
 def test_a_grant_that_falls_below_what_is_asked_for_wants_nothing_more(
-        spare: SpareGrants, monkeypatch: pytest.MonkeyPatch) -> None:
+        spare: SpareGrants, clock: list[float]) -> None:
     # A burst asks for a large grant; before it comes, the rate falls and so does a grant's worth.
-    clock = [1000.0]
-    monkeypatch.setattr(block_grants, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     grants, posted = spare.grants, spare.posted
     grants.pool_blocks = 4096
     appender = Appender(threading.Lock(), {}, {}, RecordFuture, print, print, {}, True, {}, {}, itertools.count(1),
