@@ -1077,14 +1077,18 @@ static int seal_open(Appender *self, OpenBatch *batch) {
         return -1;
     }
     PyObject *current = PyDict_GetItemWithError(self->open, key);
-    int failed = current == NULL ? PyErr_Occurred() != NULL
-                                 : current == (PyObject *)batch &&
-                                       (PyDict_DelItem(self->open, key) < 0 || unstick(self, batch) < 0);
-    Py_DECREF(key);
-    if (!failed && current == (PyObject *)batch) {
-        Py_DECREF(OpenBatch_release(batch, NULL));
+    int result = 0;
+    if (current == NULL) {
+        result = PyErr_Occurred() ? -1 : 0;
+    } else if (current == (PyObject *)batch) {
+        if (PyDict_DelItem(self->open, key) < 0 || unstick(self, batch) < 0) {
+            result = -1;
+        } else {
+            Py_DECREF(OpenBatch_release(batch, NULL));
+        }
     }
-    return failed ? -1 : 0;
+    Py_DECREF(key);
+    return result;
 }
 
 /* seal_open() with the producer's lock held, as Python code that changes batches must be. Taking the lock may

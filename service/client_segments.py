@@ -10,7 +10,6 @@ twice the pool's.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import mmap
 import os
@@ -210,7 +209,7 @@ class ClientSegments:
 
     def cool(self, client_id: int, blocks: list[int] | range) -> None:
         """A client's blocks are free: the longest free give their pages back first."""
-        self._cold.extend(zip(itertools.repeat(client_id), blocks))
+        self._cold.extend((client_id, block) for block in blocks)
         if len(self._cold) > 4 * self.layout.block_count:
             self._cold = deque((c, b) for c, b in self._cold
                                if c in self._memory and self._memory[c].state[b] == FREE and self._memory[c].touched[b])
